@@ -1,0 +1,3 @@
+from mpwatch.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""mpwatch's Keras callbacks: one callback per file, bundled by ``monitor.MixedPrecisionMonitor``."""

@@ -1,0 +1,73 @@
+"""Facts of the floating-point formats that mixed precision uses.
+
+Everything here is plain Python (no TensorFlow import) so the advisor and the reader can use it.
+
+>>> FLOAT16.smallest_subnormal == 2.0 ** -24
+True
+>>> FLOAT16.max
+65504.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """The range of one floating-point format.
+
+    Example:
+        >>> from mpwatch.formats import format_of
+        >>> format_of("float16").smallest_normal
+        6.103515625e-05
+    """
+
+    name: str
+    bits: int
+    mantissa_bits: int
+    smallest_subnormal: float
+    smallest_normal: float
+    max: float
+
+    @property
+    def window_log2(self) -> tuple[float, float]:
+        """log2 of the smallest subnormal and of the largest finite value."""
+        return math.log2(self.smallest_subnormal), math.log2(self.max)
+
+    @property
+    def is_16bit(self) -> bool:
+        return self.bits == 16
+
+
+FLOAT16 = FloatFormat("float16", 16, 10, 2.0**-24, 2.0**-14, 65504.0)
+BFLOAT16 = FloatFormat("bfloat16", 16, 7, 2.0**-133, 2.0**-126, 3.3895313892515355e38)
+FLOAT32 = FloatFormat("float32", 32, 23, 2.0**-149, 2.0**-126, 3.4028234663852886e38)
+
+FORMATS = {f.name: f for f in (FLOAT16, BFLOAT16, FLOAT32)}
+
+# Keras' LossScaleOptimizer starts at 2**15 and grows x2 every 2000 finite steps.
+KERAS_INITIAL_SCALE = 2.0**15
+KERAS_GROWTH_INTERVAL = 2000
+
+
+def format_of(dtype: object) -> FloatFormat:
+    """The FloatFormat of a dtype name (or anything whose str()/.name is one).
+
+    Raises ValueError for a dtype that is not float16, bfloat16 or float32.
+    """
+    name = getattr(dtype, "name", None) or str(dtype)
+    name = name.replace("mixed_", "")
+    if name not in FORMATS:
+        raise ValueError(f"mpwatch knows float16, bfloat16 and float32, not {dtype!r}")
+    return FORMATS[name]
+
+
+def headroom_bits(max_abs: float, fmt: FloatFormat = FLOAT16) -> float:
+    """log2(fmt.max / max_abs): doublings left before overflow (inf when max_abs is 0)."""
+    if max_abs <= 0:
+        return math.inf
+    if not math.isfinite(max_abs):
+        return -math.inf
+    return math.log2(fmt.max / max_abs)
