@@ -1,0 +1,407 @@
+"""From TensorBoard's data provider to mpwatch records, and from records to the tab's JSON views.
+
+Nothing here touches the file system: every value comes from ``context.data_provider``. Records are
+decoded with :mod:`mpwatch.summary` (the on-disk contract); the run model and the findings come from
+:mod:`mpwatch.reader` and :mod:`mpwatch.advisor` so a finding is computed in one place for the CLI and
+the tab.
+
+>>> json_safe({"a": float("nan"), "b": [1.0, float("inf")]})
+{'a': None, 'b': [1.0, None]}
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tensorboard.data import provider as tb_provider
+
+from mpwatch import summary
+
+SCALARS_PLUGIN = "scalars"
+# Scalars are read at most this many points per tag from the data provider; TensorBoard's own
+# reservoir keeps 1,000 per tag unless --samples_per_plugin says otherwise.
+READ_SCALARS = 100_000
+READ_TENSORS = 1_000_000  # records: keep all (the loader sets mpwatch=0)
+
+
+@dataclass
+class RunRecords:
+    """Everything mpwatch wrote into one run, as the data provider serves it."""
+
+    name: str
+    scalars: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    records: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def latest(self, kind: str) -> dict[str, Any] | None:
+        items = self.records.get(kind)
+        return items[-1][1] if items else None
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON: NaN and infinities become ``None``; numpy values become Python values."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    if isinstance(value, np.generic):
+        return json_safe(value.item())
+    return value
+
+
+def _floats(arr: np.ndarray) -> list[float | None]:
+    """A float array as a JSON list (non-finite -> None), fast for long series."""
+    arr = np.asarray(arr, dtype=np.float64)
+    out: list[Any] = arr.tolist()
+    if not np.isfinite(arr).all():
+        for i in np.flatnonzero(~np.isfinite(arr)).tolist():
+            out[i] = None
+    return out
+
+
+# --- reading from the data provider ---------------------------------------------------------------
+def list_mpwatch_runs(provider: Any, ctx: Any, experiment_id: str) -> dict[str, dict[str, Any]]:
+    """Runs holding mpwatch data -> {max_step, max_wall_time, version}; the version changes when a
+    run still being written gains data."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def note(run: str, series: Any) -> None:
+        entry = out.setdefault(run, {"max_step": 0, "max_wall_time": 0.0, "records": 0})
+        entry["max_step"] = max(entry["max_step"], int(series.max_step))
+        entry["max_wall_time"] = max(entry["max_wall_time"], float(series.max_wall_time))
+
+    tensors = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=summary.PLUGIN_NAME)
+    for run, tags in tensors.items():
+        for tag, series in tags.items():
+            if summary.kind_of_tag(tag) is not None:
+                note(run, series)
+                out[run]["records"] += 1
+    scalars = provider.list_scalars(ctx, experiment_id=experiment_id, plugin_name=SCALARS_PLUGIN)
+    for run, tags in scalars.items():
+        for tag, series in tags.items():
+            if tag.startswith(summary.PREFIX):
+                note(run, series)
+    for entry in out.values():
+        entry["version"] = f"{entry['max_step']}:{entry['max_wall_time']:.6f}"
+    return out
+
+
+def read_run(provider: Any, ctx: Any, experiment_id: str, run: str) -> RunRecords:
+    """Read and decode every mpwatch scalar and record of ``run``."""
+    result = RunRecords(name=run)
+    listing = provider.list_scalars(
+        ctx,
+        experiment_id=experiment_id,
+        plugin_name=SCALARS_PLUGIN,
+        run_tag_filter=tb_provider.RunTagFilter(runs=[run]),
+    ).get(run, {})
+    tags = sorted(t for t in listing if t.startswith(summary.PREFIX))
+    if tags:
+        data = provider.read_scalars(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=SCALARS_PLUGIN,
+            downsample=READ_SCALARS,
+            run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=tags),
+        ).get(run, {})
+        for tag, points in data.items():
+            steps = np.fromiter((p.step for p in points), dtype=np.int64, count=len(points))
+            values = np.fromiter((p.value for p in points), dtype=np.float64, count=len(points))
+            order = np.argsort(steps, kind="stable")
+            result.scalars[tag] = (steps[order], values[order])
+
+    tensors = provider.list_tensors(
+        ctx,
+        experiment_id=experiment_id,
+        plugin_name=summary.PLUGIN_NAME,
+        run_tag_filter=tb_provider.RunTagFilter(runs=[run]),
+    ).get(run, {})
+    kinds: dict[str, str] = {}
+    for tag, series in tensors.items():
+        kind = summary.kind_of_tag(tag)
+        if kind is None:
+            continue
+        try:
+            meta = summary.parse_metadata_content(series.plugin_content or b"{}")
+        except ValueError as e:
+            result.errors.append(f"{tag}: {e}")
+            continue
+        kinds[tag] = meta.get("kind", kind)
+    if kinds:
+        data = provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=summary.PLUGIN_NAME,
+            downsample=READ_TENSORS,
+            run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=sorted(kinds)),
+        ).get(run, {})
+        for tag, points in data.items():
+            items = result.records.setdefault(kinds[tag], [])
+            for p in points:
+                try:
+                    blob = p.numpy.item() if hasattr(p.numpy, "item") else p.numpy
+                    items.append((int(p.step), summary.decode_payload(blob)))
+                except (ValueError, TypeError) as e:
+                    result.errors.append(f"{tag} at step {p.step}: {e}")
+            items.sort(key=lambda item: item[0])
+    return result
+
+
+# --- the run model and the findings (mpwatch.reader / mpwatch.advisor) ----------------------------
+def build_model(records: RunRecords) -> Any:
+    """An :class:`mpwatch.reader.Run` from decoded records, or None while the reader is unavailable."""
+    try:
+        from mpwatch import reader
+    except ImportError:
+        return None
+    builder = getattr(reader, "run_from_records", None)
+    if builder is None:
+        return None
+    return builder(records.name, scalars=records.scalars, records=records.records)
+
+
+def findings(records: RunRecords, model: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """The advisor's findings as dicts, and why there are none when the advisor cannot run."""
+    if model is None:
+        return [], "mpwatch.reader is not available in this installation"
+    try:
+        from mpwatch import advisor
+    except ImportError:
+        return [], "mpwatch.advisor is not available in this installation"
+    out = []
+    for f in advisor.diagnose(model):
+        out.append(
+            {
+                "severity": str(getattr(f, "severity", "info")),
+                "layer": getattr(f, "layer", None),
+                "rule": str(getattr(f, "rule", "")),
+                "title": str(getattr(f, "title", "")),
+                "evidence": str(getattr(f, "evidence", "")),
+                "fix": str(getattr(f, "fix", "") or ""),
+            }
+        )
+    return out, None
+
+
+# --- views ------------------------------------------------------------------------------------------
+def _table(tbl: Any) -> list[dict[str, Any]]:
+    """Split table -> list of row dicts."""
+    if not isinstance(tbl, dict):
+        return []
+    cols = tbl.get("columns") or []
+    return [dict(zip(cols, row)) for row in tbl.get("data") or []]
+
+
+def downsample(steps: np.ndarray, values: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``points`` points: per bucket of equal step count keep the first, min and max points
+    (so spikes and drops survive) and always the last point."""
+    n = len(steps)
+    if n <= points:
+        return steps, values
+    buckets = max(1, points // 3)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    keep = [edges[:-1]]
+    finite = np.where(np.isfinite(values), values, np.nan)
+    starts = edges[:-1]
+    valid = edges[1:] > starts
+    starts = starts[valid]
+    with np.errstate(all="ignore"):
+        filled_hi = np.where(np.isnan(finite), -np.inf, finite)
+        filled_lo = np.where(np.isnan(finite), np.inf, finite)
+    # argmax/argmin per bucket via reduceat on values, then locate the index
+    hi = np.maximum.reduceat(filled_hi, starts)
+    lo = np.minimum.reduceat(filled_lo, starts)
+    bucket_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    is_hi = filled_hi == hi[bucket_of]
+    is_lo = filled_lo == lo[bucket_of]
+    first_hi = np.flatnonzero(is_hi)
+    first_lo = np.flatnonzero(is_lo)
+    keep.append(first_hi[np.unique(bucket_of[first_hi], return_index=True)[1]])
+    keep.append(first_lo[np.unique(bucket_of[first_lo], return_index=True)[1]])
+    nonfinite = np.flatnonzero(~np.isfinite(values))[:points]
+    keep.append(nonfinite)
+    keep.append(np.array([n - 1]))
+    idx = np.unique(np.concatenate(keep))
+    return steps[idx], values[idx]
+
+
+SKIPPED_LIMIT = 10_000
+
+
+def scalars_view(records: RunRecords, points: int) -> dict[str, Any]:
+    series = {}
+    for tag, (steps, values) in sorted(records.scalars.items()):
+        s, v = downsample(steps, values, points)
+        series[tag] = {"steps": s.tolist(), "values": _floats(v), "count": int(len(steps))}
+    skipped: list[int] = []
+    if summary.STEP_SKIPPED in records.scalars:
+        steps, values = records.scalars[summary.STEP_SKIPPED]
+        skipped = steps[values > 0][:SKIPPED_LIMIT].tolist()
+    elif summary.SKIPPED_STEPS in records.scalars:
+        steps, values = records.scalars[summary.SKIPPED_STEPS]
+        skipped = steps[values > 0][:SKIPPED_LIMIT].tolist()
+    total = None
+    if summary.SKIPPED_STEPS_TOTAL in records.scalars:
+        total = float(records.scalars[summary.SKIPPED_STEPS_TOTAL][1][-1])
+    return {
+        "run": records.name,
+        "series": series,
+        "skipped_steps": skipped,
+        "skipped_total": total if total is not None else len(skipped),
+    }
+
+
+LAYER_COLUMNS = (
+    "name",
+    "class",
+    "compute_dtype",
+    "variable_dtype",
+    "output_dtype",
+    "effective_dtype",
+    "params",
+    "underflow_fraction",
+    "grad_rel_error",
+    "output_rel_error",
+    "max_abs_activation",
+    "time_share",
+    "tc_aligned",
+    "is_output",
+    "note",
+)
+
+
+def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-layer table: dtypes from the layers record, numerics from the latest probe, time share
+    from the profile, findings per layer."""
+    layers: list[dict[str, Any]] = []
+    for _, payload in records.records.get(summary.KIND_LAYERS, []):
+        layers = _table(payload.get("layers"))  # the latest layer table wins
+    probe = records.latest(summary.KIND_PROBE) or {}
+    by_layer_probe = {row.get("layer"): row for row in _table(probe.get("layers"))}
+    profile = records.latest(summary.KIND_PROFILE) or {}
+    by_layer_time = {row.get("layer"): row for row in _table(profile.get("layers"))}
+    badges: dict[str, list[dict[str, str]]] = {}
+    for f in found:
+        if f.get("layer"):
+            badges.setdefault(str(f["layer"]), []).append(
+                {"severity": f["severity"], "rule": f["rule"], "title": f["title"]}
+            )
+    rows = []
+    names = [row.get("name") for row in layers]
+    for name in list(by_layer_probe):  # layers seen by the probe but missing from the table
+        if name not in names and name is not None:
+            layers.append({"name": name})
+    for row in layers:
+        name = row.get("name")
+        p = by_layer_probe.get(name, {})
+        t = by_layer_time.get(name, {})
+        rows.append(
+            [
+                name,
+                row.get("class"),
+                row.get("compute_dtype"),
+                row.get("variable_dtype"),
+                row.get("output_dtype"),
+                row.get("effective_dtype"),
+                row.get("params"),
+                p.get("underflow_fraction"),
+                p.get("grad_rel_error"),
+                p.get("output_rel_error"),
+                p.get("max_abs_activation"),
+                t.get("share"),
+                row.get("tc_aligned"),
+                row.get("is_output"),
+                row.get("note"),
+            ]
+        )
+    return json_safe(
+        {
+            "run": records.name,
+            "columns": list(LAYER_COLUMNS),
+            "rows": rows,
+            "badges": badges,
+            "probe_step": records.records[summary.KIND_PROBE][-1][0]
+            if records.records.get(summary.KIND_PROBE)
+            else None,
+            "profiled": bool(profile),
+        }
+    )
+
+
+HEATMAP_MAX_STEPS = 200
+
+
+def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
+    """Probe steps, the layer × step underflow heatmap, and the probe at ``step`` (default: latest)."""
+    probes = records.records.get(summary.KIND_PROBE, [])
+    steps = [s for s, _ in probes]
+    chosen: tuple[int, dict[str, Any]] | None = None
+    if probes:
+        if step is None:
+            chosen = probes[-1]
+        else:
+            matches = [item for item in probes if item[0] == step]
+            if not matches:
+                raise KeyError(step)
+            chosen = matches[-1]
+    # heatmap: at most HEATMAP_MAX_STEPS probe steps, evenly spread, latest included
+    picked = probes
+    if len(probes) > HEATMAP_MAX_STEPS:
+        idx = np.unique(np.linspace(0, len(probes) - 1, HEATMAP_MAX_STEPS).astype(int))
+        picked = [probes[i] for i in idx]
+    layer_names: list[str] = []
+    seen: dict[str, int] = {}
+    columns = []
+    for _, payload in picked:
+        col = {}
+        for row in _table(payload.get("layers")):
+            name = row.get("layer")
+            if name is None:
+                continue
+            if name not in seen:
+                seen[name] = len(layer_names)
+                layer_names.append(name)
+            col[seen[name]] = row.get("underflow_fraction")
+        columns.append(col)
+    values = [[col.get(i) for col in columns] for i in range(len(layer_names))]
+    probe = None
+    if chosen is not None:
+        s, payload = chosen
+        probe = {
+            "step": s,
+            "mode": payload.get("mode"),
+            "loss_scale": payload.get("loss_scale"),
+            "reference": payload.get("reference"),
+            "reference_note": payload.get("reference_note"),
+            "model": payload.get("model"),
+            "histogram": payload.get("histogram"),
+            "sweep": payload.get("sweep"),
+            "recommended_scale": payload.get("recommended_scale"),
+        }
+    return json_safe(
+        {
+            "run": records.name,
+            "steps": steps,
+            "heatmap": {"layers": layer_names, "steps": [s for s, _ in picked], "values": values},
+            "probe": probe,
+        }
+    )
+
+
+def profile_view(records: RunRecords) -> dict[str, Any]:
+    items = records.records.get(summary.KIND_PROFILE, [])
+    return json_safe(
+        {"run": records.name, "step": items[-1][0] if items else None, "profile": items[-1][1] if items else None}
+    )
+
+
+def info_view(records: RunRecords) -> dict[str, Any]:
+    notices = [payload for _, payload in records.records.get(summary.KIND_NOTICE, [])]
+    return {"info": records.latest(summary.KIND_RUN_INFO), "notices": notices, "errors": records.errors}

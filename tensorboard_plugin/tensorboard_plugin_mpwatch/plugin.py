@@ -1,0 +1,221 @@
+"""The mpwatch TensorBoard plugin: JSON routes over TensorBoard's data provider, and the static tab.
+
+Routes (under ``/data/plugin/mpwatch/``), all ``application/json``:
+
+- ``runs``: the runs holding mpwatch data (others are not listed), with a version that changes while a
+  run is being written.
+- ``scalars?run=R[&points=N]``: every ``mpwatch/...`` scalar, downsampled on the server to at most N
+  points (default 1,500) per tag, min and max kept; every skipped step.
+- ``layers?run=R``: the per-layer table with findings as badges.
+- ``probes?run=R[&step=S]``: probe steps, the layer × probe-step underflow heatmap, the probe at S.
+- ``findings?run=R``: the advisor's findings, run facts and notices.
+- ``profile?run=R``: the profile summary, or null.
+
+Parameters are validated; an unknown run is a 404 JSON error. Nothing reads the file system with a
+request parameter: static files are loaded once, by name, at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+from tensorboard import context as tb_context
+from tensorboard import plugin_util
+from tensorboard.backend import http_util
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from mpwatch import summary
+from tensorboard_plugin_mpwatch import data
+
+PLUGIN_NAME = summary.PLUGIN_NAME
+TAB_NAME = "Mixed Precision"
+STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+CONTENT_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+DEFAULT_POINTS = 1500
+MAX_POINTS = 20_000
+MAX_RUN_LENGTH = 4096
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _load_static() -> dict[str, tuple[bytes, str]]:
+    files = {}
+    for name in sorted(os.listdir(STATIC_DIR)):
+        ext = os.path.splitext(name)[1]
+        if ext in CONTENT_TYPES:
+            with open(os.path.join(STATIC_DIR, name), "rb") as f:
+                files[name] = (f.read(), CONTENT_TYPES[ext])
+    return files
+
+
+class _Entry:
+    __slots__ = ("version", "records", "model", "findings", "findings_note", "views")
+
+    def __init__(self, version: str, records: data.RunRecords) -> None:
+        self.version = version
+        self.records = records
+        self.model: Any = None
+        self.findings: list[dict[str, Any]] | None = None
+        self.findings_note: str | None = None
+        self.views: dict[Any, Any] = {}
+
+
+class MpwatchPlugin(base_plugin.TBPlugin):
+    """TensorBoard's "Mixed Precision" tab."""
+
+    plugin_name = PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        self._provider = context.data_provider
+        self._static = _load_static()
+        self._cache: dict[tuple[str, str], _Entry] = {}
+        self._lock = threading.Lock()
+
+    # --- TBPlugin -------------------------------------------------------------------------------
+    def get_plugin_apps(self) -> dict[str, Any]:
+        return {
+            "/static/*": self._serve_static,
+            "/runs": self._json_route(self._runs),
+            "/scalars": self._json_route(self._scalars),
+            "/layers": self._json_route(self._layers),
+            "/probes": self._json_route(self._probes),
+            "/findings": self._json_route(self._findings),
+            "/profile": self._json_route(self._profile),
+        }
+
+    def is_active(self) -> bool:
+        return False  # data_plugin_names decides: the tab is enabled when mpwatch records exist
+
+    def data_plugin_names(self) -> tuple[str, ...]:
+        return (PLUGIN_NAME,)
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path="/static/index.js", tab_name=TAB_NAME)
+
+    # --- plumbing -------------------------------------------------------------------------------
+    @wrappers.Request.application
+    def _serve_static(self, request: wrappers.Request) -> wrappers.Response:
+        name = request.path.rsplit("/", 1)[-1]
+        found = self._static.get(name)
+        if found is None:
+            return http_util.Respond(request, "not found", "text/plain", code=404)
+        body, content_type = found
+        return http_util.Respond(request, body, content_type)
+
+    def _json_route(self, handler: Any) -> Any:
+        @wrappers.Request.application
+        def app(request: wrappers.Request) -> wrappers.Response:
+            try:
+                body, code = handler(request), 200
+            except BadRequest as e:
+                body, code = {"error": str(e)}, e.code
+            text = json.dumps(data.json_safe(body), allow_nan=False, separators=(",", ":"))
+            return http_util.Respond(request, text, "application/json", code=code)
+
+        return app
+
+    def _context(self, request: wrappers.Request) -> tuple[Any, str]:
+        return tb_context.from_environ(request.environ), plugin_util.experiment_id(request.environ)
+
+    def _entry(self, request: wrappers.Request) -> _Entry:
+        run = request.args.get("run")
+        if not run:
+            raise BadRequest("missing parameter: run")
+        if len(run) > MAX_RUN_LENGTH or "\x00" in run:
+            raise BadRequest("invalid run name")
+        ctx, eid = self._context(request)
+        runs = data.list_mpwatch_runs(self._provider, ctx, eid)
+        if run not in runs:
+            raise BadRequest("unknown run (or no mpwatch data in it)", code=404)
+        version = runs[run]["version"]
+        key = (eid, run)
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is None or entry.version != version:
+                entry = _Entry(version, data.read_run(self._provider, ctx, eid, run))
+                entry.model = data.build_model(entry.records)
+                self._cache[key] = entry
+        return entry
+
+    def _entry_findings(self, entry: _Entry) -> list[dict[str, Any]]:
+        if entry.findings is None:
+            entry.findings, entry.findings_note = data.findings(entry.records, entry.model)
+        return entry.findings
+
+    @staticmethod
+    def _int_arg(request: wrappers.Request, name: str, default: int | None, lo: int, hi: int) -> Any:
+        raw = request.args.get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise BadRequest(f"parameter {name} must be an integer") from None
+        if not lo <= value <= hi:
+            raise BadRequest(f"parameter {name} must be between {lo} and {hi}")
+        return value
+
+    # --- routes -----------------------------------------------------------------------------------
+    def _runs(self, request: wrappers.Request) -> dict[str, Any]:
+        ctx, eid = self._context(request)
+        runs = data.list_mpwatch_runs(self._provider, ctx, eid)
+        return {
+            "runs": [
+                {"name": name, "max_step": r["max_step"], "version": r["version"]}
+                for name, r in sorted(runs.items())
+            ]
+        }
+
+    def _scalars(self, request: wrappers.Request) -> dict[str, Any]:
+        points = self._int_arg(request, "points", DEFAULT_POINTS, 10, MAX_POINTS)
+        entry = self._entry(request)
+        key = ("scalars", points)
+        if key not in entry.views:
+            entry.views[key] = data.scalars_view(entry.records, points)
+        return entry.views[key]
+
+    def _layers(self, request: wrappers.Request) -> dict[str, Any]:
+        entry = self._entry(request)
+        if "layers" not in entry.views:
+            entry.views["layers"] = data.layers_view(entry.records, self._entry_findings(entry))
+        return entry.views["layers"]
+
+    def _probes(self, request: wrappers.Request) -> dict[str, Any]:
+        step = self._int_arg(request, "step", None, 0, 2**62)
+        entry = self._entry(request)
+        key = ("probes", step)
+        if key not in entry.views:
+            try:
+                entry.views[key] = data.probes_view(entry.records, step)
+            except KeyError:
+                raise BadRequest(f"no probe at step {step}", code=404) from None
+        return entry.views[key]
+
+    def _findings(self, request: wrappers.Request) -> dict[str, Any]:
+        entry = self._entry(request)
+        found = self._entry_findings(entry)
+        return {
+            "run": entry.records.name,
+            "findings": found,
+            "note": entry.findings_note,
+            **data.info_view(entry.records),
+        }
+
+    def _profile(self, request: wrappers.Request) -> dict[str, Any]:
+        entry = self._entry(request)
+        if "profile" not in entry.views:
+            entry.views["profile"] = data.profile_view(entry.records)
+        return entry.views["profile"]

@@ -1,0 +1,256 @@
+// The "Mixed Precision" tab. TensorBoard loads this module in its plugin iframe
+// (/data/plugin_entry.html?name=mpwatch, base href plugin/mpwatch/) and calls render().
+import {el, clear, fmt, pct} from './dom.js';
+import {lineChart, legend, histogramChart, heatmap, COLORS} from './charts.js';
+import {LayerTable} from './table.js';
+
+const T = {
+  lossScale: 'mpwatch/loss_scale',
+  zero: 'mpwatch/grad/zero_fraction',
+  subnormal: 'mpwatch/grad/subnormal_fraction',
+  nonfinite: 'mpwatch/grad/nonfinite_count',
+  underflow: 'mpwatch/probe/underflow_fraction',
+  headroom: 'mpwatch/grad/headroom_bits',
+  stepTime: 'mpwatch/perf/step_time_ms',
+};
+const DEFAULT_RELOAD_MS = 30000;
+
+const state = {run: null, runs: [], probeStep: null, version: null, loading: null};
+const ui = {};
+
+async function getJson(path, params = {}) {
+  const query = new URLSearchParams(params).toString();
+  const response = await fetch(query ? `${path}?${query}` : path, {credentials: 'same-origin'});
+  const body = await response.json();
+  if (!response.ok) throw new Error(body && body.error ? body.error : `${path}: HTTP ${response.status}`);
+  return body;
+}
+
+function section(title, id, ...children) {
+  return el('section', {class: 'mpw-section', id}, el('h2', {text: title}), ...children);
+}
+
+function layout() {
+  const link = el('link', {rel: 'stylesheet', href: './static/style.css'});
+  document.head.appendChild(link);
+  document.title = 'Mixed Precision';
+  ui.runSelect = el('select', {id: 'mpw-run', 'aria-label': 'run'});
+  ui.runSelect.addEventListener('change', () => {
+    state.run = ui.runSelect.value;
+    state.probeStep = null;
+    refresh();
+  });
+  ui.status = el('span', {class: 'mpw-status', id: 'mpw-status', text: 'loading…'});
+  ui.facts = el('div', {class: 'mpw-facts', id: 'mpw-facts'});
+  ui.findings = el('div', {id: 'mpw-findings'});
+  ui.lossScale = el('div', {id: 'mpw-loss-scale'});
+  ui.health = el('div', {id: 'mpw-health'});
+  ui.probeSelect = el('select', {id: 'mpw-probe-step', 'aria-label': 'probe step'});
+  ui.probeSelect.addEventListener('change', () => {
+    state.probeStep = Number(ui.probeSelect.value);
+    loadProbe();
+  });
+  ui.histogram = el('div', {id: 'mpw-histogram'});
+  ui.probeFacts = el('div', {class: 'mpw-facts'});
+  ui.heatmap = el('div', {id: 'mpw-heatmap'});
+  ui.table = new LayerTable((name) => { ui.table.input.value = name; ui.table.filter = name.toLowerCase(); ui.table.draw(); });
+  ui.main = el('main', {class: 'mpw-main'},
+    el('header', {class: 'mpw-header'},
+      el('h1', {text: 'Mixed Precision'}),
+      el('label', {}, 'Run ', ui.runSelect),
+      ui.status),
+    ui.facts,
+    section('Findings', 'mpw-findings-section', ui.findings),
+    el('div', {class: 'mpw-grid'},
+      section('Loss scale (log2) and skipped steps', 'mpw-loss-scale-section', ui.lossScale),
+      section('Gradient health and underflow', 'mpw-health-section', ui.health),
+      section('Gradient magnitudes vs the float16 window', 'mpw-histogram-section',
+        el('label', {}, 'Probe step ', ui.probeSelect), ui.histogram, ui.probeFacts),
+      section('Underflow by layer and probe step', 'mpw-heatmap-section', ui.heatmap)),
+    section('Layers', 'mpw-layers-section', ui.table.root));
+  document.body.appendChild(ui.main);
+}
+
+function setRuns(runs) {
+  state.runs = runs;
+  const names = runs.map((r) => r.name);
+  if (!names.includes(state.run)) state.run = names.length ? names[0] : null;
+  const current = Array.from(ui.runSelect.options).map((o) => o.value);
+  if (current.join('\u0000') !== names.join('\u0000')) {
+    clear(ui.runSelect);
+    for (const name of names) ui.runSelect.appendChild(el('option', {value: name, text: name}));
+  }
+  if (state.run !== null) ui.runSelect.value = state.run;
+}
+
+function renderFacts(findings) {
+  clear(ui.facts);
+  const info = findings.info || {};
+  const ls = info.loss_scale || {};
+  const device = info.device || {};
+  const facts = [
+    ['policy', info.policy],
+    ['loss scale', ls.kind ? `${ls.kind}${ls.reason ? ` (${ls.reason})` : ''}` : null],
+    ['device', device.name || device.type],
+    ['model', info.model ? `${info.model.name} (${fmt(info.model.params)} params)` : null],
+  ].filter(([, v]) => v !== null && v !== undefined);
+  for (const [k, v] of facts) ui.facts.appendChild(el('span', {class: 'mpw-fact'}, el('b', {text: `${k}: `}), String(v)));
+  for (const n of findings.notices || []) {
+    ui.facts.appendChild(el('div', {class: `mpw-notice mpw-${n.level || 'info'}`,
+      text: `${n.part}: ${n.message}`}));
+  }
+}
+
+function renderFindings(view) {
+  clear(ui.findings);
+  if (view.note) ui.findings.appendChild(el('p', {class: 'mpw-empty', text: view.note}));
+  if (!view.findings.length && !view.note) {
+    ui.findings.appendChild(el('p', {class: 'mpw-ok', text: 'No findings: mixed precision looks healthy.'}));
+  }
+  for (const f of view.findings) {
+    const card = el('article', {class: `mpw-finding mpw-${f.severity}`, 'data-rule': f.rule},
+      el('div', {class: 'mpw-finding-head'},
+        el('span', {class: `mpw-badge mpw-${f.severity}`, text: f.severity}),
+        el('strong', {text: f.title}),
+        f.layer ? el('span', {class: 'mpw-finding-layer', text: `layer ${f.layer}`}) : null),
+      f.evidence ? el('p', {class: 'mpw-evidence', text: f.evidence}) : null,
+      f.fix ? el('pre', {class: 'mpw-fix'}, el('code', {text: f.fix})) : null);
+    ui.findings.appendChild(card);
+  }
+}
+
+function series(view, tag, name, color) {
+  const s = view.series[tag];
+  return s ? {name, steps: s.steps, values: s.values, color} : null;
+}
+
+function renderScalars(view) {
+  clear(ui.lossScale);
+  const ls = series(view, T.lossScale, 'loss scale', COLORS[0]);
+  ui.lossScale.appendChild(lineChart(ls ? [ls] : [], {log2: true, title: 'loss scale',
+    markers: view.skipped_steps, markerLabel: 'skipped step', format: (v) => fmt(v)}));
+  ui.lossScale.appendChild(el('div', {class: 'mpw-caption',
+    text: `${fmt(view.skipped_total)} skipped step(s), marked in red` +
+      (ls ? `; last loss scale ${fmt(ls.values[ls.values.length - 1])}` : '')}));
+  clear(ui.health);
+  const parts = [
+    series(view, T.zero, 'zero fraction (g·S)', COLORS[1]),
+    series(view, T.subnormal, 'subnormal fraction (g·S)', COLORS[2]),
+    series(view, T.underflow, 'probe underflow vs float32', COLORS[5]),
+  ].filter(Boolean);
+  ui.health.appendChild(lineChart(parts, {percent: true, yMin: 0, title: 'gradient health', format: pct}));
+  ui.health.appendChild(legend(parts));
+}
+
+function renderProbes(view) {
+  clear(ui.probeSelect);
+  for (const s of view.steps) ui.probeSelect.appendChild(el('option', {value: s, text: `step ${s}`}));
+  if (view.probe) ui.probeSelect.value = String(view.probe.step);
+  renderProbe(view.probe);
+  clear(ui.heatmap);
+  ui.heatmap.appendChild(heatmap(view.heatmap));
+}
+
+function renderProbe(probe) {
+  clear(ui.histogram);
+  clear(ui.probeFacts);
+  if (!probe) {
+    ui.histogram.appendChild(el('p', {class: 'mpw-empty', text: 'no probe results yet'}));
+    return;
+  }
+  ui.histogram.appendChild(histogramChart(probe.histogram));
+  const m = probe.model || {};
+  const facts = [
+    ['mode', probe.mode],
+    ['loss scale', fmt(probe.loss_scale)],
+    ['underflow', pct(m.underflow_fraction)],
+    ['grad error', fmt(m.grad_rel_error)],
+    ['max |activation|', fmt(m.max_abs_activation)],
+    ['recommended scale', fmt(probe.recommended_scale)],
+  ];
+  for (const [k, v] of facts) ui.probeFacts.appendChild(el('span', {class: 'mpw-fact'}, el('b', {text: `${k}: `}), v));
+  if (probe.reference_note) ui.probeFacts.appendChild(el('div', {class: 'mpw-notice', text: probe.reference_note}));
+}
+
+async function loadProbe() {
+  const run = state.run;
+  const view = await getJson('probes', {run, step: state.probeStep});
+  if (run === state.run) renderProbe(view.probe);
+}
+
+async function refresh() {
+  if (state.loading) return state.loading;
+  state.loading = (async () => {
+    try {
+      const {runs} = await getJson('runs');
+      setRuns(runs);
+      if (state.run === null) {
+        ui.status.textContent = 'No mpwatch data in this logdir yet: add mpwatch.MixedPrecisionMonitor to model.fit.';
+        document.body.dataset.state = 'empty';
+        return;
+      }
+      const run = state.run;
+      const probeParams = {run};
+      if (state.probeStep !== null) probeParams.step = state.probeStep;
+      const [scalars, layers, probes, findings] = await Promise.all([
+        getJson('scalars', {run}),
+        getJson('layers', {run}),
+        getJson('probes', probeParams).catch(() => getJson('probes', {run})),
+        getJson('findings', {run}),
+      ]);
+      if (run !== state.run) return;
+      renderFacts(findings);
+      renderFindings(findings);
+      renderScalars(scalars);
+      renderProbes(probes);
+      ui.table.setData(layers);
+      const entry = runs.find((r) => r.name === run);
+      ui.status.textContent = `step ${fmt(entry ? entry.max_step : null)} · updated ${new Date().toLocaleTimeString()}`;
+      document.body.dataset.state = 'ready';
+    } catch (error) {
+      ui.status.textContent = `Could not load: ${error.message}`;
+      document.body.dataset.state = 'error';
+    }
+  })();
+  try { return await state.loading; } finally { state.loading = null; }
+}
+
+// Follow TensorBoard's reload: when TensorBoard's reload button spins (a manual click or its
+// auto-reload timer) re-fetch; also poll at TensorBoard's reload period as a fallback.
+function followReload() {
+  let period = DEFAULT_RELOAD_MS;
+  let enabled = true;
+  try {
+    const settings = JSON.parse(window.localStorage.getItem('_tb_global_settings') || '{}');
+    if (typeof settings.reloadPeriodInMs === 'number') period = Math.max(30000, settings.reloadPeriodInMs);
+    if (typeof settings.autoReload === 'boolean') enabled = settings.autoReload;
+  } catch (e) { /* defaults */ }
+  let watched = null;
+  try {
+    const parentDoc = window.parent !== window ? window.parent.document : null;
+    if (parentDoc) {
+      const watch = () => {
+        const button = parentDoc.querySelector('app-header-reload .reload-button, .reload-button');
+        if (!button || button === watched) return;
+        watched = button;
+        new MutationObserver(() => { if (button.classList.contains('loading')) refresh(); })
+          .observe(button, {attributes: true, attributeFilter: ['class']});
+        button.addEventListener('click', () => refresh());
+      };
+      watch();
+      setInterval(watch, 5000);
+    }
+  } catch (e) { /* parent not reachable: polling only */ }
+  setInterval(() => {
+    if (enabled && !watched && document.visibilityState !== 'hidden') refresh();
+  }, period);
+  document.addEventListener('visibilitychange', () => {
+    if (document.visibilityState === 'visible') refresh();
+  });
+}
+
+export async function render() {
+  layout();
+  followReload();
+  await refresh();
+}
