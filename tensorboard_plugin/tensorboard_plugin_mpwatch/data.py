@@ -1,9 +1,9 @@
 """From TensorBoard's data provider to mpwatch records, and from records to the tab's JSON views.
 
 Nothing here touches the file system: every value comes from ``context.data_provider``. Records are
-decoded with :mod:`mpwatch.summary` (the on-disk contract); the run model and the findings come from
-:mod:`mpwatch.reader` and :mod:`mpwatch.advisor` so a finding is computed in one place for the CLI and
-the tab.
+decoded with :mod:`mpwatch.summary` (the on-disk contract); the run model and the findings come
+from :mod:`mpwatch.reader` and :mod:`mpwatch.advisor` so a finding is computed in one place for the
+CLI and the tab.
 
 >>> json_safe({"a": float("nan"), "b": [1.0, float("inf")]})
 {'a': None, 'b': [1.0, None]}
@@ -77,7 +77,9 @@ def list_mpwatch_runs(provider: Any, ctx: Any, experiment_id: str) -> dict[str, 
         entry["max_step"] = max(entry["max_step"], int(series.max_step))
         entry["max_wall_time"] = max(entry["max_wall_time"], float(series.max_wall_time))
 
-    tensors = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=summary.PLUGIN_NAME)
+    tensors = provider.list_tensors(
+        ctx, experiment_id=experiment_id, plugin_name=summary.PLUGIN_NAME
+    )
     for run, tags in tensors.items():
         for tag, series in tags.items():
             if summary.kind_of_tag(tag) is not None:
@@ -156,15 +158,35 @@ def read_run(provider: Any, ctx: Any, experiment_id: str, run: str) -> RunRecord
 
 # --- the run model and the findings (mpwatch.reader / mpwatch.advisor) ----------------------------
 def build_model(records: RunRecords) -> Any:
-    """An :class:`mpwatch.reader.Run` from decoded records, or None while the reader is unavailable."""
+    """The :class:`mpwatch.reader.Run` of decoded records: the model ``mpwatch.load_run`` builds
+    from event files, so the advisor sees the same run in the tab and in the CLI.
+
+    Uses ``reader.run_from_records`` when the reader offers it, else feeds the reader's own
+    accumulator and builder (``_Acc``/``_build_run``): parts merging, purges and the tables stay the
+    reader's. Returns None when no reader is importable.
+    """
     try:
         from mpwatch import reader
     except ImportError:
         return None
-    builder = getattr(reader, "run_from_records", None)
-    if builder is None:
-        return None
-    return builder(records.name, scalars=records.scalars, records=records.records)
+    public = getattr(reader, "run_from_records", None)
+    if public is not None:
+        return public(records.name, scalars=records.scalars, records=records.records)
+    acc = reader._Acc()
+    seq = 0
+    for tag, (steps, values) in sorted(records.scalars.items()):
+        n = len(steps)
+        acc.sc_tag.append(np.full(n, acc.tag_id(tag), dtype=np.int64))
+        acc.sc_seq.append(np.arange(seq, seq + n, dtype=np.int64))
+        acc.sc_step.append(np.asarray(steps, dtype=np.int64))
+        acc.sc_val.append(np.asarray(values, dtype=np.float64))
+        seq += n
+    for kind, items in sorted(records.records.items()):
+        for step, payload in items:
+            acc.recs.append((seq, int(step), kind, payload))
+            seq += 1
+    run = reader._build_run(records.name, "", acc, list(records.errors))
+    return run
 
 
 def findings(records: RunRecords, model: Any) -> tuple[list[dict[str, Any]], str | None]:
@@ -190,7 +212,7 @@ def findings(records: RunRecords, model: Any) -> tuple[list[dict[str, Any]], str
     return out, None
 
 
-# --- views ------------------------------------------------------------------------------------------
+# --- views ---------------------------------------------------------------------------------------
 def _table(tbl: Any) -> list[dict[str, Any]]:
     """Split table -> list of row dicts."""
     if not isinstance(tbl, dict):
@@ -278,8 +300,8 @@ LAYER_COLUMNS = (
 
 
 def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, Any]:
-    """The per-layer table: dtypes from the layers record, numerics from the latest probe, time share
-    from the profile, findings per layer."""
+    """The per-layer table: dtypes from the layers record, numerics from the latest probe, time
+    share from the profile, findings per layer."""
     layers: list[dict[str, Any]] = []
     for _, payload in records.records.get(summary.KIND_LAYERS, []):
         layers = _table(payload.get("layers"))  # the latest layer table wins
@@ -339,7 +361,7 @@ HEATMAP_MAX_STEPS = 200
 
 
 def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
-    """Probe steps, the layer × step underflow heatmap, and the probe at ``step`` (default: latest)."""
+    """Probe steps, the layer × step underflow heatmap, the probe at ``step`` (default: latest)."""
     probes = records.records.get(summary.KIND_PROBE, [])
     steps = [s for s, _ in probes]
     chosen: tuple[int, dict[str, Any]] | None = None
@@ -398,10 +420,18 @@ def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
 def profile_view(records: RunRecords) -> dict[str, Any]:
     items = records.records.get(summary.KIND_PROFILE, [])
     return json_safe(
-        {"run": records.name, "step": items[-1][0] if items else None, "profile": items[-1][1] if items else None}
+        {
+            "run": records.name,
+            "step": items[-1][0] if items else None,
+            "profile": items[-1][1] if items else None,
+        }
     )
 
 
 def info_view(records: RunRecords) -> dict[str, Any]:
     notices = [payload for _, payload in records.records.get(summary.KIND_NOTICE, [])]
-    return {"info": records.latest(summary.KIND_RUN_INFO), "notices": notices, "errors": records.errors}
+    return {
+        "info": records.latest(summary.KIND_RUN_INFO),
+        "notices": notices,
+        "errors": records.errors,
+    }

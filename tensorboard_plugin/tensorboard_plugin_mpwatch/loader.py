@@ -1,9 +1,9 @@
-"""The TensorBoard loader of the mpwatch tab: import-safe, sets a default for ``--samples_per_plugin``.
+"""The TensorBoard loader of the mpwatch tab: import-safe, sets a default ``--samples_per_plugin``.
 
-TensorBoard keeps only a sample of each tensor summary tag (ten by default for unknown plugins). mpwatch's
-structured records (layer table, probe results, profile) are tensor summaries with plugin name
-``mpwatch``; sampling them would drop probe steps. The loader therefore adds ``mpwatch=0`` ("keep all")
-to ``--samples_per_plugin`` unless the user gave a value for ``mpwatch`` themselves.
+TensorBoard keeps only a sample of each tensor summary tag (ten by default for unknown plugins).
+mpwatch's structured records (layer table, probe results, profile) are tensor summaries with plugin
+name ``mpwatch``; sampling them would drop probe steps. The loader therefore adds ``mpwatch=0``
+("keep all") to ``--samples_per_plugin`` unless the user gave a value for ``mpwatch`` themselves.
 
 >>> import argparse
 >>> flags = argparse.Namespace(samples_per_plugin={"images": 5})
@@ -18,7 +18,8 @@ from typing import Any
 
 from tensorboard.plugins import base_plugin
 
-PLUGIN_NAME = "mpwatch"  # == mpwatch.summary.PLUGIN_NAME (kept literal: this module stays import-light)
+# == mpwatch.summary.PLUGIN_NAME, kept literal: this module stays import-light
+PLUGIN_NAME = "mpwatch"
 DEFAULT_SAMPLES = 0  # 0: keep every record
 
 

@@ -2,8 +2,8 @@
 
 Routes (under ``/data/plugin/mpwatch/``), all ``application/json``:
 
-- ``runs``: the runs holding mpwatch data (others are not listed), with a version that changes while a
-  run is being written.
+- ``runs``: the runs holding mpwatch data (others are not listed), with a version that changes
+  while a run is being written.
 - ``scalars?run=R[&points=N]``: every ``mpwatch/...`` scalar, downsampled on the server to at most N
   points (default 1,500) per tag, min and max kept; every skipped step.
 - ``layers?run=R``: the per-layer table with findings as badges.
@@ -156,7 +156,9 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         return entry.findings
 
     @staticmethod
-    def _int_arg(request: wrappers.Request, name: str, default: int | None, lo: int, hi: int) -> Any:
+    def _int_arg(
+        request: wrappers.Request, name: str, default: int | None, lo: int, hi: int
+    ) -> Any:
         raw = request.args.get(name)
         if raw is None or raw == "":
             return default
