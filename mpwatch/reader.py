@@ -637,22 +637,27 @@ def _stack(parts: list[tuple[int, pd.DataFrame]]) -> pd.DataFrame:
 
 
 def _merge_parts(payloads: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several records of one kind at one step (a large table split into parts): concatenate their
-    tables, merge their dicts (later keys win)."""
-    if len(payloads) == 1:
-        return payloads[0]
+    """Several records of one kind at one step. A record with ``"part" >= 1`` continues the one
+    before it (a large table split into parts: its tables are appended); any other record replaces
+    what came before (the later write wins)."""
     out: dict[str, Any] = {}
     for p in payloads:
+        part = p.get("part")
+        if not out or not isinstance(part, int) or part < 1:
+            out = dict(p)
+            continue
         for k, v in p.items():
+            cur = out.get(k)
             if (
                 isinstance(v, dict)
                 and "columns" in v
-                and isinstance(out.get(k), dict)
-                and out[k].get("columns") == v.get("columns")
+                and isinstance(cur, dict)
+                and list(cur.get("columns", [])) == list(v["columns"])
             ):
-                out[k] = {"columns": v["columns"], "data": list(out[k]["data"]) + list(v["data"])}
-            else:
+                out[k] = {"columns": v["columns"], "data": list(cur["data"]) + list(v["data"])}
+            elif k not in out:
                 out[k] = v
+    out.pop("part", None)
     return out
 
 
