@@ -42,7 +42,7 @@ def test_sweep_matches_numpy_thresholds_and_never_rises():
     g = (2.0 ** rng.uniform(-45, 5, size=5000)).astype(np.float32)
     counts = underflow.log2_bins(tf.constant(g)).numpy()
     rows = underflow.sweep(counts)
-    for k, scale, under, over in rows:
+    for _k, scale, under, over in rows:
         assert under == pytest.approx(np.mean(g * scale < 2.0**-24), abs=0)
         assert over == pytest.approx(np.mean(g * scale >= 2.0**16), abs=0)
     unders = [r[2] for r in rows]
