@@ -1,9 +1,84 @@
 """Shared fixtures. TensorFlow is slow to import and models are slow to train on 2 cores: train once
-per session and share the logdirs."""
+per session and share the logdirs.
+
+Fixtures for everyone:
+
+- ``read_events``: ``read_events(logdir) -> (scalars, records)`` parses a logdir's event files
+  without importing mpwatch: ``scalars[tag] = [(step, value), ...]`` in file order,
+  ``records[kind] = [(step, payload_dict), ...]``.
+- ``quickstart_logdir``: the logdir of a real short ``mixed_float16`` fit of the quick start CNN
+  (float16 softmax output; ``examples/quickstart.py``), trained once per session.
+- ``policy``: ``with policy("mixed_float16"): ...`` sets Keras' global policy and restores float32.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import importlib.util
+import json
 import os
+import zlib
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _read_events(logdir):
+    """Parse event files independently of mpwatch (TensorBoard's loader, zlib + JSON by hand)."""
+    import numpy as np
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    scalars: dict[str, list] = {}
+    records: dict[str, list] = {}
+    files = sorted(glob.glob(os.path.join(str(logdir), "**", "events.out.tfevents.*"), recursive=True))
+    for path in files:
+        for event in EventFileLoader(path).Load():
+            for value in event.summary.value:
+                arr = tensor_util.make_ndarray(value.tensor)
+                if value.tag.startswith("mpwatch/record/"):
+                    kind = value.tag[len("mpwatch/record/") :]
+                    blob = arr.item() if isinstance(arr, np.ndarray) else arr
+                    payload = json.loads(zlib.decompress(blob).decode("utf-8"))
+                    records.setdefault(kind, []).append((event.step, payload))
+                elif arr.dtype != object:
+                    scalars.setdefault(value.tag, []).append((event.step, float(arr)))
+    return scalars, records
+
+
+@pytest.fixture(scope="session")
+def read_events():
+    return _read_events
+
+
+@contextlib.contextmanager
+def _policy(name):
+    import keras
+
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture(scope="session")
+def policy():
+    return _policy
+
+
+@pytest.fixture(scope="session")
+def quickstart_logdir(tmp_path_factory):
+    """A logdir from a real short mixed_float16 fit of the quick start CNN (float16 softmax)."""
+    spec = importlib.util.spec_from_file_location("mpwatch_quickstart", ROOT / "examples" / "quickstart.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    logdir = tmp_path_factory.mktemp("quickstart") / "run"
+    module.train(str(logdir), epochs=1, samples=512, batch_size=64, log_every=2)
+    return str(logdir)

@@ -1,0 +1,142 @@
+"""Loss scale and skipped steps against the optimizer's own state (ground truth read by a test
+callback), with steps_per_execution 1 and 4, across several fit calls, under the three policies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _data(n=120, bad_batches=(), batch=10, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, 8), dtype=np.float32)
+    y = rng.integers(0, 3, n)
+    for b in bad_batches:  # a huge input makes the float16 forward/backward overflow: inf gradients
+        x[b * batch] = 1e30
+    return x, y
+
+
+def _model(spe=1):
+    import keras
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(3, activation="softmax", dtype="float32"),
+        ]
+    )
+    model.compile(
+        keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy", steps_per_execution=spe
+    )
+    return model
+
+
+class Truth:
+    """Reads dynamic_scale and iterations after every Keras batch call (steps_per_execution=1)."""
+
+    def __new__(cls):
+        import keras
+
+        class _Truth(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.scales, self.iterations = [], []
+
+            def on_train_batch_end(self, batch, logs=None):
+                opt = self.model.optimizer
+                self.scales.append(float(opt.dynamic_scale.numpy()))
+                self.iterations.append(int(opt.iterations.numpy()))
+
+        return _Truth()
+
+
+def test_loss_scale_equals_dynamic_scale_each_step(tmp_path, policy, read_events):
+    import mpwatch
+
+    with policy("mixed_float16"):
+        x, y = _data(bad_batches=(1, 4, 5, 9))
+        model = _model()
+        truth = Truth()
+        model.fit(
+            x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
+            callbacks=[mpwatch.LossScaleMonitor(tmp_path, log_every=4), truth],
+        )
+    scalars, _ = read_events(tmp_path)
+    steps = [s for s, _ in scalars["mpwatch/loss_scale"]]
+    assert steps == list(range(1, 13))
+    assert [v for _, v in scalars["mpwatch/loss_scale"]] == truth.scales
+    # skipped = iterations did not advance
+    its = [0, *truth.iterations]
+    expected_skips = [float(its[i + 1] == its[i]) for i in range(12)]
+    assert [v for _, v in scalars["mpwatch/step_skipped"]] == expected_skips
+    assert sum(expected_skips) == 4
+    assert scalars["mpwatch/skipped_steps"] == [(4, 1.0), (8, 2.0), (12, 1.0)]
+    assert scalars["mpwatch/skipped_steps_total"] == [(4, 1.0), (8, 3.0), (12, 4.0)]
+
+
+@pytest.mark.parametrize("spe", [1, 4])
+def test_k_overflowing_batches_give_k_skipped_steps(tmp_path, policy, read_events, spe):
+    import mpwatch
+
+    bad = (0, 3, 6, 7, 10)  # batch 10 is in the last, partial execution when spe=4 (11 batches)
+    with policy("mixed_float16"):
+        x, y = _data(n=110, bad_batches=bad)
+        model = _model(spe)
+        model.fit(
+            x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
+            callbacks=[mpwatch.LossScaleMonitor(tmp_path, log_every=100)],
+        )
+        final_iterations = int(model.optimizer.iterations.numpy())
+    scalars, _ = read_events(tmp_path)
+    skipped = dict(scalars["mpwatch/step_skipped"])
+    assert sorted(skipped) == list(range(1, 12))
+    assert [s for s, v in sorted(skipped.items()) if v == 1.0] == [b + 1 for b in bad]
+    assert final_iterations == 11 - len(bad)
+    assert scalars["mpwatch/skipped_steps_total"] == [(11, float(len(bad)))]
+    # the scale halves at each skip and never grows here (growth interval 2000)
+    scales = [v for _, v in scalars["mpwatch/loss_scale"]]
+    assert scales[-1] == 2.0**15 / 2 ** len(bad)
+
+
+def test_several_fit_calls_continue_steps(tmp_path, policy, read_events):
+    import mpwatch
+
+    with policy("mixed_float16"):
+        x, y = _data(n=50, bad_batches=(2,))
+        model = _model(spe=2)
+        for _ in range(3):
+            model.fit(
+                x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
+                callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=5)],
+            )
+    scalars, records = read_events(tmp_path)
+    steps = [s for s, _ in scalars["mpwatch/loss_scale"]]
+    assert steps == list(range(1, 16))  # 3 fits x 5 batches, no duplicates, no gaps
+    assert scalars["mpwatch/skipped_steps_total"] == [(5, 1.0), (10, 2.0), (15, 3.0)]
+    assert [s for s, _ in records["run_info"]] == [0, 5, 10]
+
+
+@pytest.mark.parametrize("name", ["mixed_bfloat16", "float32"])
+def test_no_loss_scale_policies_say_so_once(tmp_path, policy, read_events, name):
+    import mpwatch
+
+    with policy(name):
+        x, y = _data(n=40)
+        model = _model()
+        for _ in range(2):
+            model.fit(
+                x, y, batch_size=10, epochs=1, verbose=0,
+                callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2)],
+            )
+    scalars, records = read_events(tmp_path)
+    assert "mpwatch/loss_scale" not in scalars
+    assert "mpwatch/step_skipped" not in scalars
+    notices = [p for _, p in records["notice"] if p["part"] == "loss_scale"]
+    assert len(notices) == 1
+    assert "no loss scale" in notices[0]["message"] and name in notices[0]["message"]
+    info = records["run_info"][0][1]
+    assert info["policy"] == name and info["loss_scale"]["kind"] == "none"
+    # gradient health is still recorded (S = 1)
+    assert [s for s, _ in scalars["mpwatch/grad/zero_fraction"]] == [2, 4, 6, 8]
