@@ -208,9 +208,41 @@ def _masked(crc: int) -> int:
 
 
 # --- framing -------------------------------------------------------------------------------------
+def _frame_vectorized(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Record starts found without a Python loop, or None when unsure (the caller then walks).
+
+    Candidates: positions whose length's upper 32 bits are zero, whose data starts like an Event
+    (0x09: wall_time) and whose length crc matches. The candidates must chain exactly from byte 0
+    (each one's end is the next one's start) to the file's end; otherwise give up."""
+    end = len(arr)
+    if end < 16:
+        return None
+    c = np.nonzero(arr[12:] == 0x09)[0]
+    c = c[c + 16 <= end]
+    for k in (4, 5, 6, 7):
+        c = c[arr[c + k] == 0]
+    if not len(c) or c[0] != 0:
+        return None
+    heads = arr[c[:, None] + np.arange(8)]
+    lens = heads.copy().view("<u8").ravel().astype(np.int64)
+    want = arr[(c + 8)[:, None] + np.arange(4)].copy().view("<u4").ravel()
+    good = _masked_crc32c_rows(heads) == want
+    c, lens = c[good], lens[good]
+    nxt = c + 16 + lens
+    if not len(c) or not np.array_equal(nxt[:-1], c[1:]):
+        return None
+    if nxt[-1] != end:
+        return None  # a truncated or odd tail: let the walk say exactly what is wrong
+    return c + 12, lens
+
+
 def _frame(buf: bytes, fname: str, warn: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Offsets and lengths of the records' data in one file's bytes. A truncated tail is skipped
     with a warning; a bad length crc stops the file there, with a warning."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    fast = _frame_vectorized(arr)
+    if fast is not None:
+        return fast  # every length crc already verified
     offs: list[int] = []
     lens: list[int] = []
     append_o = offs.append
@@ -239,10 +271,8 @@ def _frame(buf: bytes, fname: str, warn: list[str]) -> tuple[np.ndarray, np.ndar
     ln = np.asarray(lens, dtype=np.int64)
     if len(o):
         # verify every length's crc, vectorized: it guards the framing itself
-        arr = np.frombuffer(buf, dtype=np.uint8)
         heads = arr[(o - 12)[:, None] + np.arange(8)]
-        want = np.frombuffer(buf, dtype=np.uint8)[(o - 4)[:, None] + np.arange(4)].copy()
-        want = want.view("<u4").ravel()
+        want = arr[(o - 4)[:, None] + np.arange(4)].copy().view("<u4").ravel()
         bad = np.nonzero(_masked_crc32c_rows(heads) != want)[0]
         if len(bad):
             first = int(bad[0])
@@ -384,6 +414,18 @@ class _Acc:
 
 
 _MAX_TEMPLATES_PER_LENGTH = 64
+_CHUNK = 262144
+
+
+def _gather_rows(buf: bytes, offs: np.ndarray, length: int) -> np.ndarray:
+    """The bytes buf[o : o + length] for each o, as an (n, length) uint8 matrix (one memcpy per
+    row, through a strided view of the buffer as length-byte items)."""
+    view = np.ndarray(
+        shape=(len(buf) - length + 1,), dtype=np.dtype((np.void, length)), buffer=buf, strides=(1,)
+    )
+    return view[offs].view(np.uint8).reshape(len(offs), length)
+
+
 _FAST_MAX_LEN = 400
 
 
@@ -396,63 +438,67 @@ def _decode_fast(
     if not len(small):
         return done
     order = small[np.argsort(lens[small], kind="stable")]
-    uniq, starts = np.unique(lens[order], return_index=True)
+    sl = lens[order]
+    starts = np.concatenate([[0], np.nonzero(np.diff(sl))[0] + 1])
+    uniq = sl[starts]
     bounds = list(starts) + [len(order)]
     for gi, length in enumerate(uniq):
-        idx = order[bounds[gi] : bounds[gi + 1]]
+        group = order[bounds[gi] : bounds[gi + 1]]
         length = int(length)
-        if length < 8 or len(idx) < 4:
-            continue  # not worth it: the slow path takes them
-        mat = arr[offs[idx][:, None] + np.arange(length)]
-        remaining = np.arange(len(idx))
-        for _ in range(_MAX_TEMPLATES_PER_LENGTH):
-            if not len(remaining):
-                break
-            first = int(idx[remaining[0]])
-            o = int(offs[first])
-            lay = _scalar_layout(buf[o : o + length])
-            if lay is None:
-                # drop every row identical in its first bytes: same kind of record, slow path
-                remaining = remaining[1:]
-                continue
-            tmpl = np.frombuffer(lay.template, dtype=np.uint8)
-            var = np.zeros(length, dtype=bool)
-            if buf[o] == 0x09:
-                var[1:9] = True
-            var[lay.step_pos : lay.step_pos + lay.step_len] = True
-            width = 4 if lay.value_dtype == "<f4" else 8
-            var[lay.value_pos : lay.value_pos + width] = True
-            fixed = np.nonzero(~var)[0]
-            sub = mat[remaining]
-            ok = (sub[:, fixed] == tmpl[fixed]).all(axis=1)
-            # the step varint must have exactly step_len bytes
-            if lay.step_len:
-                sb = sub[:, lay.step_pos : lay.step_pos + lay.step_len]
-                cont = (sb & 0x80) != 0
-                ok &= cont[:, :-1].all(axis=1) & ~cont[:, -1]
-            rows = remaining[ok]
-            remaining = remaining[~ok]
-            if not len(rows):
-                remaining = remaining[1:] if len(remaining) else remaining
-                continue
-            m = mat[rows]
-            step = np.zeros(len(rows), dtype=np.int64)
-            if lay.step_len:
-                sb = m[:, lay.step_pos : lay.step_pos + lay.step_len].astype(np.int64)
-                for k in range(lay.step_len):
-                    step |= (sb[:, k] & 0x7F) << (7 * k)
-            vals = (
-                np.ascontiguousarray(m[:, lay.value_pos : lay.value_pos + width])
-                .view(lay.value_dtype)
-                .ravel()
-                .astype(np.float64)
-            )
-            tid = acc.tag_id(lay.tag)
-            acc.sc_tag.append(np.full(len(rows), tid, dtype=np.int32))
-            acc.sc_seq.append(seq[idx[rows]])
-            acc.sc_step.append(step)
-            acc.sc_val.append(vals)
-            done[idx[rows]] = True
+        for c0 in range(0, len(group), _CHUNK):
+            idx = group[c0 : c0 + _CHUNK]
+            if length < 8 or len(idx) < 4:
+                continue  # not worth it: the slow path takes them
+            mat = _gather_rows(buf, offs[idx], length)
+            remaining = np.arange(len(idx))
+            for _ in range(_MAX_TEMPLATES_PER_LENGTH):
+                if not len(remaining):
+                    break
+                first = int(idx[remaining[0]])
+                o = int(offs[first])
+                lay = _scalar_layout(buf[o : o + length])
+                if lay is None:
+                    # drop every row identical in its first bytes: same kind of record, slow path
+                    remaining = remaining[1:]
+                    continue
+                tmpl = np.frombuffer(lay.template, dtype=np.uint8)
+                var = np.zeros(length, dtype=bool)
+                if buf[o] == 0x09:
+                    var[1:9] = True
+                var[lay.step_pos : lay.step_pos + lay.step_len] = True
+                width = 4 if lay.value_dtype == "<f4" else 8
+                var[lay.value_pos : lay.value_pos + width] = True
+                fixed = np.nonzero(~var)[0]
+                sub = mat[remaining]
+                ok = (sub[:, fixed] == tmpl[fixed]).all(axis=1)
+                # the step varint must have exactly step_len bytes
+                if lay.step_len:
+                    sb = sub[:, lay.step_pos : lay.step_pos + lay.step_len]
+                    cont = (sb & 0x80) != 0
+                    ok &= cont[:, :-1].all(axis=1) & ~cont[:, -1]
+                rows = remaining[ok]
+                remaining = remaining[~ok]
+                if not len(rows):
+                    remaining = remaining[1:] if len(remaining) else remaining
+                    continue
+                m = mat[rows]
+                step = np.zeros(len(rows), dtype=np.int64)
+                if lay.step_len:
+                    sb = m[:, lay.step_pos : lay.step_pos + lay.step_len].astype(np.int64)
+                    for k in range(lay.step_len):
+                        step |= (sb[:, k] & 0x7F) << (7 * k)
+                vals = (
+                    np.ascontiguousarray(m[:, lay.value_pos : lay.value_pos + width])
+                    .view(lay.value_dtype)
+                    .ravel()
+                    .astype(np.float64)
+                )
+                tid = acc.tag_id(lay.tag)
+                acc.sc_tag.append(np.full(len(rows), tid, dtype=np.int32))
+                acc.sc_seq.append(seq[idx[rows]])
+                acc.sc_step.append(step)
+                acc.sc_val.append(vals)
+                done[idx[rows]] = True
     return done
 
 
@@ -601,7 +647,9 @@ def _scalars_frame(acc: _Acc) -> pd.DataFrame:
         st, vv = st[keep], vv[keep]
         o = np.argsort(st, kind="stable")
         series[names[int(tag[a])]] = (st[o], vv[o])
-    all_steps = np.unique(np.concatenate([s for s, _ in series.values()]))
+    all_steps = np.sort(np.concatenate([s for s, _ in series.values()]), kind="stable")
+    if len(all_steps) > 1:
+        all_steps = all_steps[np.concatenate([[True], np.diff(all_steps) != 0])]
     cols: dict[str, np.ndarray] = {}
     for name in sorted(series):
         st, vv = series[name]
@@ -633,6 +681,34 @@ def _stack(parts: list[tuple[int, pd.DataFrame]]) -> pd.DataFrame:
     nonempty = [f for f in frames if len(f)]
     out = pd.concat(nonempty or frames[:1], ignore_index=True)
     out["step"] = out["step"].astype("int64")
+    return out
+
+
+def _stack_tables(items: list[tuple[int, Any]]) -> pd.DataFrame:
+    """``step`` + the rows of each record's split table, built in one go when every table has the
+    same columns (the usual case), else table by table."""
+    cols: list[str] | None = None
+    rows: list[list[Any]] = []
+    steps: list[int] = []
+    counts: list[int] = []
+    for step, tbl in items:
+        if not isinstance(tbl, dict) or "columns" not in tbl:
+            continue
+        c = list(tbl["columns"])
+        if cols is None:
+            cols = c
+        elif c != cols:
+            return _stack([(st, _frame_of(t)) for st, t in items])
+        data = tbl.get("data") or []
+        if any(len(r) != len(c) for r in data):
+            return _stack([(st, _frame_of(t)) for st, t in items])
+        rows += data
+        steps.append(step)
+        counts.append(len(data))
+    if cols is None:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+    out = pd.DataFrame(rows, columns=cols)
+    out.insert(0, "step", np.repeat(np.asarray(steps, dtype=np.int64), counts))
     return out
 
 
@@ -692,15 +768,15 @@ def _build_run(name: str, path: str, acc: _Acc, warn: list[str]) -> Run:
     run.layer_history = hist
     run.layers = hist[-1][1] if hist else pd.DataFrame()
     gv = recs.get(summary.KIND_GRAD_VARIABLES, [])
-    run.grad_variables = _stack([(s, _frame_of(p.get("variables"))) for s, p in gv])
+    run.grad_variables = _stack_tables([(s, p.get("variables")) for s, p in gv])
     if gv:
         run.grad_variables["loss_scale"] = run.grad_variables["step"].map(
             {s: p.get("loss_scale") for s, p in gv}
         )
     probes = recs.get(summary.KIND_PROBE, [])
-    run.probes = _stack([(s, _frame_of(p.get("layers"))) for s, p in probes])
-    run.probe_variables = _stack([(s, _frame_of(p.get("variables"))) for s, p in probes])
-    run.sweeps = _stack([(s, _frame_of(p.get("sweep"))) for s, p in probes])
+    run.probes = _stack_tables([(s, p.get("layers")) for s, p in probes])
+    run.probe_variables = _stack_tables([(s, p.get("variables")) for s, p in probes])
+    run.sweeps = _stack_tables([(s, p.get("sweep")) for s, p in probes])
     rows = []
     for s, p in probes:
         row: dict[str, Any] = {"step": s}
