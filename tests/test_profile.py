@@ -105,7 +105,6 @@ def fitted(tmp_path_factory):
     x, y = _data()
     cb = ProfileMonitor(logdir, profile_steps=STEPS)
     history = model.fit(x, y, batch_size=16, epochs=2, callbacks=[cb], verbose=0)
-    cb.writer.close()
     # what the run directory held right after the fit (before any TensorBoard touched it)
     listing = sorted(os.listdir(cb.trace_dir)) if cb.trace_dir else []
     return {
@@ -418,7 +417,6 @@ def test_failed_conversion_loses_no_training(fitted, tmp_path, monkeypatch, capl
     cb = ProfileMonitor(str(tmp_path), profile_steps=(2, 3))
     with caplog.at_level(logging.ERROR, logger="mpwatch"):
         history = model.fit(x, y, batch_size=16, epochs=2, callbacks=[cb, counter], verbose=0)
-    cb.writer.close()
     assert len(history.history["loss"]) == 2  # every epoch ran
     assert len(batches) == 12  # every batch ran
     assert cb.result is None and "simulated converter failure" in cb.error
@@ -440,7 +438,6 @@ def test_profiler_busy_loses_no_training(fitted, tmp_path):
         history = model.fit(x, y, batch_size=16, epochs=1, callbacks=[cb], verbose=0)
     finally:
         tf.profiler.experimental.stop()
-    cb.writer.close()
     assert len(history.history["loss"]) == 1
     assert "could not start" in cb.error
     notices = [p for k, _, p in _records(str(tmp_path / "run")) if k == summary.KIND_NOTICE]
@@ -452,7 +449,6 @@ def test_switched_off_captures_nothing(fitted, tmp_path):
     x, y = _data(4 * 16)
     cb = ProfileMonitor(str(tmp_path), profile_steps=None)
     model.fit(x, y, batch_size=16, epochs=1, callbacks=[cb], verbose=0)
-    cb.writer.close()
     assert cb.trace_dir is None and cb.result is None and cb.error is None
     assert not os.path.exists(os.path.join(str(tmp_path), "plugins"))
 

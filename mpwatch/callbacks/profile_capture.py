@@ -30,9 +30,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import keras
-
-from mpwatch import summary
+from mpwatch.callbacks._base import RecordingCallback
 
 logger = logging.getLogger("mpwatch")
 
@@ -75,33 +73,7 @@ def parse_steps(profile_steps: Any) -> tuple[int, int] | None:
     return int(value[0]), int(value[1])
 
 
-class _StepCounter:
-    """mpwatch's batch step for this callback (swappable for ``callbacks/_state.py``)."""
-
-    def __init__(self) -> None:
-        self.step = 0
-        self._started = False
-
-    def begin(self, model: Any) -> None:
-        if self._started:
-            return
-        self._started = True
-        try:
-            from mpwatch.callbacks import _state
-
-            self.step = int(_state.state_of(model).step)
-        except Exception:  # noqa: BLE001 - no shared state yet: count from the optimizer
-            try:
-                self.step = int(model.optimizer.iterations.numpy())
-            except Exception:  # noqa: BLE001
-                self.step = 0
-
-    def advance(self, batches: int) -> int:
-        self.step += max(1, int(batches))
-        return self.step
-
-
-class ProfileMonitor(keras.callbacks.Callback):
+class ProfileMonitor(RecordingCallback):
     """Capture a profiler trace over a range of training batches; record per-layer time by dtype.
 
     Args:
@@ -116,9 +88,12 @@ class ProfileMonitor(keras.callbacks.Callback):
         once: capture only in the first ``fit`` that reaches the range (default), or in every
             ``fit``.
         dtype_overrides: ``{layer path: dtype}`` the layer really computes in, where known better
-            than the layer's policy (normalization layers are handled already).
-        writer: a shared :class:`mpwatch.summary.RunWriter`; by default one for ``log_dir``.
-        enabled: False on non-chief workers (nothing is captured or written).
+            than the layer's policy (normalization layers are handled already). Paths are
+            :func:`mpwatch.profile.describe_model`'s: the model's name, then layer names, joined by
+            ``/``.
+
+    After the conversion, ``result`` holds the record's payload; after a failure, ``error`` says why
+    (the failure is also logged once and written as a ``notice`` record; training goes on).
 
     Example:
         >>> cb = ProfileMonitor("logs/run1", profile_steps=(3, 5))  # doctest: +SKIP
@@ -126,37 +101,32 @@ class ProfileMonitor(keras.callbacks.Callback):
         >>> cb.result["cast_share"]  # doctest: +SKIP
     """
 
+    part = PART
+
     def __init__(
         self,
-        log_dir: str,
+        log_dir: Any,
         profile_steps: Any = DEFAULT_STEPS,
         convert: str | None = "end",
         once: bool = True,
         dtype_overrides: Mapping[str, str] | None = None,
-        writer: summary.RunWriter | None = None,
-        enabled: bool = True,
     ) -> None:
-        super().__init__()
-        if not log_dir:
-            raise ValueError("ProfileMonitor needs a log_dir")
         if convert not in ("end", "train_end", None):
             raise ValueError(f"convert must be 'end', 'train_end' or None, not {convert!r}")
-        self.log_dir = os.fspath(log_dir)
-        self.steps = parse_steps(profile_steps)
+        steps = parse_steps(profile_steps)
+        super().__init__(log_dir)
+        self.steps = steps
         self.convert = convert
         self.once = bool(once)
         self.dtype_overrides = dict(dtype_overrides or {})
-        self.enabled = bool(enabled)
-        self._own_writer = writer is None
-        self.writer = writer or summary.RunWriter(self.log_dir, enabled=self.enabled)
-        self._counter = _StepCounter()
-        self._reported: set[str] = set()
-        self._active = False
+        self._profiling = False
         self._done = False
         self._range: tuple[int, int] | None = None
         self._batch = 0
+        self._before: set[str] = set()
         self._pending: dict[str, Any] | None = None
         self._captured: list[int] = []
+        self._t0 = 0.0
         self.trace_dir: str | None = None
         self.result: dict[str, Any] | None = None
         self.error: str | None = None
@@ -165,38 +135,29 @@ class ProfileMonitor(keras.callbacks.Callback):
     def _fail(self, what: str, err: BaseException | str) -> None:
         message = f"{what}: {err}"
         self.error = message
-        if what not in self._reported:
-            self._reported.add(what)
-            logger.error("mpwatch profile: %s; training goes on", message)
-            try:
-                self.writer.record(
-                    summary.KIND_NOTICE,
-                    self._counter.step,
-                    {"part": PART, "level": "error", "message": message},
-                )
-                self.writer.flush()
-            except Exception:  # noqa: BLE001 - never lose training to a notice
-                logger.exception("mpwatch profile: could not write the notice record")
-
-    # --- Keras hooks ----------------------------------------------------------------------------
-    def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
-        self._counter.begin(self.model)
-        self._batch = 0
-        if self.once and self._done:
-            self._range = None
+        if PART in self._failed:
             return
-        self._range = self._plan()
+        self._failed.add(PART)
+        logger.error("mpwatch profile: %s; training goes on", message)
+        self._notice(PART, "error", message)
+        if self.writer is not None:
+            self.writer.flush()
 
-    def _plan(self) -> tuple[int, int] | None:
-        if not self.enabled or self.steps is None:
-            return None
+    # --- RecordingCallback hooks ------------------------------------------------------------------
+    def _begin(self) -> None:
+        self._batch = 0
+        self._range = None
+        if self.once and self._done:
+            return
+        if self.steps is None or self.writer is None or not self.writer.enabled:
+            return  # switched off, or not the chief
         first, last = self.steps
         per_epoch = (self.params or {}).get("steps")
         if isinstance(per_epoch, int) and per_epoch > 0 and last > per_epoch:
-            width = last - first
+            if first > per_epoch:  # the whole range lies beyond the first epoch: take its end
+                first = max(1, per_epoch - (last - first))
             last = per_epoch
-            first = max(1, last - width)
-        return first, last
+        self._range = (first, last)
 
     def _spe(self) -> int:
         try:
@@ -204,34 +165,46 @@ class ProfileMonitor(keras.callbacks.Callback):
         except (TypeError, ValueError):
             return 1
 
-    def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        if self._range is None or self._active:
+    def _batch_begin(self, batch: int) -> None:
+        if self._range is None or self._profiling:
             return
-        n = self._spe()
-        first_here, last_here = self._batch + 1, self._batch + n
+        first_here, last_here = self._batch + 1, self._batch + self._spe()
         if last_here >= self._range[0] and first_here <= self._range[1]:
             self._start()
 
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        n = self._spe()
-        self._batch += n
-        step = self._counter.advance(n)
-        if not self._active:
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._active:
+            self._batch += self._spe()  # before the base collects: the Keras batch count
+        super().on_train_batch_end(batch, logs)
+
+    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+        if not self._profiling:
             return
-        self._captured.append(step)
+        self._captured.extend(got.steps)
         if self._batch >= self._range[1]:
             self._stop()
             if self.convert == "end":
                 self._convert()
 
-    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        if self._active:  # fit ended inside the range
+    def on_train_end(self, logs: Any = None) -> None:
+        try:
+            super().on_train_end(logs)
+        finally:
+            if self._profiling:  # a failed part left the profiler running: stop it, drop the trace
+                self._profiling = False
+                try:
+                    import tensorflow as tf
+
+                    tf.profiler.experimental.stop(save=False)
+                except Exception:  # noqa: BLE001
+                    logger.debug("mpwatch profile: could not stop the profiler", exc_info=True)
+
+    def _end(self) -> None:
+        if self._profiling:  # fit ended inside the range
             self._stop()
         if self._pending is not None and self.convert is not None:
             self._convert()
         self._range = None
-        if self._own_writer:
-            self.writer.flush()
 
     # --- capture ----------------------------------------------------------------------------------
     def _profile_root(self) -> str:
@@ -250,14 +223,14 @@ class ProfileMonitor(keras.callbacks.Callback):
             self._range = None
             self._fail("the profiler could not start", e)
             return
-        self._active = True
+        self._profiling = True
         self._captured = []
         self._t0 = time.perf_counter()
 
     def _stop(self) -> None:
         import tensorflow as tf
 
-        self._active = False
+        self._profiling = False
         self._range = None
         self._done = True
         try:
@@ -267,7 +240,9 @@ class ProfileMonitor(keras.callbacks.Callback):
             return
         new = sorted(self._runs() - self._before)
         runs = [
-            d for d in (new or sorted(self._runs())) if glob.glob(os.path.join(d, "*.xplane.pb"))
+            d
+            for d in (new or sorted(self._runs()))
+            if glob.glob(os.path.join(glob.escape(d), "*.xplane.pb"))
         ]
         if not runs:
             self._fail("the profiler wrote no trace", f"nothing new under {self._profile_root()}")
@@ -287,7 +262,7 @@ class ProfileMonitor(keras.callbacks.Callback):
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        from mpwatch import profile
+        from mpwatch import profile, summary
 
         try:
             payload = profile.summarize(
@@ -300,7 +275,7 @@ class ProfileMonitor(keras.callbacks.Callback):
             self._fail("the trace could not be converted", e)
             return
         try:
-            step = pending["steps"][-1] if pending["steps"] else self._counter.step
+            step = pending["steps"][-1] if pending["steps"] else self._step()
             self.writer.record(summary.KIND_PROFILE, step, payload)
             self.writer.flush()
         except Exception as e:  # noqa: BLE001
