@@ -55,7 +55,16 @@ CAST_SHARE_WARN = 0.10
 SHARE_16BIT_WARN = 0.50
 FLOAT32_LAYER_SHARE = 0.10  # a float32 layer taking this share of profiled time
 LOSS_AGREE_REL = 0.05  # final losses of a mixed and a float32 run within 5% agree
-SLOWER_RATIO = 0.95  # mixed step time / float32 step time above this: no speed-up
+SLOWER_RATIO = 0.95
+# Tensor Core dims the user sets in the layer's constructor (input dims follow from the previous
+# layer, or from the data: the previous layer's own finding covers them)
+SETTABLE_DIMS = (
+    "units",
+    "filters",
+    "output_dim",
+    "key_dim",
+    "heads_x_key_dim",
+)  # mixed step time / float32 step time above this: no speed-up
 
 
 @dataclass
@@ -207,8 +216,9 @@ RULES: dict[str, Rule] = {
             "Tensor Cores run float16 matrix multiplies and convolutions only when the "
             "dimensions (units, filters, input features, batch size) are multiples of 8; "
             "others fall back to slower kernels.",
-            "Any tc_dims value not a multiple of 8, or the batch size: warning on a device with "
-            "Tensor Cores, info otherwise (16-bit policies only).",
+            "A settable dimension (units, filters, output_dim, key_dim) of a non-output layer, or "
+            "the batch size, not a multiple of 8: warning on a device with Tensor Cores, info "
+            "otherwise (16-bit policies only).",
             "Seed 004 (filters multiples of 8, as the documentation says); seed 003; NVIDIA "
             "deep learning performance guide.",
         ),
@@ -266,6 +276,8 @@ def _f(x: Any) -> float | None:
 def _fmt(x: float | None, digits: int = 3) -> str:
     if x is None:
         return "n/a"
+    if float(x).is_integer() and abs(x) < 1e9:
+        return f"{int(x)}"
     if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
         return f"{x:.{digits - 1}e}"
     return f"{x:.{digits}g}"
@@ -446,9 +458,9 @@ def rule_activation_overflow(run: Run) -> list[Finding]:
         row = _layer_row(run, name) or {}
         sev = "error" if overflow else "warning"
         title = (
-            f"Layer {name!r}'s activations overflow float16"
+            f"Activations of layer {name!r} overflow float16"
             if overflow
-            else f"Layer {name!r}'s activations come within {head:.1f} doublings of 65504"
+            else f"Activations of layer {name!r} come within {head:.1f} doublings of 65504"
         )
         found.append(
             _mk(
@@ -510,7 +522,7 @@ def rule_gradient_underflow(run: Run) -> list[Finding]:
                     _mk(
                         "gradient-underflow",
                         "warning",
-                        f"{_pct(luf)} of layer {name!r}'s gradient values underflow",
+                        f"{_pct(luf)} of the gradient values of layer {name!r} underflow",
                         f"probe at step {step}: {r.get('underflow_count')} of "
                         f"{r.get('ref_nonzero')} nonzero reference gradient elements of "
                         f"{name!r} are zero at scale {_fmt(scale)}",
@@ -643,7 +655,7 @@ def rule_output_rel_error(run: Run) -> list[Finding]:
             _mk(
                 "output-rel-error",
                 "warning",
-                f"Layer {name!r}'s output differs from float32 by {_pct(err)}: keep it float32",
+                f"Output of layer {name!r} differs from float32 by {_pct(err)}: keep it float32",
                 f"probe at step {step} ({mode}): output relative error {_fmt(err)} against the "
                 f"float32 reference (threshold {thr:g})",
                 fix=_keep_float32_fix(name, row.get("class")),
@@ -691,9 +703,13 @@ def rule_tensor_core_alignment(run: Run) -> list[Finding]:
         for _, r in lt.iterrows():
             dims = r.get("tc_dims")
             aligned = r.get("tc_aligned")
-            if not isinstance(dims, dict) or aligned is True:
-                continue
-            bad = {k: v for k, v in dims.items() if isinstance(v, (int, float)) and int(v) % 8}
+            if not isinstance(dims, dict) or aligned is True or bool(r.get("is_output")):
+                continue  # an output's units are the number of classes: not the user's choice
+            bad = {
+                k: v
+                for k, v in dims.items()
+                if k in SETTABLE_DIMS and isinstance(v, (int, float)) and int(v) % 8
+            }
             if not bad:
                 continue
             name = str(r["name"])
@@ -703,7 +719,8 @@ def rule_tensor_core_alignment(run: Run) -> list[Finding]:
             fix = (
                 f"keras.layers.{cls}({', '.join(f'{k}={v}' for k, v in settable.items())}, ...)"
                 if settable
-                else f"# pad the input of {name!r} to a multiple of 8 where you can"
+                else f"# {cls} {name!r}: "
+                + ", ".join(f"{k}={_round8(int(v))}" for k, v in bad.items())
             )
             found.append(
                 _mk(
@@ -846,6 +863,8 @@ def rule_profile(run: Run) -> list[Finding]:
             if t32 / total <= FLOAT32_LAYER_SHARE or name in inside or name in outputs:
                 continue
             row = _layer_row(run, name) or {}
+            if str(row.get("compute_dtype")) != "float32":
+                continue  # already under a 16-bit policy: its float32 time is Keras' own choice
             found.append(
                 _mk(
                     "profile",
