@@ -59,14 +59,22 @@ def check_positive_int(name: str, value: Any, allow_none: bool = False) -> int |
     return value
 
 
-def check_model(model: Any, who: str = "mpwatch") -> None:
-    """A compiled Keras 3 model with an optimizer, or a clear error."""
+def check_model(model: Any, who: str = "mpwatch", compiled: bool = True) -> None:
+    """A compiled Keras 3 model with an optimizer (only an optimizer when not ``compiled``), or a
+    clear error."""
     if model is None:
         raise ValueError(f"{who}: no model; pass the callback to model.fit(callbacks=[...])")
     if not isinstance(model, keras.Model):
         raise TypeError(
             f"{who} watches a keras.Model, got {type(model).__module__}.{type(model).__name__}"
         )
+    if not compiled:
+        if getattr(model, "optimizer", None) is None:
+            raise ValueError(
+                f"{who}: the model {model.name!r} has no optimizer; pass optimizer=... (a "
+                "keras.optimizers.LossScaleOptimizer under mixed_float16)"
+            )
+        return
     if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
         raise ValueError(
             f"{who}: the model {model.name!r} is not compiled; call model.compile(optimizer=..., "
@@ -135,6 +143,7 @@ class RecordingCallback(keras.callbacks.Callback):
 
     part = "recording"
     grad_every: int | None = None
+    require_compiled = True  # False when driven by TrainingLoopRecorder
 
     def __init__(self, log_dir: Any, log_every: int = 50) -> None:
         super().__init__()
@@ -178,7 +187,7 @@ class RecordingCallback(keras.callbacks.Callback):
 
     # --- Keras hooks ---------------------------------------------------------------------------
     def on_train_begin(self, logs: Any = None) -> None:
-        check_model(self.model, type(self).__name__)  # raises: bad input stops before training
+        check_model(self.model, type(self).__name__, self.require_compiled)  # raises: bad input stops before training
         self._failed = set()
         self.state = state_of(self.model)
         self.writer = acquire_writer(self.log_dir, enabled=is_chief(self.model.distribute_strategy))

@@ -100,6 +100,7 @@ class Tap:
         self.failed: str | None = None
         self.variable_names: list[str] = []
         self._orig_apply = None
+        self.rebuild = True  # rebuild Keras' train function (False for custom training loops)
         self._num_vars: int | None = None  # known when the train function is traced
         strategy = model.distribute_strategy
         self._distributed = strategy.num_replicas_in_sync > 1
@@ -166,7 +167,8 @@ class Tap:
 
         apply._mpwatch_tap = True  # type: ignore[attr-defined]
         object.__setattr__(opt, "apply", apply)
-        self.model.make_train_function(force=True)
+        if self.rebuild:
+            self.model.make_train_function(force=True)
 
     def uninstall(self) -> None:
         opt = self.optimizer
@@ -175,7 +177,8 @@ class Tap:
                 object.__delattr__(opt, "apply")
             self._orig_apply = None
             # The traced train function still holds the tap's ops: a later fit traces a clean one.
-            self.model.train_function = None
+            if self.rebuild:
+                self.model.train_function = None
 
     def set_step(self, step: int) -> None:
         self.step.assign(int(step))
@@ -341,6 +344,9 @@ class ModelState:
         self.tap: Tap | None = None
         self._model = model
         self._users: dict[int, int | None] = {}
+        # set by TrainingLoopRecorder: batches per host call, and no Keras train function
+        self.capacity: int | None = None
+        self.rebuild = True
         self._cache: Collected | None = None
         self._consumers: set[int] = set()
 
@@ -358,7 +364,7 @@ class ModelState:
             self.tap = None
 
     def _wanted(self) -> tuple[int, int | None]:
-        spe = int(getattr(self._model, "steps_per_execution", 1) or 1)
+        spe = self.capacity or int(getattr(self._model, "steps_per_execution", 1) or 1)
         everies = [g for g in self._users.values() if g]
         return spe, (min(everies) if everies else None)
 
@@ -378,6 +384,7 @@ class ModelState:
             self._sync_step()
             tap.uninstall()
         self.tap = Tap(self._model, spe, grad_every, self.step)
+        self.tap.rebuild = self.rebuild
         self.tap.install()
 
     def _sync_step(self) -> None:

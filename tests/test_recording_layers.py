@@ -1,0 +1,84 @@
+"""The per-layer dtype table: float32 softmax output, LayerNormalization, a nested sub-model, a
+subclassed model (output dtypes noted while the step is traced), written once unless it changes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _rows(records):
+    (_, payload), *_ = records["layers"]
+    cols = payload["layers"]["columns"]
+    return {r[cols.index("path")]: dict(zip(cols, r)) for r in payload["layers"]["data"]}
+
+
+def test_functional_nested_layernorm_float32_softmax(tmp_path, policy, read_events):
+    import keras
+
+    import mpwatch
+
+    with policy("mixed_float16"):
+        inner = keras.Sequential(
+            [keras.Input((12,)), keras.layers.Dense(16, name="dense"),
+             keras.layers.LayerNormalization(name="ln")],
+            name="inner",
+        )
+        x = keras.Input((12,))
+        h = keras.layers.Dense(10, name="logits")(inner(x))
+        out = keras.layers.Activation("softmax", dtype="float32", name="probs")(h)
+        model = keras.Model(x, out, name="outer")
+        model.compile("sgd", "sparse_categorical_crossentropy")
+        data = np.random.rand(40, 12).astype("float32"), np.random.randint(0, 10, 40)
+        for _ in range(2):
+            model.fit(*data, batch_size=10, verbose=0,
+                      callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)])
+    _, records = read_events(tmp_path)
+    assert len(records["layers"]) == 1  # unchanged: written once over two fits
+    rows = _rows(records)
+    assert set(rows) == {"outer/inner", "outer/inner/dense", "outer/inner/ln", "outer/logits",
+                         "outer/probs"}
+    d = rows["outer/inner/dense"]
+    assert (d["compute_dtype"], d["variable_dtype"], d["output_dtype"]) == (
+        "float16", "float32", "float16")
+    assert d["tc_dims"] == {"units": 16, "kernel_input_dim": 12} and d["tc_aligned"] is False
+    assert d["params"] == 12 * 16 + 16 and d["depth"] == 2
+    ln = rows["outer/inner/ln"]
+    assert ln["compute_dtype"] == "float16" and ln["output_dtype"] == "float16"
+    assert ln["effective_dtype"] == "float32" and "float32 inside" in ln["note"]
+    probs = rows["outer/probs"]
+    assert probs["is_output"] is True and probs["output_dtype"] == "float32"
+    assert probs["policy"] == "float32"
+    assert rows["outer/logits"]["is_output"] is False
+    assert rows["outer/logits"]["output_dtype"] == "float16"
+
+
+def test_subclassed_output_dtypes_are_traced(tmp_path, policy, read_events):
+    import keras
+
+    import mpwatch
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__(name="net")
+            self.hidden = keras.layers.Dense(32, activation="relu", name="hidden")
+            self.norm = keras.layers.BatchNormalization(name="bn")
+            self.head = keras.layers.Dense(4, activation="softmax", name="head")
+
+        def call(self, x, training=False):
+            return self.head(self.norm(self.hidden(x), training=training))
+
+    with policy("mixed_float16"):
+        model = Net()
+        model.compile("adam", "sparse_categorical_crossentropy")
+        model.fit(np.random.rand(32, 8).astype("float32"), np.random.randint(0, 4, 32),
+                  batch_size=8, verbose=0, callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)])
+    _, records = read_events(tmp_path)
+    # at train begin the subclassed model is not built yet; the traced step completes the table
+    assert len(records["layers"]) == 2
+    rows = {r["name"]: r for r in _rows({"layers": [records["layers"][-1]]}).values()}
+    assert rows["hidden"]["output_dtype"] == "float16"
+    assert rows["hidden"]["params"] == 8 * 32 + 32
+    assert rows["hidden"]["tc_aligned"] is True  # 8 in, 32 units
+    assert rows["bn"]["effective_dtype"] == "float32"
+    assert rows["head"]["output_dtype"] == "float16"  # the float16 softmax mistake
+    assert rows["head"]["is_output"] is True

@@ -1,0 +1,48 @@
+"""TrainingLoopRecorder in a custom loop (GradientTape + LossScaleOptimizer) records the same loss
+scale and skipped steps as the optimizer's own state."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def test_custom_loop_records_loss_scale_and_skips(tmp_path, policy, read_events):
+    import keras
+    import tensorflow as tf
+
+    import mpwatch
+
+    with policy("mixed_float16"):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(1, dtype="float32")])
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+        loss_fn = keras.losses.MeanSquaredError()
+        x = np.random.rand(60, 8).astype("float32")
+        y = np.random.rand(60, 1).astype("float32")
+        x[20] = 1e30  # batch 3 overflows
+        scales, its = [], []
+        with mpwatch.TrainingLoopRecorder(model, tmp_path, optimizer=opt, log_every=2) as rec:
+
+            @tf.function
+            def train_step(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(yb, model(xb, training=True))
+                    scaled = opt.scale_loss(loss)
+                grads = tape.gradient(scaled, model.trainable_variables)
+                opt.apply(grads, model.trainable_variables)
+                return loss
+
+            for i in range(6):
+                loss = train_step(x[i * 10 : i * 10 + 10], y[i * 10 : i * 10 + 10])
+                rec.step_end(loss=loss)
+                scales.append(float(opt.dynamic_scale.numpy()))
+                its.append(int(opt.iterations.numpy()))
+    scalars, records = read_events(tmp_path)
+    assert scalars["mpwatch/loss_scale"] == [(i + 1, s) for i, s in enumerate(scales)]
+    assert [v for _, v in scalars["mpwatch/step_skipped"]] == [0, 0, 1, 0, 0, 0]
+    assert its[-1] == 5
+    assert [s for s, _ in scalars["mpwatch/grad/zero_fraction"]] == [2, 4, 6]
+    assert "layers" in records and "run_info" in records
+    rows = records["layers"][-1][1]["layers"]
+    assert [r[0] for r in rows["data"]][:2] == [model.layers[0].name, model.layers[1].name]
