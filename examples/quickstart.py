@@ -1,4 +1,5 @@
-"""mpwatch quick start: train a small CNN under mixed_float16 with the monitor, then look at the logs.
+"""mpwatch quick start: train a small CNN under mixed_float16 with the monitor, then look at the
+logs.
 
 The model is the CNN of the mixed-precision tutorials (Conv2D 32, MaxPool, Conv2D 64, Flatten,
 Dense 128, Dense 10 softmax) on synthetic MNIST-shaped data made here (no download). It makes the
@@ -49,8 +50,9 @@ def build_model():  # noqa: ANN201
     )
 
 
-def train(logdir: str, epochs: int = 2, samples: int = 1024, batch_size: int = 64,
-          log_every: int = 10) -> str:
+def train(
+    logdir: str, epochs: int = 2, samples: int = 1024, batch_size: int = 64, log_every: int = 10
+) -> str:
     """Train the CNN with the monitor into ``logdir``; returns the logdir."""
     import keras
 

@@ -55,9 +55,9 @@ class TrainingLoopRecorder:
         steps_per_call: int = 1,
         **monitor_kwargs: Any,
     ) -> None:
-        from mpwatch.callbacks.monitor import MixedPrecisionMonitor
-
         import keras
+
+        from mpwatch.callbacks.monitor import MixedPrecisionMonitor
 
         if not isinstance(model, keras.Model):
             check_model(model, "TrainingLoopRecorder", compiled=False)  # raises TypeError

@@ -37,7 +37,9 @@ def _read_events(logdir):
 
     scalars: dict[str, list] = {}
     records: dict[str, list] = {}
-    files = sorted(glob.glob(os.path.join(str(logdir), "**", "events.out.tfevents.*"), recursive=True))
+    files = sorted(
+        glob.glob(os.path.join(str(logdir), "**", "events.out.tfevents.*"), recursive=True)
+    )
     for path in files:
         for event in EventFileLoader(path).Load():
             for value in event.summary.value:
@@ -76,7 +78,9 @@ def policy():
 @pytest.fixture(scope="session")
 def quickstart_logdir(tmp_path_factory):
     """A logdir from a real short mixed_float16 fit of the quick start CNN (float16 softmax)."""
-    spec = importlib.util.spec_from_file_location("mpwatch_quickstart", ROOT / "examples" / "quickstart.py")
+    spec = importlib.util.spec_from_file_location(
+        "mpwatch_quickstart", ROOT / "examples" / "quickstart.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     logdir = tmp_path_factory.mktemp("quickstart") / "run"

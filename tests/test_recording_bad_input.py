@@ -83,8 +83,11 @@ def test_failure_while_recording_is_logged_once_and_training_goes_on(
     with policy("mixed_float16"), caplog.at_level(logging.ERROR, logger="mpwatch"):
         model = _compiled()
         history = model.fit(
-            np.random.rand(60, 4).astype("float32"), np.random.rand(60, 2).astype("float32"),
-            batch_size=10, epochs=3, verbose=0,
+            np.random.rand(60, 4).astype("float32"),
+            np.random.rand(60, 2).astype("float32"),
+            batch_size=10,
+            epochs=3,
+            verbose=0,
             callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2)],
         )
     assert len(history.history["loss"]) == 3  # training completed
@@ -94,5 +97,5 @@ def test_failure_while_recording_is_logged_once_and_training_goes_on(
     scalars, records = read_events(tmp_path)
     assert len(scalars["mpwatch/loss_scale"]) == 18  # the other parts went on
     assert "mpwatch/grad/zero_fraction" not in scalars
-    (_, notice), = [n for n in records["notice"] if n[1]["part"] == "gradient_health"]
+    ((_, notice),) = [n for n in records["notice"] if n[1]["part"] == "gradient_health"]
     assert notice["level"] == "error" and "boom in gradient health" in notice["message"]

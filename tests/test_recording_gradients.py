@@ -2,7 +2,8 @@
 
 A bias-free linear model y = x.w, batch of 1, loss c*y: the gradient of w is x*c, and what the
 optimizer receives under mixed_float16 is float16(float16(x) * float16(S*c)) with S the loss scale.
-With S = 2**15 and c = 2**-20, S*c = 2**-5, and x chosen so that some products are exact, some fall in
+With S = 2**15 and c = 2**-20, S*c = 2**-5, and x chosen so that some products are exact, some fall
+in
 float16's subnormal range, some round to zero."""
 
 from __future__ import annotations
@@ -34,13 +35,19 @@ def _fit(logdir, per_variable=True):
     import mpwatch
 
     model = keras.Sequential(
-        [keras.Input((8,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones",
-                                                name="lin")],
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(1, use_bias=False, kernel_initializer="ones", name="lin"),
+        ],
         name="linear",
     )
     model.compile(keras.optimizers.SGD(0.0), loss=lambda yt, yp: keras.ops.sum(yp, axis=-1) * C)
     model.fit(
-        X[None, :], np.zeros((1, 1), np.float32), batch_size=1, epochs=1, verbose=0,
+        X[None, :],
+        np.zeros((1, 1), np.float32),
+        batch_size=1,
+        epochs=1,
+        verbose=0,
         callbacks=[mpwatch.GradientHealthMonitor(logdir, log_every=1, per_variable=per_variable)],
     )
 
@@ -52,12 +59,17 @@ def test_gradient_health_matches_numpy(tmp_path, policy, read_events):
     with policy("mixed_float16"):
         _fit(tmp_path)
     scalars, records = read_events(tmp_path)
-    for key in ("zero_fraction", "subnormal_fraction", "nonfinite_count", "max_abs",
-                "headroom_bits"):
-        (step, value), = scalars[f"mpwatch/grad/{key}"]
+    for key in (
+        "zero_fraction",
+        "subnormal_fraction",
+        "nonfinite_count",
+        "max_abs",
+        "headroom_bits",
+    ):
+        ((step, value),) = scalars[f"mpwatch/grad/{key}"]
         assert step == 1
         assert value == np.float32(truth[key]), key
-    (step, rec), = records["grad_variables"]
+    ((step, rec),) = records["grad_variables"]
     assert rec["loss_scale"] == S
     table = dict(zip(rec["variables"]["columns"], rec["variables"]["data"][0]))
     assert table["variable"].endswith("lin/kernel") and table["size"] == 8
@@ -72,9 +84,9 @@ def test_float32_gradients_unscaled(tmp_path, policy, read_events):
         _fit(tmp_path, per_variable=False)
     scalars, records = read_events(tmp_path)
     g = np.abs(X.astype(np.float32) * np.float32(C))
-    (_, zero), = scalars["mpwatch/grad/zero_fraction"]
-    (_, sub), = scalars["mpwatch/grad/subnormal_fraction"]
-    (_, mx), = scalars["mpwatch/grad/max_abs"]
+    ((_, zero),) = scalars["mpwatch/grad/zero_fraction"]
+    ((_, sub),) = scalars["mpwatch/grad/subnormal_fraction"]
+    ((_, mx),) = scalars["mpwatch/grad/max_abs"]
     assert zero == np.float32(np.mean(g == 0))
     assert sub == np.float32(np.mean((g > 0) & (g < 2.0**-14)))
     assert mx == np.float32(g.max())

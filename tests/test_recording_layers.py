@@ -19,8 +19,11 @@ def test_functional_nested_layernorm_float32_softmax(tmp_path, policy, read_even
 
     with policy("mixed_float16"):
         inner = keras.Sequential(
-            [keras.Input((12,)), keras.layers.Dense(16, name="dense"),
-             keras.layers.LayerNormalization(name="ln")],
+            [
+                keras.Input((12,)),
+                keras.layers.Dense(16, name="dense"),
+                keras.layers.LayerNormalization(name="ln"),
+            ],
             name="inner",
         )
         x = keras.Input((12,))
@@ -30,16 +33,25 @@ def test_functional_nested_layernorm_float32_softmax(tmp_path, policy, read_even
         model.compile("sgd", "sparse_categorical_crossentropy")
         data = np.random.rand(40, 12).astype("float32"), np.random.randint(0, 10, 40)
         for _ in range(2):
-            model.fit(*data, batch_size=10, verbose=0,
-                      callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)])
+            model.fit(
+                *data, batch_size=10, verbose=0, callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)]
+            )
     _, records = read_events(tmp_path)
     assert len(records["layers"]) == 1  # unchanged: written once over two fits
     rows = _rows(records)
-    assert set(rows) == {"outer/inner", "outer/inner/dense", "outer/inner/ln", "outer/logits",
-                         "outer/probs"}
+    assert set(rows) == {
+        "outer/inner",
+        "outer/inner/dense",
+        "outer/inner/ln",
+        "outer/logits",
+        "outer/probs",
+    }
     d = rows["outer/inner/dense"]
     assert (d["compute_dtype"], d["variable_dtype"], d["output_dtype"]) == (
-        "float16", "float32", "float16")
+        "float16",
+        "float32",
+        "float16",
+    )
     assert d["tc_dims"] == {"units": 16, "kernel_input_dim": 12} and d["tc_aligned"] is False
     assert d["params"] == 12 * 16 + 16 and d["depth"] == 2
     ln = rows["outer/inner/ln"]
@@ -70,8 +82,13 @@ def test_subclassed_output_dtypes_are_traced(tmp_path, policy, read_events):
     with policy("mixed_float16"):
         model = Net()
         model.compile("adam", "sparse_categorical_crossentropy")
-        model.fit(np.random.rand(32, 8).astype("float32"), np.random.randint(0, 4, 32),
-                  batch_size=8, verbose=0, callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)])
+        model.fit(
+            np.random.rand(32, 8).astype("float32"),
+            np.random.randint(0, 4, 32),
+            batch_size=8,
+            verbose=0,
+            callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)],
+        )
     _, records = read_events(tmp_path)
     # at train begin the subclassed model is not built yet; the traced step completes the table
     assert len(records["layers"]) == 2

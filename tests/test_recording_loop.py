@@ -14,8 +14,13 @@ def test_custom_loop_records_loss_scale_and_skips(tmp_path, policy, read_events)
 
     with policy("mixed_float16"):
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(1, dtype="float32")])
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(1, dtype="float32"),
+            ]
+        )
         opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
         loss_fn = keras.losses.MeanSquaredError()
         x = np.random.rand(60, 8).astype("float32")

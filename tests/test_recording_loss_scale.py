@@ -60,7 +60,12 @@ def test_loss_scale_equals_dynamic_scale_each_step(tmp_path, policy, read_events
         model = _model()
         truth = Truth()
         model.fit(
-            x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
+            x,
+            y,
+            batch_size=10,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
             callbacks=[mpwatch.LossScaleMonitor(tmp_path, log_every=4), truth],
         )
     scalars, _ = read_events(tmp_path)
@@ -85,7 +90,12 @@ def test_k_overflowing_batches_give_k_skipped_steps(tmp_path, policy, read_event
         x, y = _data(n=110, bad_batches=bad)
         model = _model(spe)
         model.fit(
-            x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
+            x,
+            y,
+            batch_size=10,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
             callbacks=[mpwatch.LossScaleMonitor(tmp_path, log_every=100)],
         )
         final_iterations = int(model.optimizer.iterations.numpy())
@@ -108,7 +118,12 @@ def test_several_fit_calls_continue_steps(tmp_path, policy, read_events):
         model = _model(spe=2)
         for _ in range(3):
             model.fit(
-                x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
+                x,
+                y,
+                batch_size=10,
+                epochs=1,
+                shuffle=False,
+                verbose=0,
                 callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=5)],
             )
     scalars, records = read_events(tmp_path)
@@ -127,7 +142,11 @@ def test_no_loss_scale_policies_say_so_once(tmp_path, policy, read_events, name)
         model = _model()
         for _ in range(2):
             model.fit(
-                x, y, batch_size=10, epochs=1, verbose=0,
+                x,
+                y,
+                batch_size=10,
+                epochs=1,
+                verbose=0,
                 callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2)],
             )
     scalars, records = read_events(tmp_path)

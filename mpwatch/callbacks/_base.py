@@ -1,4 +1,5 @@
-"""What every mpwatch callback shares: argument checks, chief detection, the shared writer, and error
+"""What every mpwatch callback shares: argument checks, chief detection, the shared writer, and
+error
 isolation.
 
 - **Bad input fails early and clearly**: arguments are checked at construction (``log_dir`` must be
@@ -6,7 +7,8 @@ isolation.
   model), before any batch runs.
 - **A failure while recording never costs a training run**: each part of a callback runs under
   :meth:`RecordingCallback._guard`; the first exception of a part is logged once (logger
-  ``"mpwatch"``), written as a ``notice`` record, and that part stops; training and the other parts go
+  ``"mpwatch"``), written as a ``notice`` record, and that part stops; training and the other parts
+  go
   on.
 - **Only the chief writes** under ``tf.distribute`` (all replicas of a MirroredStrategy live in one
   process, which is the chief; in multi-worker training the chief is task ``chief`` or worker 0).
@@ -31,7 +33,8 @@ logger = logging.getLogger("mpwatch")
 
 # --- argument checks ----------------------------------------------------------------------------
 def check_log_dir(log_dir: Any) -> str:
-    """Create ``log_dir`` if needed and prove it writable; raise ValueError with the reason if not."""
+    """Create ``log_dir`` if needed and prove it writable; raise ValueError with the reason if
+    not."""
     if not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir):
         raise ValueError(f"mpwatch: log_dir must be a directory path, got {log_dir!r}")
     path = os.fspath(log_dir)
@@ -187,7 +190,9 @@ class RecordingCallback(keras.callbacks.Callback):
 
     # --- Keras hooks ---------------------------------------------------------------------------
     def on_train_begin(self, logs: Any = None) -> None:
-        check_model(self.model, type(self).__name__, self.require_compiled)  # raises: bad input stops before training
+        check_model(
+            self.model, type(self).__name__, self.require_compiled
+        )  # raises: bad input stops before training
         self._failed = set()
         self.state = state_of(self.model)
         self.writer = acquire_writer(self.log_dir, enabled=is_chief(self.model.distribute_strategy))

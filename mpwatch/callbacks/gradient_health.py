@@ -18,9 +18,11 @@ class GradientHealthMonitor(RecordingCallback):
     graph every ``log_every`` steps.
 
     Model-wide scalars: ``mpwatch/grad/zero_fraction`` (share of elements exactly 0),
-    ``mpwatch/grad/subnormal_fraction`` (share with ``0 < |g*S| < 2**-14``: float16's subnormal range),
+    ``mpwatch/grad/subnormal_fraction`` (share with ``0 < |g*S| < 2**-14``: float16's subnormal
+    range),
     ``mpwatch/grad/nonfinite_count``, ``mpwatch/grad/max_abs`` and ``mpwatch/grad/headroom_bits`` =
-    ``log2(65504 / max|g*S|)``; and a ``grad_variables`` record with the same per variable. Without a
+    ``log2(65504 / max|g*S|)``; and a ``grad_variables`` record with the same per variable. Without
+    a
     loss scale (bfloat16, float32) S is 1. Between the logging steps the graph does no extra work.
 
     Under a multi-replica strategy the statistics are those of replica 0's gradients before the

@@ -46,7 +46,8 @@ def sublayers(layer: Any) -> list[Any]:
 
 
 def walk(model: Any) -> list[tuple[Any, str, int]]:
-    """(layer, path, depth) for every layer under ``model``, depth-first, paths like "outer/inner/dense"."""
+    """(layer, path, depth) for every layer under ``model``, depth-first, paths like
+    "outer/inner/dense"."""
     out: list[tuple[Any, str, int]] = []
 
     def rec(layer: Any, prefix: str, depth: int) -> None:
@@ -211,12 +212,14 @@ class _OutputDtypeTracer:
 
 
 class LayerDtypeMonitor(RecordingCallback):
-    """Writes the per-layer dtype table (``layers`` record) when training begins, and again only when
+    """Writes the per-layer dtype table (``layers`` record) when training begins, and again only
+    when
     it changes (e.g. the first traced step gives a subclassed model's variables and output dtypes).
 
     Per layer (nested models and the layers inside them, paths like ``"outer/inner/dense"``): name,
     path, class, depth, policy, compute and variable dtype, the actual output dtype (from the
-    functional graph, or noted while the train step is traced), the effective dtype (LayerNormalization
+    functional graph, or noted while the train step is traced), the effective dtype
+    (LayerNormalization
     and BatchNormalization under ``mixed_float16`` normalise in float32 inside: effective
     ``float32``, with a note), parameter counts, Tensor Core dims (units, filters, input channels,
     kernel input dim) and whether all are multiples of 8, and whether it produces a model output.

@@ -1,4 +1,5 @@
-"""LossScaleMonitor: the dynamic loss scale after every step and the exact number of skipped steps."""
+"""LossScaleMonitor: the dynamic loss scale after every step and the exact number of skipped
+steps."""
 
 from __future__ import annotations
 
@@ -31,11 +32,14 @@ class LossScaleMonitor(RecordingCallback):
 
     Writes ``mpwatch/loss_scale`` and ``mpwatch/step_skipped`` at every batch step (exact also with
     ``steps_per_execution > 1``: the values are collected in the graph, one slot per batch), and
-    ``mpwatch/skipped_steps`` (in the interval) and ``mpwatch/skipped_steps_total`` (cumulative, across
-    fit calls) every ``log_every`` steps and at the end of training. A skipped step is one whose update
+    ``mpwatch/skipped_steps`` (in the interval) and ``mpwatch/skipped_steps_total`` (cumulative,
+    across
+    fit calls) every ``log_every`` steps and at the end of training. A skipped step is one whose
+    update
     the optimizer dropped for non-finite gradients (``optimizer.iterations`` did not advance).
 
-    Under ``mixed_bfloat16`` and ``float32`` there is no loss scale: a ``notice`` record says so once
+    Under ``mixed_bfloat16`` and ``float32`` there is no loss scale: a ``notice`` record says so
+    once
     and nothing else is written.
 
     Args:
@@ -44,7 +48,8 @@ class LossScaleMonitor(RecordingCallback):
 
     Example:
         >>> import keras, mpwatch  # doctest: +SKIP
-        >>> model.fit(x, y, callbacks=[mpwatch.LossScaleMonitor(log_dir="logs/run1")])  # doctest: +SKIP
+        >>> model.fit(x, y, callbacks=[mpwatch.LossScaleMonitor(log_dir="logs/run1")])  # doctest:
+        +SKIP
     """
 
     part = "loss_scale"
@@ -64,7 +69,9 @@ class LossScaleMonitor(RecordingCallback):
         if not self._has_scale:
             told = getattr(self.state, "notices", set())
             if self.part not in told:
-                self._notice(self.part, "info", "no loss scale: " + no_loss_scale_reason(self.model))
+                self._notice(
+                    self.part, "info", "no loss scale: " + no_loss_scale_reason(self.model)
+                )
                 told.add(self.part)
                 self.state.notices = told
 

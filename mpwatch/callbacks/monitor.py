@@ -46,7 +46,9 @@ def device_info() -> dict[str, Any]:
         }
     details: dict[str, Any] = {}
     try:
-        details = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
+        details = tf.config.experimental.get_device_details(
+            tf.config.list_physical_devices("GPU")[0]
+        )
     except Exception:  # noqa: BLE001
         pass
     cc = details.get("compute_capability")
@@ -61,7 +63,8 @@ def device_info() -> dict[str, Any]:
 class MixedPrecisionMonitor(RecordingCallback):
     """Everything mpwatch records during ``model.fit``, in one callback.
 
-    Bundles :class:`LossScaleMonitor`, :class:`GradientHealthMonitor`, :class:`LayerDtypeMonitor` and
+    Bundles :class:`LossScaleMonitor`, :class:`GradientHealthMonitor`, :class:`LayerDtypeMonitor`
+    and
     :class:`StepTimeMonitor` (each usable alone too), and itself writes the ``run_info`` record and
     ``mpwatch/train/loss`` (Keras' running training loss) at every Keras batch end.
 
@@ -79,7 +82,8 @@ class MixedPrecisionMonitor(RecordingCallback):
         >>> import keras, mpwatch  # doctest: +SKIP
         >>> keras.mixed_precision.set_global_policy("mixed_float16")  # doctest: +SKIP
         >>> model.fit(ds, epochs=3,
-        ...           callbacks=[mpwatch.MixedPrecisionMonitor(log_dir="logs/run1")])  # doctest: +SKIP
+        ...           callbacks=[mpwatch.MixedPrecisionMonitor(log_dir="logs/run1")])  # doctest:
+        +SKIP
     """
 
     part = "run_info"
@@ -176,8 +180,12 @@ class MixedPrecisionMonitor(RecordingCallback):
             }
             opt_name = f"LossScaleOptimizer({type(lso.inner_optimizer).__name__})"
         else:
-            ls = {"kind": "none", "reason": no_loss_scale_reason(model), "initial": None,
-                  "growth_interval": None}
+            ls = {
+                "kind": "none",
+                "reason": no_loss_scale_reason(model),
+                "initial": None,
+                "growth_interval": None,
+            }
             opt_name = type(model.optimizer).__name__
         strategy = model.distribute_strategy
         try:
@@ -189,8 +197,12 @@ class MixedPrecisionMonitor(RecordingCallback):
             "compute_dtype": policy.compute_dtype,
             "variable_dtype": policy.variable_dtype,
             "loss_scale": ls,
-            "model": {"name": model.name, "class": type(model).__name__,
-                      "kind": model_kind(model), "params": params},
+            "model": {
+                "name": model.name,
+                "class": type(model).__name__,
+                "kind": model_kind(model),
+                "params": params,
+            },
             "optimizer": opt_name,
             "strategy": type(strategy).__name__,
             "num_replicas": int(strategy.num_replicas_in_sync),
@@ -199,8 +211,11 @@ class MixedPrecisionMonitor(RecordingCallback):
             "log_every": self.log_every,
             "chief": is_chief(strategy),
             "device": device_info(),
-            "versions": {"mpwatch": __version__, "tensorflow": tf.__version__,
-                         "keras": keras.__version__},
+            "versions": {
+                "mpwatch": __version__,
+                "tensorflow": tf.__version__,
+                "keras": keras.__version__,
+            },
         }
 
     def _begin(self) -> None:

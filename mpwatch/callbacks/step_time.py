@@ -47,7 +47,8 @@ def peak_memory_mb(device: str | None) -> float:
 class StepTimeMonitor(RecordingCallback):
     """Median time per batch over each logging interval and peak memory.
 
-    ``mpwatch/perf/step_time_ms``: the median, over the Keras calls of the interval, of the wall time
+    ``mpwatch/perf/step_time_ms``: the median, over the Keras calls of the interval, of the wall
+    time
     of one train-function call divided by the batches it ran (``steps_per_execution``), in ms per
     batch. The first call of each ``fit`` (tracing, warm-up) is left out.
     ``mpwatch/perf/peak_memory_mb``: on a GPU the device's peak memory (TensorFlow's allocator; the
