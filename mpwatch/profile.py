@@ -501,10 +501,12 @@ def layer_time(
     better (e.g. the ``effective_dtype`` of mpwatch's layer table).
 
     The ``layers`` table has one row per layer that has trainable weights or got time: ``layer``
-    (its path), ``time_us = time_16bit_us + time_32bit_us``, ``cast_us`` (part of the 32-bit time),
-    ``ops`` (distinct ops), ``share`` (of the total), ``class``, ``compute_dtype``, ``bits``,
-    ``trainable_params``. Every op lands in exactly one layer or in the unattributed time, so
-    ``layers.time_us.sum() + unattributed_us == total_us``.
+    (its name, the key of mpwatch's layers and probe tables; its path where two nested layers share
+    a name), ``time_us = time_16bit_us + time_32bit_us``, ``ops`` (distinct ops), ``share`` (of the
+    total), then ``cast_us`` (part of the 32-bit time), ``path`` (``model/outer/inner/dense``, as in
+    the layers record), ``class``, ``compute_dtype``, ``bits``, ``trainable_params``. Nested models
+    get a row only for ops of their own (their layers have rows). Every op lands in exactly one
+    layer or in the unattributed time, so ``layers.time_us.sum() + unattributed_us == total_us``.
     """
     root = model if isinstance(model, LayerInfo) else describe_model(model)
     if dtype_overrides:
@@ -520,8 +522,14 @@ def layer_time(
     ops["is_cast"] = ops["op_type"].isin(CAST_OPS)
     total = float(ops["self_time_us"].sum())
 
+    # the ``layer`` column is the layer's name (the join key of mpwatch's layers and probe tables);
+    # where two nested layers share a name, their paths instead
+    all_layers = list(iter_layers(root))
+    name_count: dict[str, int] = {}
+    for info in all_layers:
+        name_count[info.name] = name_count.get(info.name, 0) + 1
     rows = []
-    for info in iter_layers(root):
+    for info in all_layers:
         mine = ops[ops["layer"] == info.path]
         # containers (nested models) get a row only for their own ops; their layers have theirs
         if mine.empty and (info.trainable_params == 0 or info.children):
@@ -530,14 +538,14 @@ def layer_time(
         t32 = float(mine.loc[mine["bits"] == 32, "self_time_us"].sum())
         rows.append(
             [
-                info.path,
+                info.name if name_count[info.name] == 1 else info.path,
                 t16 + t32,
                 t16,
                 t32,
                 int(len(mine)),
                 (t16 + t32) / total if total > 0 else float("nan"),
                 float(mine.loc[mine["is_cast"], "self_time_us"].sum()),
-                info.name,
+                info.path,
                 info.cls,
                 info.compute_dtype,
                 info.bits,
@@ -554,7 +562,7 @@ def layer_time(
             "ops",
             "share",
             "cast_us",
-            "name",
+            "path",
             "class",
             "compute_dtype",
             "bits",

@@ -187,13 +187,23 @@ def test_record_follows_the_schema(fitted, payload):
 
 # --- the join, against ground truth ---------------------------------------------------------------
 def test_every_layer_with_trainable_weights_gets_time(fitted, payload):
-    layers = _frame(payload["layers"]).set_index("layer")
+    layers = _frame(payload["layers"]).set_index("path")
     weighted = [path for path, layer in _leaves(fitted["model"]) if layer.trainable_weights]
     assert len(weighted) == 6  # 3 Dense + LayerNormalization + the 2 Dense inside "inner"
     for path in weighted:
         assert path in layers.index, (path, list(layers.index))
         assert layers.loc[path, "time_us"] > 0, path
         assert layers.loc[path, "ops"] > 0, path
+
+
+def test_layer_keys_join_the_layers_record(fitted, payload):
+    """``layer`` is the name and ``path`` the path that mpwatch's layers record uses."""
+    from mpwatch.callbacks.layer_dtypes import walk
+
+    layers = _frame(payload["layers"])
+    record_paths = {path: layer.name for layer, path, _ in walk(fitted["model"])}
+    for name, path in zip(layers["layer"], layers["path"]):
+        assert record_paths.get(path) == name, (name, path)
 
 
 def test_layer_time_plus_unattributed_is_the_op_table_total(ops, payload):
@@ -218,7 +228,7 @@ def test_cast_share_against_the_op_table(ops, payload):
 
 
 def test_precision_split_follows_the_layer_dtypes(fitted, payload, ops):
-    layers = _frame(payload["layers"]).set_index("layer")
+    layers = _frame(payload["layers"]).set_index("path")
     by_class = {path: layer for path, layer in _leaves(fitted["model"])}
     for path, layer in by_class.items():
         if path not in layers.index:
@@ -325,6 +335,31 @@ def test_attribute_ops_nested_and_suffixed():
     }
 
 
+def test_shared_names_fall_back_to_paths():
+    import pandas as pd
+
+    li = profile.LayerInfo
+    a, b = li("a", "m/a", "Sequential", "float16"), li("b", "m/b", "Sequential", "float16")
+    a.children = [li("fc", "m/a/fc", "Dense", "float16", 4)]
+    b.children = [li("fc", "m/b/fc", "Dense", "float16", 4)]
+    root = li("m", "m", "Functional", "float16")
+    root.children = [a, b, li("head", "m/head", "Dense", "float32", 2)]
+    ops = pd.DataFrame(
+        {
+            "host_or_device": "Host",
+            "op_type": ["MatMul", "MatMul", "MatMul"],
+            "op_name": ["m_1/a_1/fc_1/MatMul", "m_1/b_1/fc_1/MatMul", "m_1/head_1/MatMul"],
+            "occurrences": 1,
+            "total_time_us": [1.0, 2.0, 4.0],
+            "self_time_us": [1.0, 2.0, 4.0],
+            "execution_mode": "Function",
+        }
+    )
+    t = profile.layer_time(ops, root).layers.set_index("layer")
+    assert t.loc["m/a/fc", "time_us"] == 1.0 and t.loc["m/b/fc", "time_us"] == 2.0
+    assert t.loc["head", "time_us"] == 4.0  # unique names stay names
+
+
 def test_layer_time_on_a_constructed_table():
     import pandas as pd
 
@@ -356,7 +391,7 @@ def test_layer_time_on_a_constructed_table():
         }
     )
     res = profile.layer_time(ops, root)
-    t = res.layers.set_index("layer")
+    t = res.layers.set_index("path")
     assert t.loc["m/dense", ["time_us", "time_16bit_us", "time_32bit_us", "cast_us"]].tolist() == [
         13.0,
         10.0,  # bfloat16 counts as 16-bit
@@ -373,7 +408,7 @@ def test_layer_time_on_a_constructed_table():
     assert bool(ot.loc[("Sum", 32), "kept_float32_by_amp"]) is True
     # overrides: the caller knows the layer really computes in float16
     res2 = profile.layer_time(ops, root, dtype_overrides={"m/layer_normalization": "float16"})
-    assert res2.layers.set_index("layer").loc["m/layer_normalization", "time_16bit_us"] == 3.0
+    assert res2.layers.set_index("path").loc["m/layer_normalization", "time_16bit_us"] == 3.0
 
 
 def test_parse_steps():
