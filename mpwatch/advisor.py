@@ -404,7 +404,7 @@ def rule_output_16bit(run: Run) -> list[Finding]:
                     "model = mpwatch.apply_recommendations(model, findings).model"
                 ),
                 layer=name,
-                action={"dtype": "float32"},
+                action={"dtype": "float32", "output": True},
                 data={"output_dtype": row.get("output_dtype"), "class": cls},
             )
         )

@@ -67,6 +67,17 @@ def _all_layers(model: Any) -> list[Any]:
     return out
 
 
+def _output_layer(model: Any) -> Any:
+    """The layer producing a Sequential or single-output Functional model's output, or None."""
+    outs = getattr(model, "outputs", None) or []
+    if len(outs) == 1:
+        history = getattr(outs[0], "_keras_history", None)
+        if history is not None:
+            return history[0] if isinstance(history, tuple) else history.operation
+    layers = getattr(model, "layers", None) or []
+    return layers[-1] if layers else None
+
+
 def apply_recommendations(model: Any, findings: Iterable[Finding]) -> Applied:
     """A clone of ``model`` with the layers the findings recommend in float32, weights copied.
 
@@ -92,13 +103,21 @@ def apply_recommendations(model: Any, findings: Iterable[Finding]) -> Applied:
     found: list[str] = []
     if model is not None:
         by_name = {layer.name: layer for layer in _all_layers(model)}
+        outputs = {f.layer for f in findings if (f.action or {}).get("output")}
         for name in targets:
             layer = by_name.get(name)
+            if layer is None and name in outputs:
+                # the output layer of another instance of the model (Keras numbers layer names
+                # per session): the advice is about whichever layer is the output
+                layer = _output_layer(model)
             if layer is None:
                 skipped[name] = "no layer of that name in this model"
                 continue
-            found.append(name)
-            policy_map[getattr(layer, "path", None) or name] = keras.dtype_policies.get("float32")
+            if layer.name not in found:
+                found.append(layer.name)
+            policy_map[getattr(layer, "path", None) or layer.name] = keras.dtype_policies.get(
+                "float32"
+            )
         want = set(found)
 
         def clone_function(layer: Any) -> Any:
