@@ -89,7 +89,13 @@ def main(argv: list[str] | None = None) -> str:
     logdir = train(args.logdir, epochs=args.epochs)
     print(f"\nmpwatch logs are in {os.path.abspath(logdir)}")
     print(f"Open them in TensorBoard:  tensorboard --logdir {logdir}")
-    # --- the diagnosis of the run goes here (added by the diagnosis issue) ---
+    # --- the diagnosis of the run (mpwatch diagnose LOGDIR prints the same) ---
+    import mpwatch
+    from mpwatch.report import render
+
+    run = mpwatch.load_run(logdir)
+    print()
+    print(render(run, mpwatch.diagnose(run), "text", logdir=logdir), end="")
     return logdir
 
 
