@@ -109,7 +109,7 @@ def write_synthetic_run(
     )
     rows = [
         [n, n, "Dense", 1, "mixed_float16", "float16", "float32",
-         "float32" if n == layers[-1] else "float16", "float16", 10 * (i + 1), 10 * (i + 1),
+         "float16", "float16", 10 * (i + 1), 10 * (i + 1),
          {"units": 10}, False, n == layers[-1], None]
         for i, n in enumerate(layers)
     ]  # fmt: skip

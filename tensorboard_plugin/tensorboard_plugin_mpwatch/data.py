@@ -197,18 +197,15 @@ def findings(records: RunRecords, model: Any) -> tuple[list[dict[str, Any]], str
         from mpwatch import advisor
     except ImportError:
         return [], "mpwatch.advisor is not available in this installation"
+    keys = ("severity", "layer", "rule", "title", "evidence", "fix", "why")
+    try:
+        diagnosed = advisor.diagnose(model)
+    except Exception as e:  # a run still being written may be incomplete: say so, keep the tab
+        return [], f"the advisor failed on this run: {type(e).__name__}: {e}"
     out = []
-    for f in advisor.diagnose(model):
-        out.append(
-            {
-                "severity": str(getattr(f, "severity", "info")),
-                "layer": getattr(f, "layer", None),
-                "rule": str(getattr(f, "rule", "")),
-                "title": str(getattr(f, "title", "")),
-                "evidence": str(getattr(f, "evidence", "")),
-                "fix": str(getattr(f, "fix", "") or ""),
-            }
-        )
+    for f in diagnosed:
+        d = f.to_dict() if hasattr(f, "to_dict") else vars(f)
+        out.append({k: d.get(k) for k in keys})
     return out, None
 
 
@@ -364,15 +361,12 @@ def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
     """Probe steps, the layer × step underflow heatmap, the probe at ``step`` (default: latest)."""
     probes = records.records.get(summary.KIND_PROBE, [])
     steps = [s for s, _ in probes]
-    chosen: tuple[int, dict[str, Any]] | None = None
-    if probes:
-        if step is None:
-            chosen = probes[-1]
-        else:
-            matches = [item for item in probes if item[0] == step]
-            if not matches:
-                raise KeyError(step)
-            chosen = matches[-1]
+    chosen: tuple[int, dict[str, Any]] | None = probes[-1] if probes else None
+    if step is not None:
+        matches = [item for item in probes if item[0] == step]
+        if not matches:
+            raise KeyError(step)
+        chosen = matches[-1]
     # heatmap: at most HEATMAP_MAX_STEPS probe steps, evenly spread, latest included
     picked = probes
     if len(probes) > HEATMAP_MAX_STEPS:

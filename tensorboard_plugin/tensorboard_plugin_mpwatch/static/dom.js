@@ -1,5 +1,5 @@
 // DOM helpers. Every user string (run, tag, layer name) goes through textContent or setAttribute:
-// no innerHTML anywhere in the tab.
+// no HTML strings anywhere in the tab.
 
 export const SVG_NS = 'http://www.w3.org/2000/svg';
 

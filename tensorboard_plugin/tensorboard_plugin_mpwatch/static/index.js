@@ -15,7 +15,7 @@ const T = {
 };
 const DEFAULT_RELOAD_MS = 30000;
 
-const state = {run: null, runs: [], probeStep: null, version: null, loading: null};
+const state = {run: null, runs: [], probeStep: null, loading: null, again: false};
 const ui = {};
 
 async function getJson(path, params = {}) {
@@ -114,6 +114,7 @@ function renderFindings(view) {
         el('strong', {text: f.title}),
         f.layer ? el('span', {class: 'mpw-finding-layer', text: `layer ${f.layer}`}) : null),
       f.evidence ? el('p', {class: 'mpw-evidence', text: f.evidence}) : null,
+      f.why ? el('p', {class: 'mpw-why', text: f.why}) : null,
       f.fix ? el('pre', {class: 'mpw-fix'}, el('code', {text: f.fix})) : null);
     ui.findings.appendChild(card);
   }
@@ -179,7 +180,10 @@ async function loadProbe() {
 }
 
 async function refresh() {
-  if (state.loading) return state.loading;
+  if (state.loading) {
+    state.again = true;  // the run or the data changed while loading: load once more after
+    return state.loading;
+  }
   state.loading = (async () => {
     try {
       const {runs} = await getJson('runs');
@@ -206,13 +210,22 @@ async function refresh() {
       ui.table.setData(layers);
       const entry = runs.find((r) => r.name === run);
       ui.status.textContent = `step ${fmt(entry ? entry.max_step : null)} · updated ${new Date().toLocaleTimeString()}`;
+      document.body.dataset.run = run;
       document.body.dataset.state = 'ready';
     } catch (error) {
       ui.status.textContent = `Could not load: ${error.message}`;
       document.body.dataset.state = 'error';
     }
   })();
-  try { return await state.loading; } finally { state.loading = null; }
+  try {
+    return await state.loading;
+  } finally {
+    state.loading = null;
+    if (state.again) {
+      state.again = false;
+      refresh();
+    }
+  }
 }
 
 // Follow TensorBoard's reload: when TensorBoard's reload button spins (a manual click or its
