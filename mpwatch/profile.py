@@ -298,7 +298,7 @@ def iter_layers(root: LayerInfo) -> Iterable[LayerInfo]:
         yield from iter_layers(child)
 
 
-_SUFFIX = re.compile(r"^_(\d+)$")
+_TRAILING_SUFFIX = re.compile(r"^(.+)_\d+$")
 
 
 def scope_candidates(component: str, names: Iterable[str]) -> list[str]:
@@ -309,12 +309,11 @@ def scope_candidates(component: str, names: Iterable[str]) -> list[str]:
     >>> scope_candidates("dense_1", ["dense", "dense_1", "dense_2"])
     ['dense', 'dense_1']
     """
-    out = []
-    for name in names:
-        if component == name or (
-            component.startswith(name) and _SUFFIX.match(component[len(name) :])
-        ):
-            out.append(name)
+    known = names if isinstance(names, (set, frozenset, dict)) else set(names)
+    out = [component] if component in known else []
+    m = _TRAILING_SUFFIX.match(component)
+    if m and m.group(1) in known:
+        out.append(m.group(1))
     return sorted(out)
 
 
@@ -335,7 +334,8 @@ def match_scopes(components: Iterable[str], names: Sequence[str]) -> dict[str, s
     {'dense': 'dense', 'dense_1': 'dense_1'}
     """
     comps = sorted(set(components))
-    cands = {c: scope_candidates(c, names) for c in comps}
+    known = set(names)
+    cands = {c: scope_candidates(c, known) for c in comps}
     cands = {c: v for c, v in cands.items() if v}
     result: dict[str, str] = {}
     taken: set[str] = set()
@@ -398,7 +398,7 @@ def attribute_ops(op_names: Iterable[str], root: LayerInfo) -> dict[str, LayerIn
         for node, items in frontier.values():
             by_name = {c.name: c for c in node.children}
             seen = [rest[0] for _, rest in items if len(rest) > 1]
-            mapping = match_scopes(seen, list(by_name)) if by_name else {}
+            mapping = match_scopes(seen, by_name) if by_name else {}
             for n, rest in items:
                 child = by_name.get(mapping.get(rest[0], "")) if len(rest) > 1 else None
                 if child is None:
@@ -444,7 +444,7 @@ class ProfileResult:
             .sum()
             .to_dict()
         )
-        return {
+        payload = {
             "steps": [int(s) for s in steps] if steps else None,
             "device": self.device,
             "total_us": self.total_us,
@@ -462,7 +462,17 @@ class ProfileResult:
                 "16 for ops of layers computing in float16/bfloat16 (normalization layers compute "
                 "in float32 inside); Cast, variable and input-pipeline ops and unattributed ops 32"
             ),
+            "layers_dropped": 0,
         }
+        # a huge model: keep the layers with the most time so that the record stays under the
+        # writer's size limit (the totals above still cover every layer)
+        layers = self.layers.sort_values("time_us", ascending=False, kind="stable")
+        keep = len(layers)
+        while keep > 1 and len(summary.encode_payload(payload)) > summary.MAX_RECORD_BYTES * 0.9:
+            keep = keep // 2
+            payload["layers"] = split(layers.head(keep))
+            payload["layers_dropped"] = int(len(layers) - keep)
+        return payload
 
 
 def op_category(op_name: str) -> str:
@@ -528,23 +538,28 @@ def layer_time(
     name_count: dict[str, int] = {}
     for info in all_layers:
         name_count[info.name] = name_count.get(info.name, 0) + 1
+    owned = ops[ops["layer"].notna()]
+    n_ops = owned.groupby("layer").size().to_dict()
+    t16_of = owned[owned["bits"] == 16].groupby("layer")["self_time_us"].sum().to_dict()
+    t32_of = owned[owned["bits"] == 32].groupby("layer")["self_time_us"].sum().to_dict()
+    cast_of = owned[owned["is_cast"]].groupby("layer")["self_time_us"].sum().to_dict()
     rows = []
     for info in all_layers:
-        mine = ops[ops["layer"] == info.path]
+        count = int(n_ops.get(info.path, 0))
         # containers (nested models) get a row only for their own ops; their layers have theirs
-        if mine.empty and (info.trainable_params == 0 or info.children):
+        if count == 0 and (info.trainable_params == 0 or info.children):
             continue
-        t16 = float(mine.loc[mine["bits"] == 16, "self_time_us"].sum())
-        t32 = float(mine.loc[mine["bits"] == 32, "self_time_us"].sum())
+        t16 = float(t16_of.get(info.path, 0.0))
+        t32 = float(t32_of.get(info.path, 0.0))
         rows.append(
             [
                 info.name if name_count[info.name] == 1 else info.path,
                 t16 + t32,
                 t16,
                 t32,
-                int(len(mine)),
+                count,
                 (t16 + t32) / total if total > 0 else float("nan"),
-                float(mine.loc[mine["is_cast"], "self_time_us"].sum()),
+                float(cast_of.get(info.path, 0.0)),
                 info.path,
                 info.cls,
                 info.compute_dtype,

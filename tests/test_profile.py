@@ -29,6 +29,7 @@ keras = pytest.importorskip("keras")
 pytest.importorskip("xprof.convert.raw_to_tool_data")
 
 from mpwatch import profile, summary  # noqa: E402
+from mpwatch.callbacks.monitor import MixedPrecisionMonitor  # noqa: E402
 from mpwatch.callbacks.profile_capture import ProfileMonitor, parse_steps  # noqa: E402
 
 BATCHES = 8
@@ -47,6 +48,14 @@ def _records(logdir: str) -> list[tuple[str, int, dict]]:
                 blob = tf.make_ndarray(value.tensor).item()
                 out.append((kind, int(event.step), summary.decode_payload(blob)))
     return out
+
+
+def _scalar_steps(logdir: str, tag: str) -> list[int]:
+    steps = []
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            steps += [int(event.step) for v in event.summary.value if v.tag == tag]
+    return sorted(steps)
 
 
 def _frame(tbl: dict):
@@ -104,7 +113,9 @@ def fitted(tmp_path_factory):
     model = _build_model()
     x, y = _data()
     cb = ProfileMonitor(logdir, profile_steps=STEPS)
-    history = model.fit(x, y, batch_size=16, epochs=2, callbacks=[cb], verbose=0)
+    # next to mpwatch's other recording (the gradient tap, a shared writer), as a user would run it
+    monitor = MixedPrecisionMonitor(logdir, log_every=4)
+    history = model.fit(x, y, batch_size=16, epochs=2, callbacks=[monitor, cb], verbose=0)
     # what the run directory held right after the fit (before any TensorBoard touched it)
     listing = sorted(os.listdir(cb.trace_dir)) if cb.trace_dir else []
     return {
@@ -145,12 +156,15 @@ def test_trace_where_the_profile_tab_looks(fitted):
 
 
 def test_record_follows_the_schema(fitted, payload):
-    kinds = [k for k, _, _ in fitted["records"]]
-    assert summary.KIND_NOTICE not in kinds
+    notices = [p for k, _, p in fitted["records"] if k == summary.KIND_NOTICE]
+    assert not [n for n in notices if n.get("part") == "profile"], notices
     step = [s for k, s, _ in fitted["records"] if k == summary.KIND_PROFILE][0]
-    # written at mpwatch's batch step of the last captured batch (fresh model: batch step == batch)
+    # written at mpwatch's batch step of the last captured batch (fresh model: batch step == batch),
+    # the same steps the other mpwatch records use (the loss scale is written at every batch step)
     assert payload["steps"] == list(STEPS)
     assert step == STEPS[1]
+    loss_scale_steps = _scalar_steps(fitted["logdir"], summary.LOSS_SCALE)
+    assert loss_scale_steps[:BATCHES] == list(range(1, BATCHES + 1))
     for key in (
         "steps",
         "device",
@@ -411,6 +425,34 @@ def test_layer_time_on_a_constructed_table():
     assert res2.layers.set_index("path").loc["m/layer_normalization", "time_16bit_us"] == 3.0
 
 
+def test_huge_layer_tables_are_trimmed_to_fit_a_record(monkeypatch):
+    import pandas as pd
+
+    n = 3000
+    root = profile.LayerInfo("m", "m", "Sequential", "float16")
+    root.children = [
+        profile.LayerInfo(f"dense_{i}", f"m/dense_{i}", "Dense", "float16", 10) for i in range(n)
+    ]
+    ops = pd.DataFrame(
+        {
+            "host_or_device": "Host",
+            "op_type": "MatMul",
+            "op_name": [f"m_1/dense_{i}_1/MatMul" for i in range(n)],
+            "occurrences": 1,
+            "total_time_us": np.arange(n, dtype=float) + 1,
+            "self_time_us": np.arange(n, dtype=float) + 1,
+            "execution_mode": "Function",
+        }
+    )
+    monkeypatch.setattr(summary, "MAX_RECORD_BYTES", 20_000)
+    payload = profile.layer_time(ops, root).payload(steps=[1, 2])
+    assert len(summary.encode_payload(payload)) <= 20_000
+    kept = _frame(payload["layers"])
+    assert 0 < len(kept) < n and payload["layers_dropped"] == n - len(kept)
+    assert kept["time_us"].min() >= n - len(kept)  # the slowest layers are the ones kept
+    assert payload["total_us"] == pytest.approx(n * (n + 1) / 2)
+
+
 def test_parse_steps():
     assert parse_steps((3, 5)) == (3, 5)
     assert parse_steps(4) == (4, 4)
@@ -534,7 +576,7 @@ def tensorboard(fitted, tmp_path_factory):
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=3)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)

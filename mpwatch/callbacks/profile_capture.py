@@ -165,6 +165,13 @@ class ProfileMonitor(RecordingCallback):
         except (TypeError, ValueError):
             return 1
 
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        # Unlike the other parts, the profiler needs no gradient tap: not installing it keeps a
+        # standalone ProfileMonitor from retracing the train function (and the tap's ops out of the
+        # trace). Next to the other mpwatch callbacks the tap is there anyway and steps are exact.
+        if self._active:
+            self._guard(self.part, self._batch_begin, batch)
+
     def _batch_begin(self, batch: int) -> None:
         if self._range is None or self._profiling:
             return
