@@ -219,14 +219,16 @@ def _frame_vectorized(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     c = np.nonzero(arr[12:] == 0x09)[0]
     c = c[c + 16 <= end]
-    for k in (4, 5, 6, 7):
-        c = c[arr[c + k] == 0]
+    buf = arr.data
+    u64 = np.ndarray(shape=(end - 7,), dtype="<u8", buffer=buf, strides=(1,))
+    lens = u64[c]
+    keep = lens < 2**32
+    c, lens = c[keep], lens[keep].astype(np.int64)
     if not len(c) or c[0] != 0:
         return None
-    heads = arr[c[:, None] + np.arange(8)]
-    lens = heads.copy().view("<u8").ravel().astype(np.int64)
-    want = arr[(c + 8)[:, None] + np.arange(4)].copy().view("<u4").ravel()
-    good = _masked_crc32c_rows(heads) == want
+    u32 = np.ndarray(shape=(end - 3,), dtype="<u4", buffer=buf, strides=(1,))
+    want = u32[c + 8]
+    good = _masked_crc32c_rows(_gather_rows(buf, c, 8)) == want
     c, lens = c[good], lens[good]
     nxt = c + 16 + lens
     if not len(c) or not np.array_equal(nxt[:-1], c[1:]):
@@ -417,7 +419,7 @@ _MAX_TEMPLATES_PER_LENGTH = 64
 _CHUNK = 262144
 
 
-def _gather_rows(buf: bytes, offs: np.ndarray, length: int) -> np.ndarray:
+def _gather_rows(buf: Any, offs: np.ndarray, length: int) -> np.ndarray:
     """The bytes buf[o : o + length] for each o, as an (n, length) uint8 matrix (one memcpy per
     row, through a strided view of the buffer as length-byte items)."""
     view = np.ndarray(
@@ -450,6 +452,10 @@ def _decode_fast(
             if length < 8 or len(idx) < 4:
                 continue  # not worth it: the slow path takes them
             mat = _gather_rows(buf, offs[idx], length)
+            l8 = (length + 7) // 8 * 8
+            padded = np.zeros((len(idx), l8), dtype=np.uint8)
+            padded[:, :length] = mat
+            words = padded.view("<u8")  # compare 8 bytes at a time
             remaining = np.arange(len(idx))
             for _ in range(_MAX_TEMPLATES_PER_LENGTH):
                 if not len(remaining):
@@ -470,7 +476,11 @@ def _decode_fast(
                 var[lay.value_pos : lay.value_pos + width] = True
                 fixed = np.nonzero(~var)[0]
                 sub = mat[remaining]
-                ok = (sub[:, fixed] == tmpl[fixed]).all(axis=1)
+                tw = np.zeros(l8, dtype=np.uint8)
+                tw[:length] = tmpl
+                mw = np.zeros(l8, dtype=np.uint8)
+                mw[fixed] = 0xFF
+                ok = ~((words[remaining] ^ tw.view("<u8")) & mw.view("<u8")).any(axis=1)
                 # the step varint must have exactly step_len bytes
                 if lay.step_len:
                     sb = sub[:, lay.step_pos : lay.step_pos + lay.step_len]
