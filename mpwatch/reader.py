@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import struct
 import warnings as _warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,7 @@ import pandas as pd
 
 from mpwatch import summary
 
-__all__ = ["Run", "load_run", "load_runs", "find_runs", "ReadError"]
+__all__ = ["Run", "load_run", "load_runs", "find_runs", "run_from_records", "ReadError"]
 
 ProgressFn = Callable[[int, int], None]
 
@@ -815,6 +815,33 @@ def _build_run(name: str, path: str, acc: _Acc, warn: list[str]) -> Run:
     run.profile = dict(prof[-1][1]) if prof else None
     run.notices = [{"step": s, **p} for s, p in recs.get(summary.KIND_NOTICE, [])]
     return run
+
+
+def run_from_records(
+    name: str,
+    *,
+    scalars: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+    records: Mapping[str, Sequence[tuple[int, Mapping[str, Any]]]],
+    path: str = "",
+    warnings: Sequence[str] = (),
+) -> Run:
+    """A Run from already decoded data (the TensorBoard plugin reads through TensorBoard's data
+    provider): ``scalars`` tag -> (steps, values); ``records`` kind -> [(step, payload)], each
+    list in write order. The same tables, part merging and purges as :func:`load_run`."""
+    acc = _Acc()
+    seq = 0
+    for tag, (steps, values) in sorted(scalars.items()):
+        n = len(steps)
+        acc.sc_tag.append(np.full(n, acc.tag_id(tag), dtype=np.int32))
+        acc.sc_seq.append(np.arange(seq, seq + n, dtype=np.int64))
+        acc.sc_step.append(np.asarray(steps, dtype=np.int64))
+        acc.sc_val.append(np.asarray(values, dtype=np.float64))
+        seq += n
+    for kind, items in sorted(records.items()):
+        for step, payload in items:
+            acc.recs.append((seq, int(step), kind, dict(payload)))
+            seq += 1
+    return _build_run(name, path, acc, list(warnings))
 
 
 def _read_run(

@@ -272,3 +272,14 @@ def test_benchmark_events_are_what_tf_writes(tmp_path):
     assert i >= 0
     theirs = tf_bytes[i : i + len(ours)]
     assert theirs[:13] == ours[:13] and theirs[21:-4] == ours[21:-4]
+
+
+def test_run_from_records_matches_load_run(mixed_logdir):
+    path, _ = mixed_logdir
+    run = reader.load_run(path)
+    scalars = {t: (run.scalar(t).index.tolist(), run.scalar(t).tolist()) for t in run.scalars}
+    again = reader.run_from_records(".", scalars=scalars, records=run.records)
+    pd.testing.assert_frame_equal(again.scalars, run.scalars)
+    pd.testing.assert_frame_equal(again.probes, run.probes)
+    pd.testing.assert_frame_equal(again.layers, run.layers)
+    assert again.info == run.info and again.profile == run.profile
