@@ -38,6 +38,7 @@ _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 FLOAT16_MAX = 65504.0
 SIXTEEN_BIT = ("float16", "bfloat16")
+MODEL_CLASSES = ("Sequential", "Functional", "Model")
 
 # --- thresholds (documented in RULES) ----------------------------------------------------------
 HEADROOM_WARN_BITS = 3.0  # activations within 3 doublings of 65504 (> 8188)
@@ -378,6 +379,10 @@ def rule_output_16bit(run: Run) -> list[Finding]:
         outs = lt[lt["is_output"].fillna(False).astype(bool)]
     else:
         outs = lt.iloc[[-1]]
+    if len(outs) > 1 and "class" in outs:
+        # a nested model and the layer inside it that makes its output: advise on the layer
+        inner = outs[~outs["class"].astype(str).isin(MODEL_CLASSES)]
+        outs = inner if len(inner) else outs
     found = []
     for _, row in outs.iterrows():
         out_dt = str(row.get("output_dtype") or row.get("compute_dtype") or "")

@@ -96,7 +96,7 @@ def test_output_float16_is_an_error_with_the_fix():
     run = make_run()
     (f,) = rules(diagnose(run), "output-16bit")
     assert f.severity == "error" and f.layer == "predictions"
-    assert 'dtype="float32"' in f.fix and f.action == {"dtype": "float32"}
+    assert 'dtype="float32"' in f.fix and f.action == {"dtype": "float32", "output": True}
     assert "float16" in f.title and f.why and f.source
 
 
@@ -323,3 +323,11 @@ def test_advisor_imports_no_tensorflow():
 def test_empty_run_has_no_findings():
     assert diagnose(Run(name=".", path="/x")) == []
     assert np.isnan(np.nan)  # keep numpy import used
+
+
+def test_nested_model_output_names_the_inner_layer():
+    rows = layer_rows("mixed_float16")
+    rows.append(["inner", "inner", "Functional", 0, "mixed_float16", "float16", "float32",
+                 "float16", "float16", 650, 650, {}, None, True, None])  # fmt: skip
+    found = rules(diagnose(make_run(layers=rows)), "output-16bit")
+    assert [f.layer for f in found] == ["predictions"]
