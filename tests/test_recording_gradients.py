@@ -73,6 +73,7 @@ def test_gradient_health_matches_numpy(tmp_path, policy, read_events):
     assert rec["loss_scale"] == S
     table = dict(zip(rec["variables"]["columns"], rec["variables"]["data"][0]))
     assert table["variable"].endswith("lin/kernel") and table["size"] == 8
+    assert table["layer"] == "linear/lin"
     assert table["zero_fraction"] == truth["zero_fraction"]
     assert table["subnormal_fraction"] == truth["subnormal_fraction"]
     assert table["max_abs"] == truth["max_abs"]

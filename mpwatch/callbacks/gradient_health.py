@@ -13,6 +13,18 @@ def variable_layer(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else path
 
 
+def variable_layer_paths(model: Any) -> dict[str, str]:
+    """Variable path -> the layer-table path of the innermost layer owning it (Keras' variable
+    paths omit outer models: "inner/dense/kernel" belongs to layer "outer/inner/dense")."""
+    from mpwatch.callbacks.layer_dtypes import walk
+
+    out: dict[str, str] = {}
+    for layer, path, _ in sorted(walk(model), key=lambda t: t[2]):  # deeper layers win
+        for v in getattr(layer, "trainable_weights", []):
+            out[getattr(v, "path", None) or v.name] = path
+    return out
+
+
 class GradientHealthMonitor(RecordingCallback):
     """Gradient health from the gradients the optimizer really receives (``g*S``), computed in the
     graph every ``log_every`` steps.
@@ -44,12 +56,18 @@ class GradientHealthMonitor(RecordingCallback):
         super().__init__(log_dir, log_every)
         self.grad_every = check_positive_int("log_every", log_every)
         self.per_variable = bool(per_variable)
+        self._layer_of: dict[str, str] | None = None
+
+    def _begin(self) -> None:
+        self._layer_of = None
 
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
         if not got.grad_counts:
             return
         tap = self.state.tap
         names = list(tap.variable_names) if tap is not None else []
+        if self._layer_of is None:
+            self._layer_of = variable_layer_paths(self.model)
         for i, step in enumerate(got.steps):
             counts = got.grad_counts.get(step)
             if counts is None or step % self.log_every:
@@ -73,7 +91,7 @@ class GradientHealthMonitor(RecordingCallback):
                     rows.append(
                         [
                             name,
-                            variable_layer(name),
+                            self._layer_of.get(name) or variable_layer(name),
                             s["size"],
                             s["zero_fraction"],
                             s["subnormal_fraction"],
