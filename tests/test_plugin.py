@@ -282,7 +282,27 @@ def test_views_are_plain_json(synthetic_logdir):
     probes = data.probes_view(records, 30)
     assert probes["probe"]["step"] == 30
     assert probes["probe"]["model"]["grad_rel_error"] is None
-    assert probes["heatmap"]["layers"] == names
-    assert probes["heatmap"]["steps"] == [10, 20, 30, 40, 50, 60]
+    latest = data.probes_view(records, None)
+    assert latest["probe"]["step"] == 60
+    assert latest["heatmap"]["layers"] == names
+    assert latest["heatmap"]["steps"] == [10, 20, 30, 40, 50, 60]
+    assert latest["heatmap"]["values"][1] == [0.01] * 6  # layer i has underflow (i % 7) / 100
     with pytest.raises(KeyError):
         data.probes_view(records, 31)
+
+
+def test_skipped_steps_survive_tensorboards_scalar_sampling():
+    """TensorBoard keeps 1,000 points per scalar tag: the flag's sample may miss a skipped step, the
+    cumulative count's rise still marks it."""
+    from tensorboard_plugin_mpwatch.data import skipped_steps
+
+    flag_steps = np.array([1, 10, 20, 30])  # the sample kept none of the skipped steps 12 and 25
+    total_steps = np.array([1, 11, 21, 31])
+    scalars = {
+        summary.STEP_SKIPPED: (flag_steps, np.zeros(4)),
+        summary.SKIPPED_STEPS_TOTAL: (total_steps, np.array([0.0, 0.0, 1.0, 2.0])),
+    }
+    assert skipped_steps(scalars) == ([21, 31], 2)
+    scalars[summary.STEP_SKIPPED] = (np.array([12, 25]), np.array([1.0, 1.0]))
+    assert skipped_steps(scalars) == ([12, 21, 25, 31], 2)
+    assert skipped_steps({}) == ([], 0)

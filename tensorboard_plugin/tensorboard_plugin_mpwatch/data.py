@@ -254,26 +254,44 @@ def downsample(steps: np.ndarray, values: np.ndarray, points: int) -> tuple[np.n
 SKIPPED_LIMIT = 10_000
 
 
+def skipped_steps(scalars: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[list[int], int]:
+    """Steps to mark as skipped, and how many steps were skipped in all.
+
+    TensorBoard keeps a sample of each scalar tag (1,000 by default), so the per-step flag may miss
+    skipped steps of a long run; the cumulative count does not: a rise of the count between two kept
+    points marks the later one. The total is the last cumulative count when it was recorded.
+    """
+    marks: list[np.ndarray] = []
+    total = 0
+    for tag in (summary.STEP_SKIPPED, summary.SKIPPED_STEPS):
+        if tag in scalars:
+            steps, values = scalars[tag]
+            marks.append(steps[values > 0])
+            total = max(total, int(np.nansum(values[np.isfinite(values)])))
+    if summary.SKIPPED_STEPS_TOTAL in scalars:
+        steps, values = scalars[summary.SKIPPED_STEPS_TOTAL]
+        finite = np.isfinite(values)
+        steps, values = steps[finite], values[finite]
+        if len(values):
+            rise = np.diff(values, prepend=0.0) > 0
+            marks.append(steps[rise])
+            total = int(values[-1])
+    if not marks:
+        return [], total
+    return np.unique(np.concatenate(marks))[:SKIPPED_LIMIT].tolist(), total
+
+
 def scalars_view(records: RunRecords, points: int) -> dict[str, Any]:
     series = {}
     for tag, (steps, values) in sorted(records.scalars.items()):
         s, v = downsample(steps, values, points)
         series[tag] = {"steps": s.tolist(), "values": _floats(v), "count": int(len(steps))}
-    skipped: list[int] = []
-    if summary.STEP_SKIPPED in records.scalars:
-        steps, values = records.scalars[summary.STEP_SKIPPED]
-        skipped = steps[values > 0][:SKIPPED_LIMIT].tolist()
-    elif summary.SKIPPED_STEPS in records.scalars:
-        steps, values = records.scalars[summary.SKIPPED_STEPS]
-        skipped = steps[values > 0][:SKIPPED_LIMIT].tolist()
-    total = None
-    if summary.SKIPPED_STEPS_TOTAL in records.scalars:
-        total = float(records.scalars[summary.SKIPPED_STEPS_TOTAL][1][-1])
+    skipped, total = skipped_steps(records.scalars)
     return {
         "run": records.name,
         "series": series,
         "skipped_steps": skipped,
-        "skipped_total": total if total is not None else len(skipped),
+        "skipped_total": total,
     }
 
 
@@ -357,17 +375,9 @@ def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, A
 HEATMAP_MAX_STEPS = 200
 
 
-def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
-    """Probe steps, the layer × step underflow heatmap, the probe at ``step`` (default: latest)."""
-    probes = records.records.get(summary.KIND_PROBE, [])
-    steps = [s for s, _ in probes]
-    chosen: tuple[int, dict[str, Any]] | None = probes[-1] if probes else None
-    if step is not None:
-        matches = [item for item in probes if item[0] == step]
-        if not matches:
-            raise KeyError(step)
-        chosen = matches[-1]
-    # heatmap: at most HEATMAP_MAX_STEPS probe steps, evenly spread, latest included
+def _heatmap(probes: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Layer × probe step underflow; at most HEATMAP_MAX_STEPS steps, evenly spread, the latest
+    included; values to 4 significant digits (a 1,000-layer model stays a small response)."""
     picked = probes
     if len(probes) > HEATMAP_MAX_STEPS:
         idx = np.unique(np.linspace(0, len(probes) - 1, HEATMAP_MAX_STEPS).astype(int))
@@ -384,9 +394,27 @@ def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
             if name not in seen:
                 seen[name] = len(layer_names)
                 layer_names.append(name)
-            col[seen[name]] = row.get("underflow_fraction")
+            v = row.get("underflow_fraction")
+            col[seen[name]] = float(f"{v:.4g}") if isinstance(v, (int, float)) else None
         columns.append(col)
     values = [[col.get(i) for col in columns] for i in range(len(layer_names))]
+    return {"layers": layer_names, "steps": [s for s, _ in picked], "values": values}
+
+
+def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
+    """Probe steps and the probe at ``step``; without ``step``: the latest probe and the layer ×
+    probe-step underflow heatmap."""
+    probes = records.records.get(summary.KIND_PROBE, [])
+    steps = [s for s, _ in probes]
+    chosen: tuple[int, dict[str, Any]] | None = probes[-1] if probes else None
+    if step is not None:
+        matches = [item for item in probes if item[0] == step]
+        if not matches:
+            raise KeyError(step)
+        chosen = matches[-1]
+    heatmap = None
+    if step is None:  # the heatmap comes with the default view only (a step picks a histogram)
+        heatmap = _heatmap(probes)
     probe = None
     if chosen is not None:
         s, payload = chosen
@@ -405,7 +433,7 @@ def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
         {
             "run": records.name,
             "steps": steps,
-            "heatmap": {"layers": layer_names, "steps": [s for s, _ in picked], "values": values},
+            "heatmap": heatmap,
             "probe": probe,
         }
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any
 
 from tensorboard import context as tb_context
@@ -43,6 +44,14 @@ CONTENT_TYPES = {
 DEFAULT_POINTS = 1500
 MAX_POINTS = 20_000
 MAX_RUN_LENGTH = 4096
+# The run listing (two data-provider calls) is reused for this long: the tab's parallel requests
+# share one, and TensorBoard itself reloads data every --reload_interval (5 s by default).
+LISTING_TTL_S = 1.0
+
+
+def _dumps(value: Any) -> str:
+    """Strict JSON (NaN and infinities as null: browsers' JSON.parse refuses them)."""
+    return json.dumps(data.json_safe(value), allow_nan=False, separators=(",", ":"))
 
 
 class BadRequest(Exception):
@@ -82,6 +91,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         self._provider = context.data_provider
         self._static = _load_static()
         self._cache: dict[tuple[str, str], _Entry] = {}
+        self._listing: dict[str, tuple[float, dict[str, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
 
     # --- TBPlugin -------------------------------------------------------------------------------
@@ -122,7 +132,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
                 body, code = handler(request), 200
             except BadRequest as e:
                 body, code = {"error": str(e)}, e.code
-            text = json.dumps(data.json_safe(body), allow_nan=False, separators=(",", ":"))
+            text = body if isinstance(body, str) else _dumps(body)
             return http_util.Respond(request, text, "application/json", code=code)
 
         return app
@@ -137,7 +147,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         if len(run) > MAX_RUN_LENGTH or "\x00" in run:
             raise BadRequest("invalid run name")
         ctx, eid = self._context(request)
-        runs = data.list_mpwatch_runs(self._provider, ctx, eid)
+        runs = self._list_runs(ctx, eid)
         if run not in runs:
             raise BadRequest("unknown run (or no mpwatch data in it)", code=404)
         version = runs[run]["version"]
@@ -170,10 +180,27 @@ class MpwatchPlugin(base_plugin.TBPlugin):
             raise BadRequest(f"parameter {name} must be between {lo} and {hi}")
         return value
 
+    def _list_runs(self, ctx: Any, eid: str) -> dict[str, dict[str, Any]]:
+        now = time.monotonic()
+        cached = self._listing.get(eid)
+        if cached is not None and now - cached[0] < LISTING_TTL_S:
+            return cached[1]
+        runs = data.list_mpwatch_runs(self._provider, ctx, eid)
+        self._listing[eid] = (now, runs)
+        return runs
+
+    @staticmethod
+    def _view(entry: _Entry, key: Any, build: Any) -> str:
+        """A view's JSON text, built once per run version."""
+        text = entry.views.get(key)
+        if text is None:
+            text = entry.views[key] = _dumps(build())
+        return text
+
     # --- routes -----------------------------------------------------------------------------------
     def _runs(self, request: wrappers.Request) -> dict[str, Any]:
         ctx, eid = self._context(request)
-        runs = data.list_mpwatch_runs(self._provider, ctx, eid)
+        runs = self._list_runs(ctx, eid)
         return {
             "runs": [
                 {"name": name, "max_step": r["max_step"], "version": r["version"]}
@@ -181,43 +208,42 @@ class MpwatchPlugin(base_plugin.TBPlugin):
             ]
         }
 
-    def _scalars(self, request: wrappers.Request) -> dict[str, Any]:
+    def _scalars(self, request: wrappers.Request) -> str:
         points = self._int_arg(request, "points", DEFAULT_POINTS, 10, MAX_POINTS)
         entry = self._entry(request)
-        key = ("scalars", points)
-        if key not in entry.views:
-            entry.views[key] = data.scalars_view(entry.records, points)
-        return entry.views[key]
+        if points != DEFAULT_POINTS:  # cache the tab's own request only
+            return _dumps(data.scalars_view(entry.records, points))
+        return self._view(entry, "scalars", lambda: data.scalars_view(entry.records, points))
 
-    def _layers(self, request: wrappers.Request) -> dict[str, Any]:
+    def _layers(self, request: wrappers.Request) -> str:
         entry = self._entry(request)
-        if "layers" not in entry.views:
-            entry.views["layers"] = data.layers_view(entry.records, self._entry_findings(entry))
-        return entry.views["layers"]
+        return self._view(
+            entry, "layers", lambda: data.layers_view(entry.records, self._entry_findings(entry))
+        )
 
-    def _probes(self, request: wrappers.Request) -> dict[str, Any]:
+    def _probes(self, request: wrappers.Request) -> str:
         step = self._int_arg(request, "step", None, 0, 2**62)
         entry = self._entry(request)
-        key = ("probes", step)
-        if key not in entry.views:
-            try:
-                entry.views[key] = data.probes_view(entry.records, step)
-            except KeyError:
-                raise BadRequest(f"no probe at step {step}", code=404) from None
-        return entry.views[key]
+        try:  # keys: None and the run's probe steps (a bad step raises before caching)
+            return self._view(
+                entry, ("probes", step), lambda: data.probes_view(entry.records, step)
+            )
+        except KeyError:
+            raise BadRequest(f"no probe at step {step}", code=404) from None
 
-    def _findings(self, request: wrappers.Request) -> dict[str, Any]:
+    def _findings(self, request: wrappers.Request) -> str:
         entry = self._entry(request)
-        found = self._entry_findings(entry)
-        return {
-            "run": entry.records.name,
-            "findings": found,
-            "note": entry.findings_note,
-            **data.info_view(entry.records),
-        }
 
-    def _profile(self, request: wrappers.Request) -> dict[str, Any]:
+        def build() -> dict[str, Any]:
+            return {
+                "run": entry.records.name,
+                "findings": self._entry_findings(entry),
+                "note": entry.findings_note,
+                **data.info_view(entry.records),
+            }
+
+        return self._view(entry, "findings", build)
+
+    def _profile(self, request: wrappers.Request) -> str:
         entry = self._entry(request)
-        if "profile" not in entry.views:
-            entry.views["profile"] = data.profile_view(entry.records)
-        return entry.views["profile"]
+        return self._view(entry, "profile", lambda: data.profile_view(entry.records))

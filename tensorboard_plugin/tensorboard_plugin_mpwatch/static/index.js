@@ -194,14 +194,16 @@ async function refresh() {
         return;
       }
       const run = state.run;
-      const probeParams = {run};
-      if (state.probeStep !== null) probeParams.step = state.probeStep;
-      const [scalars, layers, probes, findings] = await Promise.all([
+      const chosenStep = state.probeStep;
+      const [scalars, layers, probes, findings, chosen] = await Promise.all([
         getJson('scalars', {run}),
         getJson('layers', {run}),
-        getJson('probes', probeParams).catch(() => getJson('probes', {run})),
+        getJson('probes', {run}),
         getJson('findings', {run}),
+        chosenStep === null ? null : getJson('probes', {run, step: chosenStep}).catch(() => null),
       ]);
+      if (chosen && chosen.probe) probes.probe = chosen.probe;
+      else state.probeStep = null;
       if (run !== state.run) return;
       renderFacts(findings);
       renderFindings(findings);
@@ -212,6 +214,7 @@ async function refresh() {
       ui.status.textContent = `step ${fmt(entry ? entry.max_step : null)} · updated ${new Date().toLocaleTimeString()}`;
       document.body.dataset.run = run;
       document.body.dataset.state = 'ready';
+      if (!performance.getEntriesByName('mpwatch-rendered').length) performance.mark('mpwatch-rendered');
     } catch (error) {
       ui.status.textContent = `Could not load: ${error.message}`;
       document.body.dataset.state = 'error';
