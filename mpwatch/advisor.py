@@ -449,7 +449,10 @@ def rule_activation_overflow(run: Run) -> list[Finding]:
             continue
         mx = _f(r.get("max_abs_activation"))
         head = _f(r.get("activation_headroom_bits"))
-        nonfinite = bool(r.get("nonfinite")) if r.get("nonfinite") is not None else False
+        nf = r.get("nonfinite")
+        nonfinite = (
+            bool(nf) if nf is not None and not (isinstance(nf, float) and nf != nf) else False
+        )
         if head is None and mx is not None and mx > 0:
             head = math.log2(FLOAT16_MAX / mx)
         raw_mx = r.get("max_abs_activation")
@@ -503,8 +506,9 @@ def rule_gradient_underflow(run: Run) -> list[Finding]:
                     "gradient-underflow",
                     "error" if uf > UNDERFLOW_ERROR else "warning",
                     f"{_pct(uf)} of gradient values underflow to zero at loss scale {_fmt(scale)}",
-                    f"probe at step {step}: {model.get('underflow_count')} of "
-                    f"{model.get('ref_nonzero')} reference-nonzero gradient elements are zero in "
+                    f"probe at step {step}: {_fmt(_f(model.get('underflow_count')))} of "
+                    f"{_fmt(_f(model.get('ref_nonzero')))} reference-nonzero gradient elements "
+                    "are zero in "
                     f"float16 (underflow fraction {_fmt(uf)}) at scale {_fmt(scale)}; "
                     f"recommended scale {_fmt(rec)}",
                     fix=fix,
@@ -528,8 +532,8 @@ def rule_gradient_underflow(run: Run) -> list[Finding]:
                         "gradient-underflow",
                         "warning",
                         f"{_pct(luf)} of the gradient values of layer {name!r} underflow",
-                        f"probe at step {step}: {r.get('underflow_count')} of "
-                        f"{r.get('ref_nonzero')} nonzero reference gradient elements of "
+                        f"probe at step {step}: {_fmt(_f(r.get('underflow_count')))} of "
+                        f"{_fmt(_f(r.get('ref_nonzero')))} nonzero reference gradient elements of "
                         f"{name!r} are zero at scale {_fmt(scale)}",
                         fix=fix,
                         layer=name,
