@@ -92,3 +92,27 @@ def test_float32_gradients_unscaled(tmp_path, policy, read_events):
     assert sub == np.float32(np.mean((g > 0) & (g < 2.0**-14)))
     assert mx == np.float32(g.max())
     assert "grad_variables" not in records
+
+
+def test_subclassed_model_records_the_scale_used(tmp_path, policy, read_events):
+    """A subclassed model builds its optimizer inside the first traced step: the record still
+    carries the scale the gradients were scaled with."""
+    import keras
+
+    import mpwatch
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.d = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.d(x)
+
+    with policy("mixed_float16"):
+        model = Net()
+        model.compile("sgd", "mse")
+        model.fit(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), batch_size=2,
+                  verbose=0, callbacks=[mpwatch.GradientHealthMonitor(tmp_path, log_every=1)])
+    _, records = read_events(tmp_path)
+    assert [rec["loss_scale"] for _, rec in records["grad_variables"]] == [S, S]

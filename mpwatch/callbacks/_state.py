@@ -193,8 +193,6 @@ class Tap:
 
     # --- in the graph ------------------------------------------------------------------------
     def _apply(self, grads: Any, trainable_variables: Any) -> Any:
-        import tensorflow as tf
-
         grads = list(grads)
         if self.failed is not None:
             return self._orig_apply(grads, trainable_variables)
@@ -208,7 +206,6 @@ class Tap:
             self._after(pre)
         except Exception as e:  # noqa: BLE001
             self._fail(f"could not trace the gradient tap: {e!r}")
-        del tf
         return result
 
     def _fail(self, message: str) -> None:
@@ -225,6 +222,13 @@ class Tap:
     def _before(self, grads: Any, trainable_variables: Any) -> dict[str, Any]:
         import tensorflow as tf
 
+        if self.lso is not None and not self.lso.built and trainable_variables is not None:
+            # build it as its own apply() would, so the scale used for these gradients is read
+            import keras
+
+            with keras.name_scope(self.lso.name, caller=self.lso):
+                self.lso.build(list(trainable_variables))
+            self.lso.built = True
         pre: dict[str, Any] = {"it": self._iterations()}
         if self.lso is not None and self.lso.built:
             pre["scale_used"] = tf.identity(self.lso.dynamic_scale.value)
