@@ -121,10 +121,20 @@ def _eager_init(self, stream, delay=1.0, force=False):
     self.stream, self.delay, self.start, self.enabled, self.shown = stream, -1.0, 0.0, True, False
 
 
-def test_progress_bar_silent_when_fast(logdir, monkeypatch, capsys):
-    monkeypatch.setenv("MPWATCH_PROGRESS", "1")
-    assert cli.main(["diagnose", logdir, "-o", os.devnull]) == 0
-    assert "reading event files" not in capsys.readouterr().err
+def test_progress_bar_waits_a_second():
+    import io
+
+    stream = io.StringIO()
+    bar = cli._Progress(stream, delay=1.0, force=True)
+    bar(10, 100)
+    assert stream.getvalue() == ""  # reading took less than a second: no bar
+    bar.start -= 2.0
+    bar(50, 100)
+    bar.close()
+    assert "50.0%" in stream.getvalue() and stream.getvalue().endswith("\n")
+    quiet = cli._Progress(io.StringIO(), delay=0.0)  # not a terminal, not forced
+    quiet(1, 2)
+    assert not quiet.shown
 
 
 def test_console_script_and_version():
