@@ -98,6 +98,7 @@ def line_chart(
     marks: Sequence[float] = (),
     mark_label: str = "",
     max_points: int = 1500,
+    y_from_zero: bool = False,
 ) -> str:
     """A line chart of one or more (name, x, y) series; ``marks`` are x positions drawn as red
     ticks along the bottom (skipped steps)."""
@@ -118,6 +119,8 @@ def line_chart(
     xmax = max(float(p[1].max()) for p in prepared)
     ymin = min(float(p[2].min()) for p in prepared)
     ymax = max(float(p[2].max()) for p in prepared)
+    if y_from_zero and not log2_y:
+        ymin = min(ymin, 0.0)
     if xmax == xmin:
         xmax = xmin + 1
     if ymax == ymin:
@@ -163,7 +166,7 @@ def line_chart(
         if len(prepared) > 1:
             parts.append(
                 f'<text x="{ML + pw - 4}" y="{MT + 12 + 12 * i}" text-anchor="end" '
-                f'fill="{c}" class="tick">{escape(name)}</text>'
+                f'style="fill:{c}" class="tick">{escape(name)}</text>'
             )
     if len(marks):
         m = np.asarray(marks, dtype=float)
@@ -179,7 +182,7 @@ def line_chart(
             )
         if mark_label:
             parts.append(
-                f'<text x="{ML + 4}" y="{MT + ph - 10}" class="tick" fill="#d62728">'
+                f'<text x="{ML + 4}" y="{MT + ph - 10}" class="tick" style="fill:#d62728">'
                 f"{escape(mark_label)}</text>"
             )
     parts.append("</svg>")
@@ -226,7 +229,7 @@ def histogram_chart(
             "<title>float16 window at the loss scale used</title></rect>"
         )
         parts.append(
-            f'<text x="{a + 3:.1f}" y="{MT + 12}" class="tick" fill="#2ca02c">float16 window</text>'
+            f'<text x="{a + 3:.1f}" y="{MT + 12}" class="tick" style="fill:#2ca02c">float16 window</text>'
         )
     for lft, rgt, cnt in zip(lefts, rights, c):
         if not np.isfinite(cnt) or cnt <= 0:

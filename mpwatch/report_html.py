@@ -153,7 +153,13 @@ def _charts(run: Run, idx: int) -> str:
     if len(sub):
         series.append(("subnormal share of scaled grads", sub.index.to_numpy(), sub.to_numpy()))
     charts.append(
-        line_chart(f"underflow-{idx}", "Gradient underflow over time", series, ylabel="fraction")
+        line_chart(
+            f"underflow-{idx}",
+            "Gradient underflow over time",
+            series,
+            ylabel="fraction",
+            y_from_zero=True,
+        )
     )
     if run.histograms:
         step = max(run.histograms)
