@@ -229,7 +229,8 @@ def histogram_chart(
             "<title>float16 window at the loss scale used</title></rect>"
         )
         parts.append(
-            f'<text x="{a + 3:.1f}" y="{MT + 12}" class="tick" style="fill:#2ca02c">float16 window</text>'
+            f'<text x="{a + 3:.1f}" y="{MT + 12}" class="tick" style="fill:#2ca02c">'
+            "float16 window</text>"
         )
     for lft, rgt, cnt in zip(lefts, rights, c):
         if not np.isfinite(cnt) or cnt <= 0:
