@@ -164,8 +164,12 @@ def convert(traces: Sequence[str], tool: str = TOOL) -> Any:
         try:
             data, _ = raw_to_tool_data.xspace_to_tool_data(copies, tool, {})
         except Exception as e:  # noqa: BLE001 - the converter raises whatever its C++ layer gives
-            raise ProfileError(f"xprof could not convert {traces[0]} ({tool}): {e}") from e
+            why = _unreadable(traces)
+            raise ProfileError(why or f"xprof could not convert {traces[0]} ({tool}): {e}") from e
     if not data:
+        why = _unreadable(traces)
+        if why:
+            raise ProfileError(why)
         raise ProfileError(
             f"xprof returned no {tool} data for {traces[0]}: the trace is empty or unreadable"
         )
@@ -175,6 +179,25 @@ def convert(traces: Sequence[str], tool: str = TOOL) -> Any:
         return json.loads(data)
     except json.JSONDecodeError as e:
         raise ProfileError(f"xprof's {tool} output is not JSON: {e}") from e
+
+
+def _unreadable(traces: Sequence[str]) -> str | None:
+    """Why a trace is no XSpace at all (None when it parses, or when that cannot be checked)."""
+    try:
+        from google.protobuf.message import DecodeError
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    except ImportError:
+        return None
+    for path in traces:
+        space = xplane_pb2.XSpace()
+        try:
+            with open(path, "rb") as f:
+                space.ParseFromString(f.read())
+        except (DecodeError, OSError) as e:
+            return f"{path} is not a readable profiler trace (XSpace): {e}"
+        if not space.planes:
+            return f"{path} is not a profiler trace: it holds no planes"
+    return None
 
 
 def _datatable_frame(table: Mapping[str, Any]) -> pd.DataFrame:
@@ -232,6 +255,9 @@ def op_table(path: str | os.PathLike | Sequence[str], side: str = "auto") -> pd.
         raise ValueError(f"side must be 'auto', 'device', 'host' or 'all', not {side!r}")
     df = df.reset_index(drop=True)
     if df.empty or df["self_time_us"].sum() <= 0:
+        unreadable = _unreadable(traces)
+        if unreadable:
+            raise ProfileError(unreadable)
         raise ProfileError(
             f"the trace {traces[0]} holds no TensorFlow ops ({side} side): was the profiler "
             "started and stopped around training steps?"

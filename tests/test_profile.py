@@ -478,8 +478,12 @@ def test_trace_without_ops_is_a_clear_error(tmp_path):
         profile.find_traces(str(tmp_path / "plugins"))
     bad = tmp_path / "junk.xplane.pb"
     bad.write_bytes(b"this is no xspace")
-    with pytest.raises(profile.ProfileError):
+    with pytest.raises(profile.ProfileError, match="not a (readable )?profiler trace"):
         profile.op_table(str(bad))
+    empty = tmp_path / "empty.xplane.pb"
+    empty.write_bytes(b"")
+    with pytest.raises(profile.ProfileError, match="missing or empty"):
+        profile.op_table(str(empty))
 
 
 def test_failed_conversion_loses_no_training(fitted, tmp_path, monkeypatch, caplog):
