@@ -59,9 +59,13 @@ class LossScaleMonitor(RecordingCallback):
         self._interval = 0
         self._interval_steps = 0
         self._has_scale = False
+        self._steps: list[int] = []
+        self._scales: list[float] = []
+        self._skips: list[float] = []
 
     def _begin(self) -> None:
         self._has_scale = loss_scale_optimizer(self.model.optimizer) is not None
+        self._steps, self._scales, self._skips = [], [], []
         self._interval = 0
         self._interval_steps = 0
         if not hasattr(self.state, "skipped_total"):
@@ -78,23 +82,26 @@ class LossScaleMonitor(RecordingCallback):
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
         if not self._has_scale or got.loss_scale is None:
             return
-        w = self.writer
-        steps, scales, skipped = [], [], []
         for s, v, k in zip(got.steps, got.loss_scale, got.skipped):
-            if not math.isnan(float(v)):
-                steps.append(s)
-                scales.append(float(v))
-                skipped.append(float(k))
-        w.scalar_series(summary.LOSS_SCALE, steps, scales)
-        w.scalar_series(summary.STEP_SKIPPED, steps, skipped)
-        for s, k in zip(steps, skipped):
+            if math.isnan(float(v)):
+                continue
+            self._steps.append(s)
+            self._scales.append(float(v))
+            self._skips.append(float(k))
             self._interval += int(k)
             self._interval_steps += 1
             self.state.skipped_total += int(k)
             if s % self.log_every == 0:
                 self._write_interval(s)
 
+    def _flush_series(self) -> None:
+        # per-step values are buffered and written once per interval (cheap hot path)
+        self.writer.scalar_series(summary.LOSS_SCALE, self._steps, self._scales)
+        self.writer.scalar_series(summary.STEP_SKIPPED, self._steps, self._skips)
+        self._steps, self._scales, self._skips = [], [], []
+
     def _write_interval(self, step: int) -> None:
+        self._flush_series()
         self.writer.scalars(
             step,
             {
@@ -107,4 +114,4 @@ class LossScaleMonitor(RecordingCallback):
 
     def _end(self) -> None:
         if self._has_scale and self._interval_steps:
-            self._write_interval(self.state.step)
+            self._write_interval(self._steps[-1] if self._steps else self.state.step)

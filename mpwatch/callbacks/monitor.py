@@ -14,6 +14,7 @@ from mpwatch.callbacks._state import loss_scale_optimizer
 from mpwatch.callbacks.gradient_health import GradientHealthMonitor
 from mpwatch.callbacks.layer_dtypes import LayerDtypeMonitor
 from mpwatch.callbacks.loss_scale import LossScaleMonitor, no_loss_scale_reason
+from mpwatch.callbacks.probe import ProbeMonitor
 from mpwatch.callbacks.step_time import StepTimeMonitor, gpu_device
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
 
@@ -74,6 +75,9 @@ class MixedPrecisionMonitor(RecordingCallback):
             memory) and of the gradient health (computed in the graph only at these steps).
         loss_scale, gradient_health, layer_dtypes, step_time: switch a part off with False.
         per_variable_gradients: also write the per-variable ``grad_variables`` record.
+        probe, probe_every, probe_data: the float32-reference probe (:class:`ProbeMonitor`), every
+            ``probe_every`` batch steps and at each epoch's end, on ``probe_data`` (default: the
+            first training batch); ``probe=False`` switches it off.
 
     Sub-callbacks live in ``self.parts`` (built by :meth:`_build_parts`, called in order for every
     Keras hook); adding a part is one ``parts.append(...)`` line there.
@@ -98,6 +102,9 @@ class MixedPrecisionMonitor(RecordingCallback):
         layer_dtypes: bool = True,
         step_time: bool = True,
         per_variable_gradients: bool = True,
+        probe: bool = True,
+        probe_every: int = 500,
+        probe_data: Any = None,
     ) -> None:
         super().__init__(log_dir, log_every)
         check_positive_int("log_every", log_every)
@@ -107,7 +114,10 @@ class MixedPrecisionMonitor(RecordingCallback):
             "layer_dtypes": bool(layer_dtypes),
             "step_time": bool(step_time),
             "per_variable_gradients": bool(per_variable_gradients),
+            "probe": bool(probe),
         }
+        self.probe_every = check_positive_int("probe_every", probe_every)
+        self.probe_data = probe_data
         self.parts: list[keras.callbacks.Callback] = self._build_parts()
 
     def _build_parts(self) -> list[keras.callbacks.Callback]:
@@ -121,6 +131,8 @@ class MixedPrecisionMonitor(RecordingCallback):
             parts.append(GradientHealthMonitor(d, n, per_variable=o["per_variable_gradients"]))
         if o["step_time"]:
             parts.append(StepTimeMonitor(d, n))
+        if o["probe"]:
+            parts.append(ProbeMonitor(d, self.probe_every, self.probe_data))
         return parts
 
     # --- delegation ----------------------------------------------------------------------------
@@ -219,9 +231,22 @@ class MixedPrecisionMonitor(RecordingCallback):
         }
 
     def _begin(self) -> None:
+        self._loss_steps: list[int] = []
+        self._losses: list[float] = []
         self.writer.record(summary.KIND_RUN_INFO, self.state.step, self.run_info())
 
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
         loss = logs.get("loss")
-        if loss is not None:
-            self.writer.scalars(got.last_step, {summary.TRAIN_LOSS: float(loss)})
+        if loss is not None:  # buffered, written once per interval (cheap hot path)
+            self._loss_steps.append(got.last_step)
+            self._losses.append(float(loss))
+        if any(s % self.log_every == 0 for s in got.steps):
+            self._flush_loss()
+
+    def _flush_loss(self) -> None:
+        self.writer.scalar_series(summary.TRAIN_LOSS, self._loss_steps, self._losses)
+        self._loss_steps, self._losses = [], []
+
+    def _end(self) -> None:
+        if getattr(self, "_losses", None):
+            self._flush_loss()
