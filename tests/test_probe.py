@@ -360,20 +360,63 @@ def test_bad_arguments_fail_at_construction(tmp_path):
         ProbeMonitor(str(tmp_path), loss_fn="mse")
 
 
-def test_a_1000_layer_model_fits_the_record_limit(policy, tmp_path):
-    policy("mixed_float16")
-    layers = [keras.Input((4,))] + [keras.layers.Dense(4, name=f"d{i:04d}") for i in range(1000)]
-    model = keras.Sequential(layers)
-    model.compile(keras.optimizers.SGD(0.0), "mse")
-    x, y = np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32)
-    payload = Probe(model).run((x, y))
+def _probe_of_size(n_layers):
+    """A Probe whose payload is built from stats arrays shaped like an n-layer Dense model's (two
+    variables per layer), without building the model: the record's size depends only on shapes."""
+    from types import SimpleNamespace
+
+    from mpwatch import formats, underflow
+
+    rng = np.random.default_rng(0)
+    names = [f"block_{i:04d}/dense_layer_{i:04d}" for i in range(n_layers)]
+    variables = [SimpleNamespace(path=f"{n}/{w}") for n in names for w in ("kernel", "bias")]
+    probe = Probe.__new__(Probe)
+    probe.model = SimpleNamespace(trainable_variables=variables)
+    probe.ref = object()
+    probe.mode, probe.fmt, probe.margin_bits = "float16", formats.FLOAT16, 4.0
+    probe.reference, probe.note, probe.kind = "float32_twin", None, "sequential"
+    probe.layer_names = names
+    probe._var_layer = [n for n in names for _ in range(2)]
+    probe._act_layer_index = list(range(n_layers))
+    grads = np.abs(rng.normal(size=(2 * n_layers, 7))) * 1000
+    grads[:, underflow.G_UNDERFLOW] = np.minimum(grads[:, 1], grads[:, 2])
+    out = {
+        "grads": grads,
+        "acts": np.abs(rng.normal(size=(n_layers, 6))) * 100,
+        "act_grads": np.abs(rng.normal(size=(n_layers, 4))),
+        "hist": rng.integers(0, 1000, size=underflow.NUM_BINS),
+        "zeros": np.float64(12),
+        "loss": np.float32(1.5),
+        "ref_loss": np.float32(1.5),
+    }
+    return probe, out
+
+
+def test_a_1000_layer_model_fits_the_record_limit(tmp_path):
+    probe, out = _probe_of_size(1000)
+    payload = probe._payload(out, 2.0**15)
     assert len(payload["variables"]["data"]) == 2000
     assert len(payload["layers"]["data"]) == 1000
+    assert len(summary.encode_payload(payload)) <= summary.MAX_RECORD_BYTES
     writer = summary.RunWriter(str(tmp_path))
-    size = Probe.write(writer, 1, payload)
+    Probe.write(writer, 1, payload)
     writer.close()
-    assert size <= summary.MAX_RECORD_BYTES
     records, _ = read_events(str(tmp_path))
-    got = [p for _, p in records["probe"]]
-    rows = sum(len(p["variables"]["data"]) for p in got)
-    assert rows == 2000
+    assert len(records["probe"]) == 1
+
+
+def test_an_oversized_probe_record_is_split(tmp_path, monkeypatch):
+    probe, out = _probe_of_size(1000)
+    payload = probe._payload(out, 2.0**15)
+    full = len(summary.encode_payload(payload))
+    monkeypatch.setattr(summary, "MAX_RECORD_BYTES", full - 1)  # just too big: split
+    writer = summary.RunWriter(str(tmp_path))
+    Probe.write(writer, 1, payload)
+    writer.close()
+    records, _ = read_events(str(tmp_path))
+    parts = [p for _, p in records["probe"]]
+    assert len(parts) >= 2
+    assert parts[0]["model"] == payload["model"] and parts[0]["parts"] == len(parts)
+    rows = [r for p in parts for r in p["variables"]["data"]]
+    assert rows == payload["variables"]["data"]
+    assert [p.get("part") for p in parts[1:]] == list(range(1, len(parts)))
