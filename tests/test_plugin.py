@@ -86,8 +86,10 @@ def write_synthetic_run(
     probe_every: int = 10,
     skips: tuple[int, ...] = (7, 8),
     close: bool = True,
+    profile: bool = False,
 ) -> RunWriter:
-    """A run with known values: loss scale halves at each skipped step."""
+    """A run with known values: loss scale halves at each skipped step; layer i takes (i + 1) / T of
+    the profiled time (T = 1 + 2 + ... + n)."""
     layers = layers or ["conv2d", "dense", "softmax"]
     w = RunWriter(logdir)
     w.record(
@@ -132,6 +134,33 @@ def write_synthetic_run(
         )
         if s % probe_every == 0:
             w.record(summary.KIND_PROBE, s, probe_payload(s, layers, scale))
+    if profile:
+        total = sum(range(1, len(layers) + 1))
+        w.record(
+            summary.KIND_PROFILE,
+            steps,
+            {
+                "steps": [steps - 5, steps],
+                "device": "CPU",
+                "total_us": 1000.0 * total,
+                "unattributed_us": 0.0,
+                "cast_us": 10.0,
+                "cast_share": 10.0 / (1000.0 * total),
+                "share_16bit": 0.9,
+                "layers": table(
+                    ["layer", "time_us", "time_16bit_us", "time_32bit_us", "ops", "share"],
+                    [
+                        [n, 1000.0 * (i + 1), 900.0 * (i + 1), 100.0 * (i + 1), 3, (i + 1) / total]
+                        for i, n in enumerate(layers)
+                    ],
+                ),  # fmt: skip
+                "op_types": table(
+                    ["op_type", "time_us", "bits", "count", "kept_float32_by_amp"],
+                    [["MatMul", 1000.0 * total, 16, 3, False]],
+                ),
+                "trace_dir": "plugins/profile/x",
+            },
+        )
     if close:
         w.close()
     else:
@@ -207,7 +236,7 @@ def _provider(logdir: str):
 def synthetic_logdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugin_logs")
     write_synthetic_run(str(root / "run_a"), steps=120, probe_every=5)  # 24 probes: over TB's 10
-    write_synthetic_run(str(root / "run_b"), layers=["dense_1", XSS_LAYER, "out"])
+    write_synthetic_run(str(root / "run_b"), layers=["dense_1", XSS_LAYER, "out"], profile=True)
     import tensorflow as tf
 
     with tf.summary.create_file_writer(str(root / "plain")).as_default():
@@ -267,7 +296,7 @@ def test_views_are_plain_json(synthetic_logdir):
     for view in (
         data.scalars_view(records, 100),
         data.layers_view(records, []),
-        data.probes_view(records, None),
+        data.probes_view(records, data.build_model(records), None),
         data.profile_view(records),
     ):
         json.dumps(view, allow_nan=False)  # raises on NaN/Infinity
@@ -279,16 +308,21 @@ def test_views_are_plain_json(synthetic_logdir):
     layers = data.layers_view(records, [])
     names = [r[0] for r in layers["rows"]]
     assert names == ["dense_1", XSS_LAYER, "out"]
-    probes = data.probes_view(records, 30)
+    share = layers["columns"].index("time_share")
+    assert layers["profiled"] is True
+    assert [r[share] for r in layers["rows"]] == pytest.approx([1 / 6, 2 / 6, 3 / 6])
+    assert data.profile_view(records)["profile"]["share_16bit"] == 0.9
+    model = data.build_model(records)
+    probes = data.probes_view(records, model, 30)
     assert probes["probe"]["step"] == 30
     assert probes["probe"]["model"]["grad_rel_error"] is None
-    latest = data.probes_view(records, None)
+    latest = data.probes_view(records, model, None)
     assert latest["probe"]["step"] == 60
     assert latest["heatmap"]["layers"] == names
     assert latest["heatmap"]["steps"] == [10, 20, 30, 40, 50, 60]
     assert latest["heatmap"]["values"][1] == [0.01] * 6  # layer i has underflow (i % 7) / 100
     with pytest.raises(KeyError):
-        data.probes_view(records, 31)
+        data.probes_view(records, model, 31)
 
 
 def test_skipped_steps_survive_tensorboards_scalar_sampling():
@@ -306,3 +340,18 @@ def test_skipped_steps_survive_tensorboards_scalar_sampling():
     scalars[summary.STEP_SKIPPED] = (np.array([12, 25]), np.array([1.0, 1.0]))
     assert skipped_steps(scalars) == ([12, 21, 25, 31], 2)
     assert skipped_steps({}) == ([], 0)
+
+
+def test_a_new_version_of_a_run_decodes_only_new_records(synthetic_logdir, monkeypatch):
+    from tensorboard_plugin_mpwatch import data
+
+    provider = _provider(synthetic_logdir)
+    decoded: dict = {}
+    first = data.read_run(provider, CTX, "", "run_a", decoded)
+    n_records = sum(len(v) for v in first.records.values())
+    assert len(decoded) == n_records == 1 + 1 + 24  # run_info, layers, 24 probes
+    calls = []
+    monkeypatch.setattr(data.summary, "decode_payload", lambda blob: calls.append(blob))
+    again = data.read_run(provider, CTX, "", "run_a", decoded)
+    assert calls == []
+    assert again.records == first.records

@@ -94,7 +94,7 @@ def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = 
 def logdir(tmp_path_factory, quickstart_logdir):
     root = tmp_path_factory.mktemp("tb_logdir")
     shutil.copytree(quickstart_logdir, root / "fit")  # the real fit, as run "fit"
-    write_synthetic_run(str(root / "xss"), layers=["dense_1", XSS_LAYER, "out"])
+    write_synthetic_run(str(root / "xss"), layers=["dense_1", XSS_LAYER, "out"], profile=True)
     write_synthetic_run(
         str(root / "big"),
         steps=120,
@@ -349,6 +349,7 @@ def test_layer_names_are_text_never_html(tab):
     tab.select_run("xss")
     frame = tab.frame
     assert XSS_LAYER in frame.inner_text("#mpw-layer-table")
+    assert frame.locator('th[data-key="time_share"]').count() == 1  # profiled: time share shown
     # the probe charts of this (synthetic) run: histogram with the float16 window, heatmap
     assert frame.locator("#mpw-histogram svg rect.mpw-bar").count() == 40
     assert frame.locator("#mpw-histogram svg rect.mpw-window").count() == 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from tensorboard.data import provider as tb_provider
 
 from mpwatch import summary
@@ -95,8 +96,19 @@ def list_mpwatch_runs(provider: Any, ctx: Any, experiment_id: str) -> dict[str, 
     return out
 
 
-def read_run(provider: Any, ctx: Any, experiment_id: str, run: str) -> RunRecords:
-    """Read and decode every mpwatch scalar and record of ``run``."""
+def read_run(
+    provider: Any,
+    ctx: Any,
+    experiment_id: str,
+    run: str,
+    decoded: dict[tuple[str, int, float], Any] | None = None,
+) -> RunRecords:
+    """Read and decode every mpwatch scalar and record of ``run``.
+
+    ``decoded`` maps (tag, step, wall time) to a record's decoded payload (or its error) and is
+    updated: pass the previous read's to decode only the new records of a run still being written.
+    """
+    decoded = {} if decoded is None else decoded
     result = RunRecords(name=run)
     listing = provider.list_scalars(
         ctx,
@@ -147,11 +159,18 @@ def read_run(provider: Any, ctx: Any, experiment_id: str, run: str) -> RunRecord
         for tag, points in data.items():
             items = result.records.setdefault(kinds[tag], [])
             for p in points:
-                try:
-                    blob = p.numpy.item() if hasattr(p.numpy, "item") else p.numpy
-                    items.append((int(p.step), summary.decode_payload(blob)))
-                except (ValueError, TypeError) as e:
-                    result.errors.append(f"{tag} at step {p.step}: {e}")
+                key = (tag, int(p.step), float(p.wall_time))
+                if key not in decoded:
+                    try:
+                        blob = p.numpy.item() if hasattr(p.numpy, "item") else p.numpy
+                        decoded[key] = summary.decode_payload(blob)
+                    except (ValueError, TypeError) as e:
+                        decoded[key] = ValueError(f"{tag} at step {p.step}: {e}")
+                value = decoded[key]
+                if isinstance(value, ValueError):
+                    result.errors.append(str(value))
+                else:
+                    items.append((int(p.step), value))
             items.sort(key=lambda item: item[0])
     return result
 
@@ -159,53 +178,30 @@ def read_run(provider: Any, ctx: Any, experiment_id: str, run: str) -> RunRecord
 # --- the run model and the findings (mpwatch.reader / mpwatch.advisor) ----------------------------
 def build_model(records: RunRecords) -> Any:
     """The :class:`mpwatch.reader.Run` of decoded records: the model ``mpwatch.load_run`` builds
-    from event files, so the advisor sees the same run in the tab and in the CLI.
+    from event files (same tables, part merging and purges), so the advisor sees the same run in the
+    tab and in the CLI."""
+    from mpwatch import reader
 
-    Uses ``reader.run_from_records`` when the reader offers it, else feeds the reader's own
-    accumulator and builder (``_Acc``/``_build_run``): parts merging, purges and the tables stay the
-    reader's. Returns None when no reader is importable.
-    """
-    try:
-        from mpwatch import reader
-    except ImportError:
-        return None
-    public = getattr(reader, "run_from_records", None)
-    if public is not None:
-        return public(records.name, scalars=records.scalars, records=records.records)
-    acc = reader._Acc()
-    seq = 0
-    for tag, (steps, values) in sorted(records.scalars.items()):
-        n = len(steps)
-        acc.sc_tag.append(np.full(n, acc.tag_id(tag), dtype=np.int64))
-        acc.sc_seq.append(np.arange(seq, seq + n, dtype=np.int64))
-        acc.sc_step.append(np.asarray(steps, dtype=np.int64))
-        acc.sc_val.append(np.asarray(values, dtype=np.float64))
-        seq += n
-    for kind, items in sorted(records.records.items()):
-        for step, payload in items:
-            acc.recs.append((seq, int(step), kind, payload))
-            seq += 1
-    run = reader._build_run(records.name, "", acc, list(records.errors))
-    return run
+    return reader.run_from_records(
+        records.name, scalars=records.scalars, records=records.records, warnings=records.errors
+    )
 
 
-def findings(records: RunRecords, model: Any) -> tuple[list[dict[str, Any]], str | None]:
-    """The advisor's findings as dicts, and why there are none when the advisor cannot run."""
-    if model is None:
-        return [], "mpwatch.reader is not available in this installation"
-    try:
-        from mpwatch import advisor
-    except ImportError:
-        return [], "mpwatch.advisor is not available in this installation"
-    keys = ("severity", "layer", "rule", "title", "evidence", "fix", "why")
+FINDING_KEYS = ("severity", "layer", "rule", "title", "evidence", "fix", "why")
+
+
+def findings(model: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """The advisor's findings as dicts, and why there are none when the advisor failed."""
+    from mpwatch import advisor
+
     try:
         diagnosed = advisor.diagnose(model)
     except Exception as e:  # a run still being written may be incomplete: say so, keep the tab
         return [], f"the advisor failed on this run: {type(e).__name__}: {e}"
     out = []
     for f in diagnosed:
-        d = f.to_dict() if hasattr(f, "to_dict") else vars(f)
-        out.append({k: d.get(k) for k in keys})
+        d = f.to_dict()
+        out.append({k: d.get(k) for k in FINDING_KEYS})
     return out, None
 
 
@@ -375,33 +371,30 @@ def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, A
 HEATMAP_MAX_STEPS = 200
 
 
-def _heatmap(probes: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
-    """Layer × probe step underflow; at most HEATMAP_MAX_STEPS steps, evenly spread, the latest
-    included; values to 4 significant digits (a 1,000-layer model stays a small response)."""
-    picked = probes
-    if len(probes) > HEATMAP_MAX_STEPS:
-        idx = np.unique(np.linspace(0, len(probes) - 1, HEATMAP_MAX_STEPS).astype(int))
-        picked = [probes[i] for i in idx]
-    layer_names: list[str] = []
-    seen: dict[str, int] = {}
-    columns = []
-    for _, payload in picked:
-        col = {}
-        for row in _table(payload.get("layers")):
-            name = row.get("layer")
-            if name is None:
-                continue
-            if name not in seen:
-                seen[name] = len(layer_names)
-                layer_names.append(name)
-            v = row.get("underflow_fraction")
-            col[seen[name]] = float(f"{v:.4g}") if isinstance(v, (int, float)) else None
-        columns.append(col)
-    values = [[col.get(i) for col in columns] for i in range(len(layer_names))]
-    return {"layers": layer_names, "steps": [s for s, _ in picked], "values": values}
+def _heatmap(probes: pd.DataFrame) -> dict[str, Any]:
+    """Layer × probe step underflow from the Run's probe table; at most HEATMAP_MAX_STEPS steps,
+    evenly spread, the latest included; layers in the order the probe lists them."""
+    empty = {"layers": [], "steps": [], "values": []}
+    if not len(probes) or not {"step", "layer", "underflow_fraction"} <= set(probes.columns):
+        return empty
+    probes = probes[probes["layer"].notna()]
+    steps = np.unique(probes["step"].to_numpy(dtype=np.int64))
+    if len(steps) > HEATMAP_MAX_STEPS:
+        steps = steps[np.unique(np.linspace(0, len(steps) - 1, HEATMAP_MAX_STEPS).astype(int))]
+        probes = probes[probes["step"].isin(steps)]
+    if not len(probes):
+        return empty
+    layers = pd.unique(probes["layer"].astype(str))
+    rows = pd.Index(layers).get_indexer(probes["layer"].astype(str))
+    cols = np.searchsorted(steps, probes["step"].to_numpy(dtype=np.int64))
+    grid = np.full((len(layers), len(steps)), np.nan)
+    grid[rows, cols] = pd.to_numeric(probes["underflow_fraction"], errors="coerce").to_numpy()
+    grid = np.round(grid, 7)
+    values = np.where(np.isfinite(grid), grid, None).tolist()
+    return {"layers": list(layers), "steps": steps.tolist(), "values": values}
 
 
-def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
+def probes_view(records: RunRecords, model: Any, step: int | None) -> dict[str, Any]:
     """Probe steps and the probe at ``step``; without ``step``: the latest probe and the layer ×
     probe-step underflow heatmap."""
     probes = records.records.get(summary.KIND_PROBE, [])
@@ -414,7 +407,7 @@ def probes_view(records: RunRecords, step: int | None) -> dict[str, Any]:
         chosen = matches[-1]
     heatmap = None
     if step is None:  # the heatmap comes with the default view only (a step picks a histogram)
-        heatmap = _heatmap(probes)
+        heatmap = _heatmap(model.probes)
     probe = None
     if chosen is not None:
         s, payload = chosen

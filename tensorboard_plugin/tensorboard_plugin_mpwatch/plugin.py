@@ -47,6 +47,7 @@ MAX_RUN_LENGTH = 4096
 # The run listing (two data-provider calls) is reused for this long: the tab's parallel requests
 # share one, and TensorBoard itself reloads data every --reload_interval (5 s by default).
 LISTING_TTL_S = 1.0
+MAX_CACHED_RUNS = 32  # runs whose Run and views stay in memory
 
 
 def _dumps(value: Any) -> str:
@@ -71,7 +72,7 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
 
 
 class _Entry:
-    __slots__ = ("version", "records", "model", "findings", "findings_note", "views")
+    __slots__ = ("version", "records", "model", "findings", "findings_note", "views", "decoded")
 
     def __init__(self, version: str, records: data.RunRecords) -> None:
         self.version = version
@@ -80,6 +81,7 @@ class _Entry:
         self.findings: list[dict[str, Any]] | None = None
         self.findings_note: str | None = None
         self.views: dict[Any, Any] = {}
+        self.decoded: dict[tuple[str, int, float], Any] = {}  # kept across versions of the run
 
 
 class MpwatchPlugin(base_plugin.TBPlugin):
@@ -155,14 +157,19 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         with self._lock:
             entry = self._cache.get(key)
             if entry is None or entry.version != version:
-                entry = _Entry(version, data.read_run(self._provider, ctx, eid, run))
+                decoded = entry.decoded if entry is not None else {}
+                entry = _Entry(version, data.read_run(self._provider, ctx, eid, run, decoded))
+                entry.decoded = decoded
                 entry.model = data.build_model(entry.records)
+                self._cache.pop(key, None)
                 self._cache[key] = entry
+                while len(self._cache) > MAX_CACHED_RUNS:  # drop the least recently built
+                    self._cache.pop(next(iter(self._cache)))
         return entry
 
     def _entry_findings(self, entry: _Entry) -> list[dict[str, Any]]:
         if entry.findings is None:
-            entry.findings, entry.findings_note = data.findings(entry.records, entry.model)
+            entry.findings, entry.findings_note = data.findings(entry.model)
         return entry.findings
 
     @staticmethod
@@ -226,7 +233,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         entry = self._entry(request)
         try:  # keys: None and the run's probe steps (a bad step raises before caching)
             return self._view(
-                entry, ("probes", step), lambda: data.probes_view(entry.records, step)
+                entry, ("probes", step), lambda: data.probes_view(entry.records, entry.model, step)
             )
         except KeyError:
             raise BadRequest(f"no probe at step {step}", code=404) from None
