@@ -151,9 +151,12 @@ def build_twin(model: Any, policy: str = "float32", example_inputs: Any = None) 
 
 
 def _build_like(twin: Any, model: Any, inputs: Any) -> None:
-    """Build a rebuilt (subclassed) twin with the model's input shape(s)."""
-    import keras
-
+    """Build a rebuilt (subclassed) twin: by calling it on example inputs when there are some (a
+    subclassed model's ``build(shape)`` may mark it built without creating its sublayers' weights),
+    else with the model's recorded input shape(s)."""
+    if inputs is not None:
+        twin(inputs)
+        return
     shapes = getattr(model, "_build_shapes_dict", None)
     try:
         if shapes and len(shapes) == 1:
@@ -162,14 +165,10 @@ def _build_like(twin: Any, model: Any, inputs: Any) -> None:
         if shapes:
             twin.build(**shapes)
             return
-    except Exception:  # noqa: BLE001
-        logger.debug("mpwatch: twin.build(...) failed, trying a call", exc_info=True)
-    if inputs is not None:
-        twin(inputs)
-        return
+    except Exception as e:  # noqa: BLE001
+        raise TwinUnavailable(f"the rebuilt twin of {model.name!r} does not build: {e!r}") from e
     raise TwinUnavailable(
         f"the rebuilt twin of {model.name!r} is not built and the model's input shape is unknown"
-        f" (keras {keras.__version__})"
     )
 
 
