@@ -4,9 +4,10 @@
 
 Trains a tiny mixed_float16 model with MixedPrecisionMonitor on fixed data in which the batches
 listed in OVERFLOW_BATCHES hold a huge input, so their float16 gradients overflow and the update is
-skipped. With --multiworker, TF_CONFIG (set by the test) describes the cluster and the model trains
-under MultiWorkerMirroredStrategy; every worker sees the same batches (auto-sharding off), so the
-loss-scale series and skipped steps must equal a single-process run's. With --kill-at, the process
+skipped. With --multiworker, TF_CONFIG describes the cluster and the model trains under
+MultiWorkerMirroredStrategy; note that Keras 3.15's ``fit`` itself fails under that strategy
+(keras-team/keras#20585: ``_maybe_symbolic_build`` reduces a PerReplica batch), with or without
+mpwatch, so no test uses this path yet. With --kill-at, the process
 sends itself SIGKILL after that many batches of this process (a real kill: no cleanup runs). With
 --backup, Keras' BackupAndRestore saves every 4 batches and restores on start.
 """
