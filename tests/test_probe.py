@@ -281,13 +281,13 @@ def test_preflight_names_the_layer_that_would_overflow(policy):
     model = keras.Sequential(
         [
             keras.Input((4,)),
-            keras.layers.Dense(4, name="fine"),
+            keras.layers.Dense(4, name="fine", kernel_initializer="ones"),
             keras.layers.Dense(4, name="huge", kernel_initializer=keras.initializers.Constant(1e3)),
             keras.layers.Dense(1, name="head"),
         ]
     )
     model.compile("sgd", "mse")
-    x = np.full((2, 4), 50.0, np.float32)
+    x = np.full((2, 4), 50.0, np.float32)  # "fine": 200, "huge": 4 * 200 * 1000 > 65504
     p = Probe(model).run((x, np.zeros((2, 1), np.float32)))
     assert p["mode"] == "preflight"
     assert p["model"]["first_nonfinite_layer"] == "huge"

@@ -483,14 +483,15 @@ class Probe:
                 ]
             )
         if first_nonfinite is None:
-            # no activation went non-finite (or none was measured): the first layer, in variable
-            # (forward) order, with a non-finite gradient; then the loss itself
-            for layer, row in zip(self._var_layer, grads):
+            # no activation went non-finite (or none was measured): the loss itself, else the
+            # first layer in backward order (where backprop starts) with a non-finite gradient
+            if not np.isfinite(out["loss"]):
+                first_nonfinite = "loss"
+            for layer, row in zip(self._var_layer[::-1], grads[::-1]):
+                if first_nonfinite is not None:
+                    break
                 if row[underflow.G_NONFINITE] > 0:
                     first_nonfinite = layer
-                    break
-            if first_nonfinite is None and not np.isfinite(out["loss"]):
-                first_nonfinite = "loss"
         m = underflow.summarize_grads(grads)
         model = {
             "ref_nonzero": m["ref_nonzero"] if has_ref else None,
