@@ -113,7 +113,7 @@ def test_random_truncations_and_flipped_bytes(pristine, tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                run = mpwatch.load_run(str(case_dir), warn=False, verify="all")
+                run = mpwatch.load_run(str(case_dir), warn=False)
             except Exception as e:  # noqa: BLE001 - the point is that nothing escapes
                 pytest.fail(f"case {done}: reader raised {type(e).__name__}: {e}")
         # a file cut exactly after a record is a valid, shorter file: nothing to warn about
