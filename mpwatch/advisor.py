@@ -336,13 +336,18 @@ def _effective_float32(run: Run) -> set[str]:
 
 
 def _layer_row(run: Run, name: str) -> dict[str, Any] | None:
+    """The layer table's first row of that name (rules look rows up many times: the name index
+    is built once per layer table and kept on the run)."""
     lt = run.layers
     if not len(lt) or "name" not in lt:
         return None
-    m = lt["name"].astype(str) == str(name)
-    if not m.any():
-        return None
-    return lt.loc[m].iloc[0].to_dict()
+    cached = run.__dict__.get("_advisor_layer_rows")
+    if cached is None or cached[0] is not lt:
+        rows: dict[str, dict[str, Any]] = {}
+        for rec in lt.to_dict("records"):
+            rows.setdefault(str(rec["name"]), rec)
+        cached = run.__dict__["_advisor_layer_rows"] = (lt, rows)
+    return cached[1].get(str(name))
 
 
 def _keep_float32_fix(name: str, cls: str | None) -> str:
