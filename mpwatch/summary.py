@@ -42,7 +42,10 @@ ENCODING = "json+zlib"
 PREFIX = "mpwatch/"
 
 # A record's compressed payload above this many bytes is refused by the writer: callers split large
-# tables (per-variable detail of a huge model goes into several records: see ``record_parts``).
+# tables. The probe splits its per-variable table into further ``probe`` records at the same step
+# marked ``part``/``parts`` (callbacks/probe.py: write_probe_record; reader.py joins them). A 1,000-
+# layer model's probe stays far below the limit, so the split is rare; note that TensorBoard's data
+# provider keeps one value per tag and step, so the tab sees only the last part of a split record.
 MAX_RECORD_BYTES = 512 * 1024
 
 # --- scalar tags -------------------------------------------------------------------------------
