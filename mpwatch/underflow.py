@@ -2,26 +2,23 @@
 would do.
 
 Definitions (``DESIGN.md``, "Probe"). Let ``S`` be the loss scale, ``g_ref`` a gradient of the
-float32
-twin and ``gS`` the mixed-precision gradient as Keras' train step gets it (``tape.gradient`` of
-``loss * S``: float32 values cast back from float16, zeros where float16 underflowed).
+float32 twin and ``gS`` the mixed-precision gradient as Keras' train step gets it (``tape.gradient``
+of ``loss * S``: float32 values cast back from float16, zeros where float16 underflowed).
 
 - **underflow fraction**: among elements with ``g_ref != 0``, the share with ``gS == 0``. Genuine
-zeros
-  (dead ReLUs, unused embedding rows) are zero in the reference too and never counted. Aggregated
-  per layer and model-wide by summing counts (element-weighted), never by averaging fractions.
+  zeros (dead ReLUs, unused embedding rows) are zero in the reference too and never counted.
+  Aggregated per layer and model-wide by summing counts (element-weighted), never by averaging
+  fractions.
 - **gradient relative error**: ``||gS / S - g_ref||_2 / ||g_ref||_2`` (sums of squares in float64,
-so
-  tiny gradients do not underflow in the squares). Infinite when ``gS`` holds inf/nan.
+  so tiny gradients do not underflow in the squares). Infinite when ``gS`` holds inf/nan.
 - **log2 histogram**: counts of ``floor(log2 |g_ref|)`` over the reference's nonzero elements, in
   integer bins, exact also at powers of two. The float16 window ``[2**-24, 65504]`` shifted by
   ``-log2 S`` (what ``g_ref`` must be for ``g_ref * S`` to be representable) goes with it.
 - **sweep**, for each power-of-two scale ``2**k``: the *predicted* underflow fraction, the share of
   nonzero reference elements with ``|g_ref| * 2**k < 2**-24`` (below float16's smallest subnormal:
   flushed to zero or rounded to the smallest subnormal), and the predicted overflow fraction, the
-  share
-  with ``|g_ref| * 2**k >= 2**16`` (past 65504: inf). Both are exact sums of histogram bins, because
-  the thresholds are powers of two and the bins are integer powers of two.
+  share with ``|g_ref| * 2**k >= 2**16`` (past 65504: inf). Both are exact sums of histogram bins,
+  because the thresholds are powers of two and the bins are integer powers of two.
 - **recommended scale**: the largest ``2**k`` in the sweep whose scaled maximum (of the weight
   gradients and, where measured, the activation gradients) stays at least ``margin_bits`` doublings
   below 65504: ``max|g_ref| * 2**k <= 65504 / 2**margin_bits``. Predicted underflow never rises with
@@ -30,8 +27,7 @@ so
   batch (other batches, later in training) before Keras' dynamic scaling must skip a step.
 
 The ``*_stats`` functions build TensorFlow ops (usable inside ``tf.function``) and return small
-float64
-vectors; everything else is plain numpy on the host.
+float64 vectors; everything else is plain numpy on the host.
 """
 
 from __future__ import annotations

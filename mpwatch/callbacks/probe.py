@@ -6,8 +6,7 @@ batch and, with the model's current weights, computes
 - the mixed-precision gradients at the current loss scale ``S``, exactly as Keras' train step gets
   them (``tape.gradient(loss * S)``: float32 values that went through float16, zeros where float16
   underflowed), and the gradients of a float32 twin of the model (:mod:`mpwatch.reference`) on the
-  same
-  batch with the same weights;
+  same batch with the same weights;
 - per variable, per layer and model-wide: the underflow fraction (among elements nonzero in the
   reference, the share that are zero in the mixed gradient), the gradient relative error; per layer:
   output relative error, max ``|activation|`` and its headroom below 65504, the underflow of the
@@ -21,40 +20,34 @@ Math and definitions: :mod:`mpwatch.underflow`. Record layout: ``summary.KIND_PR
 Modes, chosen from the model's layers:
 
 - ``"float16"`` (``mixed_float16``): as above, at the LossScaleOptimizer's current
-``dynamic_scale``.
+  ``dynamic_scale``.
 - ``"bfloat16"`` (``mixed_bfloat16``): no loss scale (``S = 1``). bfloat16 has float32's range, so
   underflow is rare and still counted the same way; what matters is the relative error (8 bits of
   mantissa). The histogram window is bfloat16's; there is no sweep and no recommended scale.
 - ``"preflight"`` (a float32 model): what would happen under ``mixed_float16`` at Keras' initial
-scale
-  ``2**15``. The model itself is the reference, and a ``mixed_float16`` twin is *built and run*
-  (real
-  float16 arithmetic, layer by layer, including the activation overflow a float16 forward pass would
-  hit). Where no twin can be built, the float32 gradients and activations are instead *cast through
-  float16* (``reference_note`` says so): that catches values outside float16's range but not errors
-  that float16 arithmetic would accumulate.
+  scale ``2**15``. The model itself is the reference, and a ``mixed_float16`` twin is *built and
+  run* (real float16 arithmetic, layer by layer, including the activation overflow a float16 forward
+  pass would hit). Where no twin can be built, the float32 gradients and activations are instead
+  *cast through float16* (``reference_note`` says so): that catches values outside float16's range
+  but not errors that float16 arithmetic would accumulate.
 
 Where no float32 twin of a mixed model can be built (a subclassed model Keras cannot rebuild from
-its
-config), the probe says so once (log and ``notice``), records ``reference: "none"`` with a
+its config), the probe says so once (log and ``notice``), records ``reference: "none"`` with a
 ``reference_note``, and records what can be measured without one: the share of exactly-zero mixed
 gradient elements (``model.zero_fraction``, an upper bound of underflow that includes genuine
-zeros),
-activations, non-finite layers, and a histogram of the mixed gradients.
+zeros), activations, non-finite layers, and a histogram of the mixed gradients.
 
 **Cost.** One probe runs one forward and backward pass of the mixed model and one of the float32
-twin
-on the probe batch (the twin's pass is float32: slower than a mixed step on Tensor Cores), a copy of
-the weights into the twin, and per-tensor reductions; both passes are traced once (the first probe
-also pays the trace and the twin's construction). ``benchmarks/probe_cost.py`` measures it in units
-of one training step (goal: at most 3; measured 1.3 for a small CNN under mixed_float16 on a
-CPU). Memory: the twin holds a second float32 copy of the weights.
-With the default ``every=500`` the overhead is well under 1% of training time.
+twin on the probe batch (the twin's pass is float32: slower than a mixed step on Tensor Cores), a
+copy of the weights into the twin, and per-tensor reductions; both passes are traced once (the first
+probe also pays the trace and the twin's construction). ``benchmarks/probe_cost.py`` measures it in
+units of one training step (goal: at most 3; measured 1.3 for a small CNN under mixed_float16 on a
+CPU). Memory: the twin holds a second float32 copy of the weights. With the default ``every=500``
+the overhead is well under 1% of training time.
 
 Layer outputs are computed with ``training=False`` (Dropout off, BatchNormalization on its moving
 statistics and not updated), so the mixed and float32 passes are deterministic and comparable and
-the
-probe never changes the model.
+the probe never changes the model.
 
 Example:
     >>> import keras, numpy as np, mpwatch  # doctest: +SKIP
