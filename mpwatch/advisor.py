@@ -175,8 +175,9 @@ RULES: dict[str, Rule] = {
             "usually means the forward pass overflows); far below the probe's recommended scale, "
             "gradients underflow that a larger scale would keep.",
             f"Median scale over the last quarter of steps <= {SCALE_STUCK_LOW:g}: error; "
-            f"|log2(scale / recommended)| >= {SCALE_FAR_BITS:g}: warning when below "
-            "(underflow), info when above.",
+            f"|log2(scale / recommended)| >= {SCALE_FAR_BITS:g}: warning when below and the "
+            f"probe's underflow fraction at the scale used is >= {UNDERFLOW_WARN:g}, otherwise "
+            "info (the dynamic scale will grow on its own).",
             "Keras LossScaleOptimizer (starts at 2^15, halves on overflow, doubles after 2000 "
             "good steps); DESIGN.md (recommended scale).",
         ),
@@ -596,15 +597,25 @@ def rule_loss_scale(run: Run) -> list[Finding]:
         bits = _log2(med) - _log2(rec)
         if abs(bits) >= SCALE_FAR_BITS:
             below = bits < 0
+            # far below only matters when float16 really loses gradients at the scale used:
+            # otherwise Keras' dynamic scaling (x2 every 2000 good steps) is doing its job
+            uf = _f(model.get("underflow_fraction"))
+            losing = uf is not None and uf >= UNDERFLOW_WARN
             found.append(
                 _mk(
                     "loss-scale",
-                    "warning" if below else "info",
+                    "warning" if below and losing else "info",
                     f"Loss scale {_fmt(med)} is {abs(bits):.0f} doublings "
                     f"{'below' if below else 'above'} the recommended {_fmt(rec)}",
                     f"median scale over the last {len(tail)} logged steps {_fmt(med)}; probe at "
                     f"step {step} recommends {_fmt(rec)} (least underflow with a safety margin "
-                    "below overflow)",
+                    "below overflow)"
+                    + (
+                        f"; underflow at the scale used: {uf:.2%} of the reference's nonzero "
+                        "gradient values"
+                        if uf is not None
+                        else ""
+                    ),
                     fix=f"keras.optimizers.LossScaleOptimizer(optimizer, initial_scale={rec:g})",
                     action={"loss_scale": rec},
                     data={"median_scale": med, "recommended_scale": rec, "log2_ratio": bits},

@@ -176,10 +176,16 @@ def test_loss_scale_stuck_low():
 
 def test_loss_scale_far_below_recommended():
     steps = range(1, 401)
-    probes = {400: (model_row(scale=2.0**8, rec=2.0**14), [probe_layer("dense")])}
+    probes = {400: (model_row(uf=0.05, scale=2.0**8, rec=2.0**14), [probe_layer("dense")])}
     run = make_run(scalars={summary.LOSS_SCALE: {s: 2.0**8 for s in steps}}, probes=probes)
     (f,) = rules(diagnose(run), "loss-scale")
     assert f.severity == "warning" and f.data["log2_ratio"] == -6
+    assert "5.00%" in f.evidence
+    # far below, but float16 loses nothing at the scale used: the dynamic scale will grow, info
+    probes = {400: (model_row(uf=0.0, scale=2.0**8, rec=2.0**14), [probe_layer("dense")])}
+    run = make_run(scalars={summary.LOSS_SCALE: {s: 2.0**8 for s in steps}}, probes=probes)
+    (f,) = rules(diagnose(run), "loss-scale")
+    assert f.severity == "info"
     # 3 doublings: below the threshold of 4
     probes = {400: (model_row(scale=2.0**8, rec=2.0**11), [probe_layer("dense")])}
     run = make_run(scalars={summary.LOSS_SCALE: {s: 2.0**8 for s in steps}}, probes=probes)
