@@ -4,7 +4,8 @@ Add one callback to ``model.fit`` and read the result in TensorBoard's "Mixed Pr
 ``mpwatch diagnose LOGDIR``:
 
     >>> import mpwatch  # doctest: +SKIP
-    >>> model.fit(ds, callbacks=[mpwatch.MixedPrecisionMonitor(log_dir="logs/run1")])  # doctest: +SKIP
+    >>> monitor = mpwatch.MixedPrecisionMonitor(log_dir="logs/run1")  # doctest: +SKIP
+    >>> model.fit(ds, callbacks=[monitor])  # doctest: +SKIP
     >>> run = mpwatch.load_run("logs/run1")  # doctest: +SKIP
 
 Importing mpwatch is cheap: TensorFlow is imported only when a name that needs it is used.
@@ -35,7 +36,24 @@ _EXPORTS = {
     "apply_recommendations": "mpwatch.apply",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "MixedPrecisionMonitor",
+    "LossScaleMonitor",
+    "GradientHealthMonitor",
+    "LayerDtypeMonitor",
+    "StepTimeMonitor",
+    "ProbeMonitor",
+    "ProfileMonitor",
+    "TrainingLoopRecorder",
+    "Run",
+    "load_run",
+    "load_runs",
+    "Finding",
+    "diagnose",
+    "apply_recommendations",
+]
+assert sorted(__all__[1:]) == sorted(_EXPORTS), "every lazy export is public"
 
 
 def __getattr__(name: str) -> Any:

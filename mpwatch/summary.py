@@ -1,23 +1,23 @@
 """The on-disk contract: every tag, every record kind, and the only code that writes events.
 
-Data flows one way: callbacks call the writers here; ``reader.py`` and the TensorBoard plugin use the
-constants and :func:`decode_record` here to read. Nothing else in mpwatch writes events.
+Data flows one way: callbacks call the writers here; ``reader.py`` and the TensorBoard plugin use
+the constants and :func:`decode_payload` here to read. Nothing else in mpwatch writes events.
 
-Scalars are ordinary ``tf.summary.scalar`` float32 values under ``mpwatch/...`` tags, so TensorBoard's
-Scalars and Time Series tabs show them too.
+Scalars are ordinary ``tf.summary.scalar`` float32 values under ``mpwatch/...`` tags, so
+TensorBoard's Scalars and Time Series tabs show them too.
 
 Structured records (the layer table, probe results, the profile summary, run facts) are
-``DATA_CLASS_TENSOR`` summaries with ``plugin_name="mpwatch"``. Their tensor is a scalar ``tf.string``
-holding zlib-compressed UTF-8 JSON; the summary metadata's plugin content is JSON too:
-``{"schema": SCHEMA_VERSION, "kind": KIND, "encoding": "json+zlib"}``. JSON payloads may contain
-``NaN`` and ``Infinity`` (Python's ``json`` reads and writes them); routes that serve browsers turn them
-into ``null``.
+``DATA_CLASS_TENSOR`` summaries with ``plugin_name="mpwatch"``. Their tensor is a scalar
+``tf.string`` holding zlib-compressed UTF-8 JSON; the summary metadata's plugin content is JSON
+too: ``{"schema": SCHEMA_VERSION, "kind": KIND, "encoding": "json+zlib"}``. JSON payloads may
+contain ``NaN`` and ``Infinity`` (Python's ``json`` reads and writes them); routes that serve
+browsers turn them into ``null``.
 
 Tables inside records use pandas' "split" layout: ``{"columns": [...], "data": [[...], ...]}``.
 
-Steps: every value is written at mpwatch's *batch step*: the number of training batches the model has
-run, 1 for the first batch, continued across ``fit`` calls (see ``callbacks/_state.py``). This is not
-``optimizer.iterations``, which does not advance on a skipped step.
+Steps: every value is written at mpwatch's *batch step*: the number of training batches the model
+has run, 1 for the first batch, continued across ``fit`` calls (see ``callbacks/_state.py``). This
+is not ``optimizer.iterations``, which does not advance on a skipped step.
 
 Example (needs TensorFlow):
     >>> import tempfile
@@ -173,7 +173,7 @@ def metadata_content(kind: str) -> bytes:
 
 
 def parse_metadata_content(content: bytes) -> dict[str, Any]:
-    """Parse a record's plugin content; raises ValueError when it is not a record mpwatch can read."""
+    """Parse a record's plugin content; raises ValueError when mpwatch cannot read the record."""
     try:
         meta = json.loads(content.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -1,1 +1,2 @@
-"""mpwatch's Keras callbacks: one callback per file, bundled by ``monitor.MixedPrecisionMonitor``."""
+"""mpwatch's Keras callbacks: one callback per file, bundled by
+``monitor.MixedPrecisionMonitor``."""
