@@ -286,7 +286,7 @@ class RunWriter:
 
                 self._series_fn = series
             self._series_fn(
-                tag,
+                tf.constant(tag, tf.string),  # a tensor: one trace for every tag
                 tf.constant([int(s) for s in steps], tf.int64),
                 tf.constant([float(v) for v in values], tf.float32),
             )
@@ -297,7 +297,7 @@ class RunWriter:
         if len(blob) > MAX_RECORD_BYTES:
             raise ValueError(
                 f"mpwatch {kind} record is {len(blob)} bytes compressed, over the "
-                f"{MAX_RECORD_BYTES}-byte limit: split it with record_parts"
+                f"{MAX_RECORD_BYTES}-byte limit: split the record (see write_probe_record)"
             )
         if not self.enabled:
             return len(blob)
@@ -329,3 +329,4 @@ class RunWriter:
             self._writer.flush()
             self._writer.close()
             self._writer = None
+            self._series_fn = None  # it captured the closed writer

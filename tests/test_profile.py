@@ -114,7 +114,7 @@ def fitted(tmp_path_factory):
     x, y = _data()
     cb = ProfileMonitor(logdir, profile_steps=STEPS)
     # next to mpwatch's other recording (the gradient tap, a shared writer), as a user would run it
-    monitor = MixedPrecisionMonitor(logdir, log_every=4)
+    monitor = MixedPrecisionMonitor(logdir, log_every=4, profile=False)  # profiled below
     history = model.fit(x, y, batch_size=16, epochs=2, callbacks=[monitor, cb], verbose=0)
     # what the run directory held right after the fit (before any TensorBoard touched it)
     listing = sorted(os.listdir(cb.trace_dir)) if cb.trace_dir else []

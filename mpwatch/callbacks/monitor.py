@@ -15,23 +15,10 @@ from mpwatch.callbacks.gradient_health import GradientHealthMonitor
 from mpwatch.callbacks.layer_dtypes import LayerDtypeMonitor
 from mpwatch.callbacks.loss_scale import LossScaleMonitor, no_loss_scale_reason
 from mpwatch.callbacks.probe import ProbeMonitor
+from mpwatch.callbacks.profile_capture import DEFAULT_STEPS, ProfileMonitor
 from mpwatch.callbacks.step_time import StepTimeMonitor, gpu_device
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
-
-
-def model_kind(model: Any) -> str:
-    if isinstance(model, keras.Sequential):
-        return "sequential"
-    if type(model).__name__ == "Functional" or getattr(model, "_is_graph_network", False):
-        return "functional"
-    try:
-        from keras.src.models.functional import Functional
-
-        if isinstance(model, Functional):
-            return "functional"
-    except ImportError:  # pragma: no cover
-        pass
-    return "subclassed"
+from mpwatch.reference import model_kind
 
 
 def device_info() -> dict[str, Any]:
@@ -64,10 +51,10 @@ def device_info() -> dict[str, Any]:
 class MixedPrecisionMonitor(RecordingCallback):
     """Everything mpwatch records during ``model.fit``, in one callback.
 
-    Bundles :class:`LossScaleMonitor`, :class:`GradientHealthMonitor`, :class:`LayerDtypeMonitor`
-    and
-    :class:`StepTimeMonitor` (each usable alone too), and itself writes the ``run_info`` record and
-    ``mpwatch/train/loss`` (Keras' running training loss) at every Keras batch end.
+    Bundles :class:`LayerDtypeMonitor`, :class:`LossScaleMonitor`, :class:`GradientHealthMonitor`,
+    :class:`StepTimeMonitor`, :class:`ProbeMonitor` and :class:`ProfileMonitor` (each usable alone
+    too), and itself writes the ``run_info`` record and ``mpwatch/train/loss`` (Keras' running
+    training loss) at every Keras batch end.
 
     Args:
         log_dir: the run directory (created if needed; must be writable).
@@ -78,6 +65,11 @@ class MixedPrecisionMonitor(RecordingCallback):
         probe, probe_every, probe_data: the float32-reference probe (:class:`ProbeMonitor`), every
             ``probe_every`` batch steps and at each epoch's end, on ``probe_data`` (default: the
             first training batch); ``probe=False`` switches it off.
+        profile: the profiler trace (:class:`ProfileMonitor`): ``True`` captures batches 3-5 of
+            the first ``fit`` (after warm-up) once, converts a copy into per-layer time by dtype
+            and writes it where TensorBoard's Profile tab finds it too; a pair ``(first, last)``
+            chooses the batches; ``False`` switches it off. It runs last, so its conversion pause
+            (about a second) falls outside the step times.
 
     Sub-callbacks live in ``self.parts`` (built by :meth:`_build_parts`, called in order for every
     Keras hook); adding a part is one ``parts.append(...)`` line there.
@@ -86,8 +78,8 @@ class MixedPrecisionMonitor(RecordingCallback):
         >>> import keras, mpwatch  # doctest: +SKIP
         >>> keras.mixed_precision.set_global_policy("mixed_float16")  # doctest: +SKIP
         >>> model.fit(ds, epochs=3,
-        ...           callbacks=[mpwatch.MixedPrecisionMonitor(log_dir="logs/run1")])  # doctest:
-        +SKIP
+        ...           callbacks=[mpwatch.MixedPrecisionMonitor(log_dir="logs/run1")]
+        ... )  # doctest: +SKIP
     """
 
     part = "run_info"
@@ -105,6 +97,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         probe: bool = True,
         probe_every: int = 500,
         probe_data: Any = None,
+        profile: bool | tuple[int, int] = True,
     ) -> None:
         super().__init__(log_dir, log_every)
         check_positive_int("log_every", log_every)
@@ -116,6 +109,7 @@ class MixedPrecisionMonitor(RecordingCallback):
             "per_variable_gradients": bool(per_variable_gradients),
             "probe": bool(probe),
         }
+        self.profile = profile
         self.probe_every = check_positive_int("probe_every", probe_every)
         self.probe_data = probe_data
         self.parts: list[keras.callbacks.Callback] = self._build_parts()
@@ -133,6 +127,9 @@ class MixedPrecisionMonitor(RecordingCallback):
             parts.append(StepTimeMonitor(d, n))
         if o["probe"]:
             parts.append(ProbeMonitor(d, self.probe_every, self.probe_data))
+        if self.profile is not False and self.profile is not None:
+            steps = DEFAULT_STEPS if self.profile is True else self.profile
+            parts.append(ProfileMonitor(d, profile_steps=steps))
         return parts
 
     # --- delegation ----------------------------------------------------------------------------
