@@ -49,6 +49,8 @@ SUBNORMAL_WARN = 0.05  # share of scaled training gradients in float16's subnorm
 SKIP_RATE_WARN = 0.01  # skipped steps after warm-up, per step
 SKIP_RATE_ERROR = 0.10
 WARMUP_STEPS = 100  # the scale starts at 2**15 and halves down: early skips are expected
+WARMUP_SKIP_ALLOWANCE = 10  # ...but no more than 10 of them (the scale down to 2**5) in warm-up
+WARMUP_SKIP_ERROR = 15  # more than 15 and the scale fell below 1: it protects nothing
 SCALE_STUCK_LOW = 1.0  # a final dynamic scale at or below this cannot protect gradients
 SCALE_FAR_BITS = 4.0  # |log2(scale / recommended)| at or above this
 REL_ERROR_WARN = {"float16": 1e-2, "bfloat16": 5e-2, "preflight": 1e-2}
@@ -188,7 +190,9 @@ RULES: dict[str, Rule] = {
             "A few at the start (the scale coming down from 2^15) and one per 2000 steps (a "
             "failed doubling) are normal; more means overflow in the model, not the scale.",
             f"Skipped steps after the first {WARMUP_STEPS} steps, per step: > {SKIP_RATE_WARN:g} "
-            f"warning, > {SKIP_RATE_ERROR:g} error.",
+            f"warning, > {SKIP_RATE_ERROR:g} error; within the first {WARMUP_STEPS}: more than "
+            f"{WARMUP_SKIP_ALLOWANCE} warning, more than {WARMUP_SKIP_ERROR} (the scale fell "
+            "below 1) error: a NaN storm at the start is no warm-up.",
             "Keras LossScaleOptimizer dynamic scaling; DESIGN.md (skipped step).",
         ),
         Rule(
@@ -641,21 +645,38 @@ def rule_skipped_steps(run: Run) -> list[Finding]:
         n_steps = max(0, last_step - WARMUP_STEPS)
         n_skip = int(round(float(tot.iloc[-1]) - base))
         total = int(round(float(tot.iloc[-1])))
-    if n_steps <= 0:
+    rate = n_skip / n_steps if n_steps > 0 else 0.0
+    early = total - n_skip  # skipped at or before step WARMUP_STEPS
+    sev_rate = None
+    if n_steps > 0 and rate > SKIP_RATE_WARN:
+        sev_rate = "error" if rate > SKIP_RATE_ERROR else "warning"
+    sev_early = None
+    if early > WARMUP_SKIP_ALLOWANCE:
+        sev_early = "error" if early > WARMUP_SKIP_ERROR else "warning"
+    if sev_rate is None and sev_early is None:
         return []
-    rate = n_skip / n_steps
-    if rate <= SKIP_RATE_WARN:
-        return []
+    severity = "error" if "error" in (sev_rate, sev_early) else "warning"
+    if sev_rate is not None:
+        title = f"{_pct(rate)} of steps skipped for non-finite gradients"
+    else:
+        title = f"{early} steps skipped for non-finite gradients in the first {WARMUP_STEPS}"
     return [
         _mk(
             "skipped-steps",
-            "error" if rate > SKIP_RATE_ERROR else "warning",
-            f"{_pct(rate)} of steps skipped for non-finite gradients",
-            f"{n_skip} of {n_steps} steps after step {WARMUP_STEPS} skipped ({total} in all); "
-            f"the dynamic scale expects about 1 per 2000",
+            severity,
+            title,
+            f"{total} steps skipped in all: {early} at or before step {WARMUP_STEPS} (the "
+            f"scale's descent from 2^15 explains up to {WARMUP_SKIP_ALLOWANCE}), {n_skip} of "
+            f"{max(n_steps, 0)} after it; the dynamic scale expects about 1 per 2000",
             fix="# a model that overflows at any scale: find the layer (activation-overflow) and "
             'keep it float32\nkeras.layers.Dense(..., dtype="float32")',
-            data={"skipped": n_skip, "steps": n_steps, "rate": rate, "total": total},
+            data={
+                "skipped": n_skip,
+                "steps": n_steps,
+                "rate": rate,
+                "total": total,
+                "early": early,
+            },
         )
     ]
 

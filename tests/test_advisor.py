@@ -337,3 +337,15 @@ def test_nested_model_output_names_the_inner_layer():
                  "float16", "float16", 650, 650, {}, None, True, None])  # fmt: skip
     found = rules(diagnose(make_run(layers=rows)), "output-16bit")
     assert [f.layer for f in found] == ["predictions"]
+
+
+@pytest.mark.parametrize(("early", "severity"), [(10, None), (12, "warning"), (16, "error")])
+def test_skips_within_warm_up_beyond_the_scales_descent(early, severity):
+    steps = range(1, 301)
+    sk = {s: 1.0 if s <= early else 0.0 for s in steps}
+    found = rules(diagnose(make_run(scalars={summary.STEP_SKIPPED: sk})), "skipped-steps")
+    if severity is None:
+        assert found == []
+    else:
+        (f,) = found
+        assert f.severity == severity and f.data["early"] == early
