@@ -31,7 +31,15 @@ from mpwatch._version import __version__
 from mpwatch.advisor import SEVERITIES, Finding, _jsonable
 from mpwatch.reader import Run
 
-__all__ = ["FORMATS", "JSON_SCHEMA", "SCHEMA_ID", "render", "to_json", "run_summary"]
+__all__ = [
+    "FORMATS",
+    "JSON_SCHEMA",
+    "SCHEMA_ID",
+    "render",
+    "to_json",
+    "run_summary",
+    "profile_summary",
+]
 
 FORMATS = ("text", "markdown", "json", "html")
 SCHEMA_ID = "mpwatch.diagnosis/1"
@@ -122,6 +130,33 @@ JSON_SCHEMA: dict[str, Any] = {
                             "peak_memory_mb": {"type": ["number", "null"]},
                         },
                     },
+                    "profile": {
+                        "type": ["object", "null"],
+                        "description": "where the profiled time went; null when not profiled",
+                        "required": ["steps", "total_ms", "share_16bit", "cast_share",
+                                     "top_layers"],  # fmt: skip
+                        "properties": {
+                            "steps": {"type": "array", "items": {"type": ["integer", "null"]}},
+                            "device": {"type": ["string", "null"]},
+                            "total_ms": {"type": ["number", "null"]},
+                            "share_16bit": {"type": ["number", "null"]},
+                            "cast_share": {"type": ["number", "null"]},
+                            "unattributed_share": {"type": ["number", "null"]},
+                            "top_layers": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["layer", "time_ms"],
+                                    "properties": {
+                                        "layer": {"type": "string"},
+                                        "time_ms": {"type": "number"},
+                                        "share": {"type": ["number", "null"]},
+                                        "share_16bit": {"type": ["number", "null"]},
+                                    },
+                                },
+                            },
+                        },
+                    },
                     "warnings": {"type": "array", "items": {"type": "string"}},
                 },
             },
@@ -180,6 +215,65 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
+def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
+    """The profile section (the JSON ``runs[].profile``): where the profiled time went, from the
+    latest ``profile`` record; None when the run was not profiled."""
+    prof = run.profile
+    if not prof:
+        return None
+    total = _f(prof.get("total_us"))
+    layers: list[dict[str, Any]] = []
+    tbl = prof.get("layers")
+    if isinstance(tbl, Mapping) and "columns" in tbl:
+        cols = list(tbl["columns"])
+        rows = [dict(zip(cols, r)) for r in tbl.get("data") or []]
+        rows.sort(key=lambda r: -(_f(r.get("time_us")) or 0.0))
+        for r in rows[:top]:
+            t = _f(r.get("time_us")) or 0.0
+            t16 = _f(r.get("time_16bit_us")) or 0.0
+            layers.append(
+                {
+                    "layer": str(r.get("layer")),
+                    "time_ms": t / 1000.0,
+                    "share": t / total if total else None,
+                    "share_16bit": t16 / t if t else None,
+                }
+            )
+    steps = prof.get("steps") or [None, None]
+    return {
+        "steps": [int(x) if isinstance(x, (int, float)) else None for x in list(steps)[:2]],
+        "device": prof.get("device"),
+        "total_ms": total / 1000.0 if total is not None else None,
+        "share_16bit": _f(prof.get("share_16bit")),
+        "cast_share": _f(prof.get("cast_share")),
+        "unattributed_share": (
+            (_f(prof.get("unattributed_us")) or 0.0) / total if total else None
+        ),
+        "top_layers": layers,
+    }
+
+
+def _profile_lines(ps: dict[str, Any]) -> list[str]:
+    """The profile section as plain lines (text and markdown share them)."""
+    first, last = (ps["steps"] + [None, None])[:2]
+    head = f"profiled steps {first}-{last}" if first is not None else "profiled"
+    bits = [head]
+    if ps["total_ms"] is not None:
+        bits.append(f"{ps['total_ms']:.3g} ms of op time")
+    if ps["share_16bit"] is not None:
+        bits.append(f"{ps['share_16bit']:.1%} in 16-bit")
+    if ps["cast_share"] is not None:
+        bits.append(f"{ps['cast_share']:.1%} in Cast ops")
+    if ps["unattributed_share"] is not None:
+        bits.append(f"{ps['unattributed_share']:.1%} outside layers")
+    lines = [", ".join(bits)]
+    for lay in ps["top_layers"]:
+        share = "" if lay["share"] is None else f" ({lay['share']:.1%})"
+        s16 = "" if lay["share_16bit"] is None else f", {lay['share_16bit']:.0%} 16-bit"
+        lines.append(f"{lay['layer']}: {lay['time_ms']:.3g} ms{share}{s16}")
+    return lines
+
+
 def _f(v: Any) -> float | None:
     try:
         x = float(v)
@@ -216,6 +310,7 @@ def to_json(
                 "device": r.info.get("device"),
                 "steps": _steps(r),
                 "summary": run_summary(r),
+                "profile": profile_summary(r),
                 "warnings": list(r.warnings),
             }
             for r in rl
@@ -273,6 +368,11 @@ def _text(rl: list[Run], findings: Sequence[Finding], logdir: str | None, color:
         lines.append(paint(f"run {r.name!r}", _BOLD) + f": {_run_header(r)}")
         for w in r.warnings:
             lines.append(paint(f"  reader: {w}", _DIM))
+        ps = profile_summary(r)
+        if ps is not None:
+            first, *rest = _profile_lines(ps)
+            lines.append(f"  profile: {first}")
+            lines += [f"           {x}" for x in rest]
         mine = [f for f in findings if f.run == r.name]
         if not mine:
             lines.append("  no findings: mixed precision looks healthy")
@@ -315,6 +415,12 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
             f"{'' if sm['skipped_steps'] is None else sm['skipped_steps']} | {sm['probes']} | "
             f"{'' if sm['step_time_ms'] is None else format(sm['step_time_ms'], '.3g')} |"
         )
+    for r in rl:
+        ps = profile_summary(r)
+        if ps is not None:
+            first, *rest = _profile_lines(ps)
+            out += ["", f"**Profile of run `{_md_escape(r.name)}`:** {_md_escape(first)}", ""]
+            out += [f"- {_md_escape(x)}" for x in rest]
     out += ["", f"**{_counts_line(findings)}**", ""]
     icons = {"error": "🔴", "warning": "🟠", "info": "🔵"}
     for f in findings:

@@ -17,7 +17,7 @@ from mpwatch._version import __version__
 from mpwatch.advisor import SEVERITIES, Finding
 from mpwatch.charts_svg import histogram_chart, line_chart
 from mpwatch.reader import Run
-from mpwatch.report import NO_DATA, _steps, run_summary
+from mpwatch.report import NO_DATA, _profile_lines, _steps, profile_summary, run_summary
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;
@@ -228,6 +228,13 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
         body += [_finding_html(f) for f in mine]
         body.append("<h3>Charts</h3>")
         body.append(_charts(r, i))
+        ps = profile_summary(r)
+        if ps is not None:
+            first, *rest = _profile_lines(ps)
+            body.append('<section class="profile"><h3>Profile</h3>')
+            body.append(f"<p>{escape(first)}</p><ul>")
+            body += [f"<li>{escape(x)}</li>" for x in rest]
+            body.append("</ul></section>")
         body.append("<h3>Layers</h3>")
         body.append(_layer_table(r, mine))
         body.append("</section>")

@@ -142,3 +142,30 @@ def test_html_opens_in_headless_chromium(two_runs, tmp_path):
         finally:
             browser.close()
     assert errors == []
+
+
+def test_profile_section_in_every_format(two_runs):
+    """The mixed run's profile record (tests/test_reader_builders.profile_payload): 10 ms of op
+    time, conv2d 5 ms of which 1 ms 16-bit, dense 2.5 ms, 20% in Cast, 0.5 ms outside layers."""
+    root, runs, findings = two_runs
+    doc = report.to_json(runs, findings, root)
+    jsonschema.validate(doc, report.JSON_SCHEMA)
+    mixed = next(r for r in doc["runs"] if r["name"] == "mixed")
+    prof = mixed["profile"]
+    assert prof["steps"] == [5, 8] and prof["total_ms"] == pytest.approx(10.0)
+    assert prof["cast_share"] == pytest.approx(0.2) and prof["share_16bit"] == pytest.approx(0.3)
+    assert prof["unattributed_share"] == pytest.approx(0.05)
+    assert [(x["layer"], x["time_ms"]) for x in prof["top_layers"]] == [
+        ("conv2d", pytest.approx(5.0)),
+        ("dense", pytest.approx(2.5)),
+    ]
+    assert prof["top_layers"][0]["share"] == pytest.approx(0.5)
+    assert prof["top_layers"][0]["share_16bit"] == pytest.approx(0.2)
+    assert next(r for r in doc["runs"] if r["name"] == "fp32")["profile"] is None
+    text = report.render(runs, findings, "text", logdir=root)
+    assert "profile: profiled steps 5-8, 10 ms of op time, 30.0% in 16-bit, 20.0% in Cast" in text
+    assert "conv2d: 5 ms (50.0%), 20% 16-bit" in text
+    md = report.render(runs, findings, "markdown", logdir=root)
+    assert "**Profile of run `mixed`:**" in md and "- dense: 2.5 ms (25.0%), 80% 16-bit" in md
+    html = report.render(runs, findings, "html", logdir=root)
+    assert '<section class="profile"><h3>Profile</h3>' in html
