@@ -178,33 +178,8 @@ def probe_payload(layers: int, rng: np.random.Generator, scale: float) -> dict:
         "loss_scale": scale,
         "reference": "float32_twin",
         "reference_note": None,
-        "variables": summary.table(
-            [
-                "variable",
-                "layer",
-                "size",
-                "ref_nonzero",
-                "underflow_count",
-                "underflow_fraction",
-                "grad_rel_error",
-            ],
-            var_rows,
-        ),
-        "layers": summary.table(
-            [
-                "layer",
-                "ref_nonzero",
-                "underflow_count",
-                "underflow_fraction",
-                "grad_rel_error",
-                "output_rel_error",
-                "max_abs_activation",
-                "activation_headroom_bits",
-                "act_grad_underflow_fraction",
-                "nonfinite",
-            ],
-            lay_rows,
-        ),
+        "variables": summary.table(summary.PROBE_VARIABLE_COLUMNS, var_rows),
+        "layers": summary.table(summary.PROBE_LAYER_COLUMNS, lay_rows),
         "model": {
             "ref_nonzero": 1,
             "underflow_count": 0,
@@ -297,23 +272,7 @@ def build_logdir(path: str, steps: int, probes: int, layers: int, log_every: int
     probe_steps = np.linspace(1, steps, probes).astype(np.int64) if probes else []
     with open(fname2, "wb") as f:
         f.write(file_version_event(wall0 + 1))
-        cols = [
-            "name",
-            "path",
-            "class",
-            "depth",
-            "policy",
-            "compute_dtype",
-            "variable_dtype",
-            "output_dtype",
-            "effective_dtype",
-            "params",
-            "trainable_params",
-            "tc_dims",
-            "tc_aligned",
-            "is_output",
-            "note",
-        ]
+        cols = summary.LAYERS_COLUMNS
         rows = [
             [
                 f"dense_{i}",

@@ -140,6 +140,52 @@ KIND_NOTICE = "notice"  # a recording part that stopped or is unavailable, and w
 #            trace_dir: str}
 # notice    {part: str, level: "error"|"info", message: str}
 
+# Column names of the tables above, in order (writers build rows in this order).
+LAYERS_COLUMNS = [
+    "name",
+    "path",
+    "class",
+    "depth",
+    "policy",
+    "compute_dtype",
+    "variable_dtype",
+    "output_dtype",
+    "effective_dtype",
+    "params",
+    "trainable_params",
+    "tc_dims",
+    "tc_aligned",
+    "is_output",
+    "note",
+]
+PROBE_VARIABLE_COLUMNS = [
+    "variable",
+    "layer",
+    "size",
+    "ref_nonzero",
+    "underflow_count",
+    "underflow_fraction",
+    "grad_rel_error",
+]
+PROBE_LAYER_COLUMNS = [
+    "layer",
+    "ref_nonzero",
+    "underflow_count",
+    "underflow_fraction",
+    "grad_rel_error",
+    "output_rel_error",
+    "max_abs_activation",
+    "activation_headroom_bits",
+    "act_grad_underflow_fraction",
+    "nonfinite",
+]
+PROBE_SWEEP_COLUMNS = [
+    "scale_log2",
+    "scale",
+    "predicted_underflow_fraction",
+    "predicted_overflow_fraction",
+]
+
 RECORD_KINDS = (
     KIND_RUN_INFO,
     KIND_LAYERS,

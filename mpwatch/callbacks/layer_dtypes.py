@@ -7,23 +7,7 @@ from typing import Any
 from mpwatch import summary
 from mpwatch.callbacks._base import RecordingCallback
 
-COLUMNS = [
-    "name",
-    "path",
-    "class",
-    "depth",
-    "policy",
-    "compute_dtype",
-    "variable_dtype",
-    "output_dtype",
-    "effective_dtype",
-    "params",
-    "trainable_params",
-    "tc_dims",
-    "tc_aligned",
-    "is_output",
-    "note",
-]
+COLUMNS = summary.LAYERS_COLUMNS
 
 # Layers whose policy says float16/bfloat16 but that normalise in float32 inside (Keras 3 upcasts:
 # ops.layer_normalization / BatchNormalization.call compute in result_type(x, float32), verified by

@@ -73,33 +73,9 @@ from mpwatch.reference import Twin, TwinUnavailable, model_kind
 
 logger = logging.getLogger("mpwatch")
 
-VARIABLE_COLUMNS = [
-    "variable",
-    "layer",
-    "size",
-    "ref_nonzero",
-    "underflow_count",
-    "underflow_fraction",
-    "grad_rel_error",
-]
-LAYER_COLUMNS = [
-    "layer",
-    "ref_nonzero",
-    "underflow_count",
-    "underflow_fraction",
-    "grad_rel_error",
-    "output_rel_error",
-    "max_abs_activation",
-    "activation_headroom_bits",
-    "act_grad_underflow_fraction",
-    "nonfinite",
-]
-SWEEP_COLUMNS = [
-    "scale_log2",
-    "scale",
-    "predicted_underflow_fraction",
-    "predicted_overflow_fraction",
-]
+VARIABLE_COLUMNS = summary.PROBE_VARIABLE_COLUMNS
+LAYER_COLUMNS = summary.PROBE_LAYER_COLUMNS
+SWEEP_COLUMNS = summary.PROBE_SWEEP_COLUMNS
 
 
 def detect_mode(model: Any) -> str:
