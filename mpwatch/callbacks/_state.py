@@ -2,32 +2,25 @@
 
 **Steps.** mpwatch writes every value at its *batch step*: 1 for the first training batch the model
 ever ran under mpwatch, counted on across ``fit`` calls (also across fits where
-``steps_per_execution``
-makes one Keras callback call cover several batches). The counter lives on the model object
-(attribute
-``_mpwatch_state``); when absent it starts from ``optimizer.iterations`` (so a model trained before
-mpwatch was attached does not restart at 1). It is not ``optimizer.iterations``, which does not
-advance on a skipped step.
+``steps_per_execution`` makes one Keras callback call cover several batches). The counter lives on
+the model object (attribute ``_mpwatch_state``); when absent it starts from
+``optimizer.iterations`` (so a model trained before mpwatch was attached does not restart at 1). It
+is not ``optimizer.iterations``, which does not advance on a skipped step.
 
 **The tap.** One :class:`Tap` per model wraps the optimizer *instance's* ``apply`` (which Keras'
 ``train_step`` reaches through ``apply_gradients``), so it sees the real, scaled training gradients
-in
-the graph. Per batch it stores, into small ``tf.Variable`` ring buffers with one slot per batch of
-an
-execution (``steps_per_execution`` slots): the loss scale after the step, the scale the gradients
-were
-scaled with, whether the update was skipped (``iterations`` did not advance), and every
-``grad_every`` steps a per-variable table of gradient counts (:mod:`mpwatch.stats`). The host reads
-the
-buffers once per ``on_train_batch_end`` (:meth:`ModelState.collect`), whichever mpwatch callback
-asks
-first; the others get the same :class:`Collected`. Under ``tf.distribute`` the buffers are mirrored
-and
-written from replica 0 (loss scale and the skip decision are the same on all replicas).
+in the graph. Per batch it stores, into small ``tf.Variable`` ring buffers with one slot per batch
+of an execution (``steps_per_execution`` slots): the loss scale after the step, the scale the
+gradients were scaled with, whether the update was skipped (``iterations`` did not advance), and
+every ``grad_every`` steps a per-variable table of gradient counts (:mod:`mpwatch.stats`). The host
+reads the buffers once per ``on_train_batch_end`` (:meth:`ModelState.collect`), whichever mpwatch
+callback asks first; the others get the same :class:`Collected`. Under ``tf.distribute`` the
+buffers are mirrored and written from replica 0 (loss scale and the skip decision are the same on
+all replicas).
 
 The tap is installed when the first batch begins (all callbacks have said what they need by then),
-the train function is rebuilt to trace it, and it is removed at ``on_train_end`` (the train function
-is dropped, so a later ``fit`` without mpwatch traces a clean one).
+the train function is rebuilt to trace it, and it is removed at ``on_train_end`` (the train
+function is dropped, so a later ``fit`` without mpwatch traces a clean one).
 """
 
 from __future__ import annotations
