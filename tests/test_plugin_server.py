@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 import pytest
+from tensorboard_process import running_tensorboard
 from test_plugin import XSS_LAYER, write_synthetic_run
 
 from mpwatch import summary
@@ -36,12 +35,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _strict_json(text: str):
@@ -112,32 +105,17 @@ def logdir(tmp_path_factory, quickstart_logdir):
 
 @pytest.fixture(scope="module")
 def server(logdir):
-    port = _free_port()
-    exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "tensorboard.main"]
-    cmd += ["--logdir", logdir["root"], "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--reload_interval", "1"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
-    log = open(os.path.join(logdir["root"], "..", f"tensorboard-{port}.log"), "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    srv = Server(port, logdir["root"], proc)
-    try:
+    def ready(base):
+        srv = Server(int(base.rsplit(":", 1)[1]), logdir["root"], None)
+        status, body = srv.route("runs")
+        names = {r["name"] for r in body["runs"]}
+        return status == 200 and {"fit", "xss", "big", "live"} <= names
 
-        def ready():
-            status, body = srv.route("runs")
-            names = {r["name"] for r in body["runs"]}
-            return status == 200 and {"fit", "xss", "big", "live"} <= names
-
-        _wait(ready, BOOT_TIMEOUT, "tensorboard to serve every run", proc)
-        yield srv
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
-        log.close()
+    log_path = os.path.join(logdir["root"], "..", "tensorboard.log")
+    with running_tensorboard(
+        logdir["root"], log_path, ready, BOOT_TIMEOUT, ("--reload_interval", "1")
+    ) as (_, port, proc):
+        yield Server(port, logdir["root"], proc)
 
 
 # --- the routes ---------------------------------------------------------------------------------

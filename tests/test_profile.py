@@ -15,14 +15,12 @@ import json
 import logging
 import os
 import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
+from tensorboard_process import running_tensorboard
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -535,12 +533,6 @@ def test_switched_off_captures_nothing(fitted, tmp_path):
 
 
 # --- the Profile tab's own data route on a real TensorBoard ---------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 30.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - localhost only
         assert resp.status == 200, url
@@ -552,39 +544,11 @@ def _get(url: str, timeout: float = 30.0) -> bytes:
 
 @pytest.fixture(scope="module")
 def tensorboard(fitted, tmp_path_factory):
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("tb") / "tensorboard.log", "w+")  # noqa: SIM115
-    exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "tensorboard.main"]
-    proc = subprocess.Popen(
-        [*cmd, "--logdir", fitted["logdir"], "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"tensorboard exited with {proc.returncode}:\n{log.read()[-3000:]}")
-            try:
-                _get(base + "/data/plugins_listing", timeout=5)
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    log.seek(0)
-                    pytest.fail(f"tensorboard did not answer in 60 s:\n{log.read()[-3000:]}")
-                time.sleep(0.5)
+    log_path = str(tmp_path_factory.mktemp("tb") / "tensorboard.log")
+    with running_tensorboard(
+        fitted["logdir"], log_path, lambda base: _get(base + "/data/plugins_listing", timeout=5), 60
+    ) as (base, _, _):
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
 
 
 def test_profile_tab_serves_the_captured_run(fitted, tensorboard):
