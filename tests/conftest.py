@@ -86,3 +86,14 @@ def quickstart_logdir(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("quickstart") / "run"
     module.train(str(logdir), epochs=1, samples=512, batch_size=64, log_every=2)
     return str(logdir)
+
+
+@pytest.fixture
+def mixed16():
+    """The global policy set to mixed_float16 for one test, restored after."""
+    import keras
+
+    old = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy(old)

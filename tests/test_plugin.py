@@ -23,15 +23,9 @@ from mpwatch.summary import RunWriter, table
 
 CTX = RequestContext()
 XSS_LAYER = '<img src=x onerror="window.__x=1">'
-LAYER_COLUMNS = [
-    "name", "path", "class", "depth", "policy", "compute_dtype", "variable_dtype", "output_dtype",
-    "effective_dtype", "params", "trainable_params", "tc_dims", "tc_aligned", "is_output", "note",
-]  # fmt: skip
-PROBE_LAYER_COLUMNS = [
-    "layer", "ref_nonzero", "underflow_count", "underflow_fraction", "grad_rel_error",
-    "output_rel_error", "max_abs_activation", "activation_headroom_bits",
-    "act_grad_underflow_fraction", "nonfinite",
-]  # fmt: skip
+# the contract's column names (mpwatch/summary.py)
+LAYER_COLUMNS = summary.LAYERS_COLUMNS
+PROBE_LAYER_COLUMNS = summary.PROBE_LAYER_COLUMNS
 
 
 def probe_payload(step: int, layers: list[str], scale: float) -> dict:
@@ -45,17 +39,9 @@ def probe_payload(step: int, layers: list[str], scale: float) -> dict:
         "reference": "float32_twin",
         "reference_note": None,
         "variables": table(
-            [
-                "variable",
-                "layer",
-                "size",
-                "ref_nonzero",
-                "underflow_count",
-                "underflow_fraction",
-                "grad_rel_error",
-            ],
+            summary.PROBE_VARIABLE_COLUMNS,
             [[f"{n}/kernel", n, 10, 10, 0, 0.0, 1e-3] for n in layers],
-        ),  # fmt: skip
+        ),
         "layers": table(PROBE_LAYER_COLUMNS, rows),
         "model": {
             "ref_nonzero": 100 * len(layers),

@@ -11,19 +11,11 @@ import numpy as np
 
 from mpwatch import summary
 
-LAYER_COLUMNS = [
-    "name", "path", "class", "depth", "policy", "compute_dtype", "variable_dtype", "output_dtype",
-    "effective_dtype", "params", "trainable_params", "tc_dims", "tc_aligned", "is_output", "note",
-]  # fmt: skip
-PROBE_LAYER_COLUMNS = [
-    "layer", "ref_nonzero", "underflow_count", "underflow_fraction", "grad_rel_error",
-    "output_rel_error", "max_abs_activation", "activation_headroom_bits",
-    "act_grad_underflow_fraction", "nonfinite",
-]  # fmt: skip
-PROBE_VARIABLE_COLUMNS = [
-    "variable", "layer", "size", "ref_nonzero", "underflow_count", "underflow_fraction",
-    "grad_rel_error",
-]  # fmt: skip
+# the contract's column names (mpwatch/summary.py)
+LAYER_COLUMNS = summary.LAYERS_COLUMNS
+PROBE_LAYER_COLUMNS = summary.PROBE_LAYER_COLUMNS
+PROBE_VARIABLE_COLUMNS = summary.PROBE_VARIABLE_COLUMNS
+
 
 
 def run_info(policy: str = "mixed_float16", batch_size: int | None = 30, tc: bool = True) -> dict:

@@ -18,14 +18,6 @@ from mpwatch.reference import (  # noqa: E402
 )
 
 
-@pytest.fixture
-def mixed16():
-    old = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    yield
-    keras.mixed_precision.set_global_policy(old)
-
-
 def compute_dtypes(model):
     return {ly.name: ly.compute_dtype for ly in model._flatten_layers(include_self=False)}
 

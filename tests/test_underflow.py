@@ -15,14 +15,6 @@ from mpwatch import underflow  # noqa: E402
 from mpwatch.callbacks.probe import Probe  # noqa: E402
 
 
-@pytest.fixture
-def mixed16():
-    old = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    yield
-    keras.mixed_precision.set_global_policy(old)
-
-
 def f16_zero(v):
     """Elements that become 0 when rounded to float16 (numpy's own float16)."""
     return np.asarray(v, np.float32).astype(np.float16) == 0
