@@ -1,4 +1,5 @@
-"""Multi-process resilience: a run killed with SIGKILL mid-epoch and resumed with BackupAndRestore.
+"""Multi-process resilience: a run killed with SIGKILL mid-epoch and resumed with BackupAndRestore,
+and MultiWorkerMirroredStrategy training with two worker processes.
 
 Each test drives real training subprocesses (tests/scripts/train_worker.py) on 127.0.0.1 only, with
 bounded waits. Ground truth is what the processes report themselves (the optimizer's own
@@ -8,56 +9,11 @@ not with mpwatch.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import subprocess
-import sys
-from collections import defaultdict
 
 import pytest
-
-WORKER = os.path.join(os.path.dirname(__file__), "scripts", "train_worker.py")
-TIMEOUT_S = 240
-
-
-def events_by_file(logdir: str, tag: str) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) of one scalar tag, per event file, in write order (TF's own parser)."""
-    import tensorflow as tf
-
-    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
-        try:
-            for event in tf.compat.v1.train.summary_iterator(path):
-                for v in event.summary.value:
-                    if v.tag == tag:
-                        value = v.simple_value if v.HasField("simple_value") else None
-                        if value is None:
-                            value = float(tf.make_ndarray(v.tensor))
-                        out[path].append((event.step, value))
-        except tf.errors.DataLossError:  # the killed writer's cut tail
-            pass
-    return out
-
-
-def run_worker(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, WORKER, *args],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"worker did not finish in {TIMEOUT_S}s:\n{out[-3000:]}")
-    return proc.returncode, out
+from worker_processes import events_by_file, finish, finish_all, run_worker
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +69,51 @@ def test_killed_and_resumed_run_reads_as_one_continuous_series(tmp_path):
             assert loss.loc[step] == pytest.approx(value, rel=1e-6)
     scale_steps = list(run.scalar("mpwatch/loss_scale").index)
     assert scale_steps == sorted(set(scale_steps))
+
+
+@pytest.mark.slow
+def test_multiworker_chief_records_what_a_single_process_records(tmp_path, single_run):
+    """Two MultiWorkerMirroredStrategy workers on 127.0.0.1 train one model (a custom loop: Keras'
+    fit fails under that strategy upstream). Each worker takes half of every batch, and only the
+    chief's half of OVERFLOW_BATCHES overflows, so the skip decision must be shared. Both are given
+    the same log_dir, as on a shared filesystem."""
+    from tensorboard_process import free_port
+
+    single_logdir, single_truth = single_run
+    logdir = str(tmp_path / "logs")
+    ports = [free_port(), free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = []
+    for i in range(2):
+        tf_config = {"cluster": cluster, "task": {"type": "worker", "index": i}}
+        procs.append(
+            run_worker(
+                [logdir, "--multiworker", "--truth", str(tmp_path / f"truth{i}.json")],
+                env={"TF_CONFIG": json.dumps(tf_config)},
+            )
+        )
+    for code, out in finish_all(procs):
+        assert code == 0, out[-3000:]
+    truths = [json.loads((tmp_path / f"truth{i}.json").read_text()) for i in range(2)]
+    # the workers agree with each other and with the single process (the optimizers' own values)
+    assert truths[0] == truths[1] == single_truth
+
+    # only the chief wrote: one event file, named with the chief's pid
+    files = sorted(os.listdir(logdir))
+    assert len(files) == 1 and files[0].startswith("events.out.tfevents."), files
+    assert files[0].split(".")[-3] == str(procs[0].pid)
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and "truth" not in p.name] == [
+        tmp_path / "logs" / files[0]
+    ], "the other worker writes nothing that stays"
+
+    for tag in ("mpwatch/loss_scale", "mpwatch/step_skipped"):
+        (multi,) = events_by_file(logdir, tag).values()
+        (single,) = events_by_file(single_logdir, tag).values()
+        assert multi == single, tag
+    (multi,) = events_by_file(logdir, "mpwatch/loss_scale").values()
+    assert [v for _, v in multi] == single_truth["scales"]
+    # the loss (summed over the workers' halves) is the single process's, to float16 precision
+    (multi,) = events_by_file(logdir, "mpwatch/train/loss").values()
+    (single,) = events_by_file(single_logdir, "mpwatch/train/loss").values()
+    assert [s for s, _ in multi] == [s for s, _ in single]
+    assert [v for _, v in multi] == pytest.approx([v for _, v in single], rel=2e-2)

@@ -1,15 +1,18 @@
 """A training process for the resilience tests (run as a subprocess, never imported by pytest).
 
-    python train_worker.py LOGDIR [--kill-at STEP] [--backup DIR] [--multiworker]
+    python train_worker.py LOGDIR [--kill-at N] [--backup DIR] [--multiworker] [--loop]
+                                  [--truth FILE] [--no-monitor]
 
-Trains a tiny mixed_float16 model with MixedPrecisionMonitor on fixed data in which the batches
-listed in OVERFLOW_BATCHES hold a huge input, so their float16 gradients overflow and the update is
-skipped. With --multiworker, TF_CONFIG describes the cluster and the model trains under
-MultiWorkerMirroredStrategy; note that Keras 3.15's ``fit`` itself fails under that strategy
-(keras-team/keras#20585: ``_maybe_symbolic_build`` reduces a PerReplica batch), with or without
-mpwatch, so no test uses this path yet. With --kill-at, the process
-sends itself SIGKILL after that many batches of this process (a real kill: no cleanup runs). With
---backup, Keras' BackupAndRestore saves every 4 batches and restores on start.
+Trains a tiny mixed_float16 model with mpwatch on fixed data in which the batches listed in
+OVERFLOW_BATCHES hold a huge input in their first row, so their float16 gradients overflow and the
+update is skipped. ``model.fit`` with MixedPrecisionMonitor by default; with --loop, the same
+training as a custom loop with TrainingLoopRecorder. With --multiworker, TF_CONFIG describes the
+cluster and the custom loop runs under MultiWorkerMirroredStrategy (Keras 3's ``fit`` itself fails
+under that strategy, with or without mpwatch: keras-team/keras#20585, ``_maybe_symbolic_build``
+reduces a PerReplica batch). With --kill-at, the process sends itself SIGKILL after that many
+batches of this process (a real kill: no cleanup runs). With --backup, Keras' BackupAndRestore
+saves every 4 batches and restores on start. With --truth, the optimizer's own ``dynamic_scale``
+after every batch and its final ``iterations`` are written there as JSON.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> int:
     ap.add_argument("--multiworker", action="store_true")
     ap.add_argument("--truth", default=None, help="write per-step dynamic_scale here (json)")
     ap.add_argument("--no-monitor", action="store_true", help="plain Keras (for comparison)")
+    ap.add_argument("--loop", action="store_true", help="a custom training loop, not fit")
     args = ap.parse_args()
 
     import keras
@@ -80,6 +84,8 @@ def main() -> int:
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
 
     scales: list[float] = []
+    if args.multiworker or args.loop:
+        return custom_loop(args, model, strategy, x, y)
 
     class Truth(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):  # noqa: ANN001
@@ -104,6 +110,83 @@ def main() -> int:
             json.dump(
                 {"scales": scales, "iterations": int(model.optimizer.iterations.numpy())}, f
             )
+    return 0
+
+
+def custom_loop(args, model, strategy, x, y) -> int:  # noqa: ANN001
+    """The same training as a custom loop under ``strategy`` (Keras' fit fails under
+    MultiWorkerMirroredStrategy): each replica takes its slice of every global batch, so the
+    gradients summed across replicas equal a single process's on the same batch."""
+    import keras
+    import tensorflow as tf
+
+    import mpwatch
+
+    n = strategy.num_replicas_in_sync
+
+    def dataset_fn(ctx):  # noqa: ANN001, ANN202
+        per = BATCH // n
+        rows = np.concatenate(
+            [np.arange(b * BATCH, (b + 1) * BATCH)[ctx.input_pipeline_id * per :][:per]
+             for b in range(BATCHES_PER_EPOCH)]
+        )  # fmt: skip
+        return tf.data.Dataset.from_tensor_slices((x[rows], y[rows])).batch(per)
+
+    with strategy.scope():
+        opt = model.optimizer
+        opt.build(model.trainable_variables)
+    loss_fn = keras.losses.MeanSquaredError(reduction="none")
+
+    def agree_on_finiteness(grads):  # noqa: ANN001, ANN202
+        """Make every replica see non-finite gradients when any replica does.
+
+        Keras 3's LossScaleOptimizer decides skip-or-apply on each replica's *local* gradients
+        before they are all-reduced (under strategies without merge_call); when only one worker's
+        slice overflows, that worker skips while the others wait in the all-reduce forever. One
+        scalar all-reduce of "how many replicas saw a non-finite gradient" restores the
+        single-process rule: skip when the summed gradient would be non-finite.
+        """
+        bad = tf.cast(
+            tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])),
+            "float32",
+        )
+        bad = tf.distribute.get_replica_context().all_reduce("SUM", bad)
+        poison = tf.where(bad > 0, float("nan"), 1.0)
+        return [g * tf.cast(poison, g.dtype) for g in grads]
+
+    @tf.function
+    def step(batch):  # noqa: ANN001, ANN202
+        def replica(xb, yb):  # noqa: ANN001, ANN202
+            with tf.GradientTape() as tape:
+                per_example = loss_fn(yb, model(xb, training=True))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+                scaled = opt.scale_loss(loss)
+            grads = agree_on_finiteness(tape.gradient(scaled, model.trainable_variables))
+            opt.apply(grads, model.trainable_variables)
+            return loss
+
+        losses = strategy.run(replica, args=batch)
+        return strategy.reduce("SUM", losses, axis=None)
+
+    scales = []
+    rec = None
+    if not args.no_monitor:
+        rec = mpwatch.TrainingLoopRecorder(
+            model, args.logdir, optimizer=opt, log_every=4, probe=False, profile=False
+        )
+        rec.begin()
+    for _ in range(EPOCHS):
+        epoch_loss = keras.metrics.Mean()  # what fit reports: the epoch's running mean
+        for batch in strategy.distribute_datasets_from_function(dataset_fn):
+            epoch_loss.update_state(step(batch))
+            if rec is not None:
+                rec.step_end(loss=epoch_loss.result())
+            scales.append(float(opt.dynamic_scale.numpy()))
+    if rec is not None:
+        rec.end()
+    if args.truth:
+        with open(args.truth, "w") as f:
+            json.dump({"scales": scales, "iterations": int(opt.iterations.numpy())}, f)
     return 0
 
 
