@@ -652,9 +652,14 @@ def _data_crc_ok(buf: bytes, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return ok
 
 
-def _keep_latest(seq: np.ndarray, step: np.ndarray, strict: bool = False) -> np.ndarray:
-    """Indices (into seq-sorted arrays) of the values that survive 'later writes win': a value is
-    dropped when a later write has a step <= its step (< with strict)."""
+def later_writes_win(seq: np.ndarray, step: np.ndarray, strict: bool = False) -> np.ndarray:
+    """Indices (into arrays in write order) of the values that survive 'later writes win': a value
+    is dropped when a later write has a step <= its step (< with strict: several records at one
+    step are parts of one). The TensorBoard plugin applies the same rule.
+
+    >>> later_writes_win(np.arange(5), np.array([1, 2, 3, 2, 3])).tolist()  # a resume at step 2
+    [0, 3, 4]
+    """
     n = len(step)
     if not n:
         return np.zeros(0, dtype=np.int64)
@@ -682,7 +687,7 @@ def _scalars_frame(acc: _Acc) -> pd.DataFrame:
     series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for a, b in zip(starts.tolist(), ends.tolist()):
         st, vv = step[a:b], val[a:b]
-        keep = _keep_latest(seq[a:b], st)
+        keep = later_writes_win(seq[a:b], st)
         st, vv = st[keep], vv[keep]
         o = np.argsort(st, kind="stable")
         series[names[int(tag[a])]] = (st[o], vv[o])
@@ -785,7 +790,7 @@ def _records(acc: _Acc) -> dict[str, list[tuple[int, dict[str, Any]]]]:
         items.sort(key=lambda t: t[0])
         steps = np.asarray([s for _, s, _ in items], dtype=np.int64)
         # records: a later record at a *smaller* step purges; several at one step are parts
-        keep = _keep_latest(np.arange(len(items)), steps, strict=True)
+        keep = later_writes_win(np.arange(len(items)), steps, strict=True)
         grouped: dict[int, list[dict[str, Any]]] = {}
         for i in keep.tolist():
             grouped.setdefault(int(steps[i]), []).append(items[i][2])

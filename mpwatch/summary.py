@@ -106,7 +106,10 @@ KIND_NOTICE = "notice"  # a recording part that stopped or is unavailable, and w
 #                         growth_interval: int|None},
 #            model: {name, class, kind: "sequential"|"functional"|"subclassed", params: int},
 #            optimizer: str, strategy: str, num_replicas: int, steps_per_execution: int,
-#            batch_size: int|None, log_every: int,
+#            batch_size: int|None, log_every: int, chief: bool,
+#            start: {iterations: int, loss_scale: float|None}  (the optimizer's state before the
+#                   fit's first batch; the record's step is the step before it: how a resumed
+#                   run finds its step, see mpwatch/callbacks/_resume.py),
 #            device: {type: "GPU"|"CPU", name: str, compute_capability: str|None,
 #                     tensor_cores: bool},
 #            versions: {mpwatch, tensorflow, keras}}

@@ -156,6 +156,7 @@ class RecordingCallback(keras.callbacks.Callback):
         self.state: ModelState | None = None
         self._failed: set[str] = set()
         self._active = False
+        self._begun = False
 
     # --- failure isolation -----------------------------------------------------------------
     def _guard(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -197,12 +198,13 @@ class RecordingCallback(keras.callbacks.Callback):
         self.state = state_of(self.model)
         self.writer = acquire_writer(self.log_dir, enabled=is_chief(self.model.distribute_strategy))
         self._active = True
+        self._begun = False
         self.state.require(self, self.grad_every)
-        self._guard(self.part, self._begin)
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         if not self._active:
             return
+        self._begin_once()
         self._guard("tap", self.state.ensure_installed)
         self._guard(self.part, self._batch_begin, batch)
 
@@ -214,12 +216,24 @@ class RecordingCallback(keras.callbacks.Callback):
         if got is not None and got.n:
             self._guard(self.part, self._batch_end, got, logs or {})
 
+    def _begin_once(self) -> None:
+        """At the first batch of a fit, when every callback's ``on_train_begin`` has run (so a
+        ``BackupAndRestore`` placed anywhere in the list has restored the optimizer): fix where
+        the steps start, then the subclass's :meth:`_begin`."""
+        if self._begun:
+            return
+        self._begun = True
+        enabled = self.writer is not None and self.writer.enabled
+        self._guard("steps", self.state.resolve_start, self.log_dir, enabled)
+        self._guard(self.part, self._begin)
+
     def on_train_end(self, logs: Any = None) -> None:
         if not self._active:
             return
         self._active = False
         try:
-            self._guard(self.part, self._end)
+            if self._begun:
+                self._guard(self.part, self._end)
         finally:
             try:
                 self.state.release(self)

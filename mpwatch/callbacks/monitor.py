@@ -219,6 +219,7 @@ class MixedPrecisionMonitor(RecordingCallback):
             "batch_size": (self.params or {}).get("batch_size"),
             "log_every": self.log_every,
             "chief": is_chief(strategy),
+            "start": dict(self.state.start) if self.state is not None else None,
             "device": device_info(),
             "versions": {
                 "mpwatch": __version__,

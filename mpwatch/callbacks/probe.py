@@ -657,7 +657,7 @@ class ProbeMonitor(RecordingCallback):
             self._probe(got.last_step)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if self._active and self.on_epoch_end_probe:
+        if self._active and self._begun and self.on_epoch_end_probe:
             self._guard(self.part, self._probe, self._step())
 
     def _end(self) -> None:

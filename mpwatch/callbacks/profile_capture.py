@@ -170,6 +170,7 @@ class ProfileMonitor(RecordingCallback):
         # standalone ProfileMonitor from retracing the train function (and the tap's ops out of the
         # trace). Next to the other mpwatch callbacks the tap is there anyway and steps are exact.
         if self._active:
+            self._begin_once()
             self._guard(self.part, self._batch_begin, batch)
 
     def _batch_begin(self, batch: int) -> None:

@@ -20,6 +20,7 @@ import pandas as pd
 from tensorboard.data import provider as tb_provider
 
 from mpwatch import summary
+from mpwatch.reader import later_writes_win
 
 SCALARS_PLUGIN = "scalars"
 # Scalars are read at most this many points per tag from the data provider; TensorBoard's own
@@ -128,6 +129,9 @@ def read_run(
         for tag, points in data.items():
             steps = np.fromiter((p.step for p in points), dtype=np.int64, count=len(points))
             values = np.fromiter((p.value for p in points), dtype=np.float64, count=len(points))
+            # points come in write order (files in name order): a resumed run's later writes win
+            keep = later_writes_win(np.arange(len(steps)), steps)
+            steps, values = steps[keep], values[keep]
             order = np.argsort(steps, kind="stable")
             result.scalars[tag] = (steps[order], values[order])
 
@@ -158,7 +162,9 @@ def read_run(
         ).get(run, {})
         for tag, points in data.items():
             items = result.records.setdefault(kinds[tag], [])
-            for p in points:
+            steps = np.fromiter((p.step for p in points), dtype=np.int64, count=len(points))
+            kept = later_writes_win(np.arange(len(steps)), steps, strict=True).tolist()
+            for p in (points[i] for i in kept):
                 key = (tag, int(p.step), float(p.wall_time))
                 if key not in decoded:
                     try:

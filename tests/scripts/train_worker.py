@@ -1,6 +1,7 @@
 """A training process for the resilience tests (run as a subprocess, never imported by pytest).
 
-    python train_worker.py LOGDIR [--kill-at N] [--backup DIR] [--multiworker] [--loop]
+    python train_worker.py LOGDIR [--kill-at N] [--backup DIR [--backup-every N]] [--multiworker]
+                                  [--loop]
                                   [--truth FILE] [--no-monitor]
 
 Trains a tiny mixed_float16 model with mpwatch on fixed data in which the batches listed in
@@ -11,8 +12,10 @@ cluster and the custom loop runs under MultiWorkerMirroredStrategy (Keras 3's ``
 under that strategy, with or without mpwatch: keras-team/keras#20585, ``_maybe_symbolic_build``
 reduces a PerReplica batch). With --kill-at, the process sends itself SIGKILL after that many
 batches of this process (a real kill: no cleanup runs). With --backup, Keras' BackupAndRestore
-saves every 4 batches and restores on start. With --truth, the optimizer's own ``dynamic_scale``
-after every batch and its final ``iterations`` are written there as JSON.
+saves every --backup-every batches (default 4) and restores on start; it comes *after* the monitor
+in the callback list, so mpwatch's on_train_begin runs before the restore. With --truth, the
+optimizer's own ``dynamic_scale`` after every batch and its final ``iterations`` are written there
+as JSON (and, for fit, ``iterations`` after every batch).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> int:
     ap.add_argument("logdir")
     ap.add_argument("--kill-at", type=int, default=None)
     ap.add_argument("--backup", default=None)
+    ap.add_argument("--backup-every", type=int, default=4)
     ap.add_argument("--multiworker", action="store_true")
     ap.add_argument("--truth", default=None, help="write per-step dynamic_scale here (json)")
     ap.add_argument("--no-monitor", action="store_true", help="plain Keras (for comparison)")
@@ -87,9 +91,12 @@ def main() -> int:
     if args.multiworker or args.loop:
         return custom_loop(args, model, strategy, x, y)
 
+    iterations: list[int] = []
+
     class Truth(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):  # noqa: ANN001
             scales.append(float(self.model.optimizer.dynamic_scale.numpy()))
+            iterations.append(int(self.model.optimizer.iterations.numpy()))
 
     class Kill(keras.callbacks.Callback):
         seen = 0
@@ -103,12 +110,13 @@ def main() -> int:
     if not args.no_monitor:
         callbacks.insert(0, mpwatch.MixedPrecisionMonitor(log_dir=args.logdir, log_every=4))
     if args.backup:
-        callbacks.insert(0, keras.callbacks.BackupAndRestore(args.backup, save_freq=4))
+        callbacks.append(keras.callbacks.BackupAndRestore(args.backup, save_freq=args.backup_every))
     model.fit(ds, epochs=EPOCHS, callbacks=callbacks, verbose=0)
     if args.truth:
         with open(args.truth, "w") as f:
+            final = int(model.optimizer.iterations.numpy())
             json.dump(
-                {"scales": scales, "iterations": int(model.optimizer.iterations.numpy())}, f
+                {"scales": scales, "iterations": final, "iterations_per_batch": iterations}, f
             )
     return 0
 
