@@ -3,9 +3,12 @@
 **Steps.** mpwatch writes every value at its *batch step*: 1 for the first training batch the model
 ever ran under mpwatch, counted on across ``fit`` calls (also across fits where
 ``steps_per_execution`` makes one Keras callback call cover several batches). The counter lives on
-the model object (attribute ``_mpwatch_state``); when absent it starts from
-``optimizer.iterations`` (so a model trained before mpwatch was attached does not restart at 1). It
-is not ``optimizer.iterations``, which does not advance on a skipped step.
+the model object (attribute ``_mpwatch_state``). Where a model's first mpwatch fit in a process
+starts is fixed at its first batch (:meth:`ModelState.resolve_start`, after every callback's
+``on_train_begin``, so after a restore): at ``optimizer.iterations`` (a model trained before mpwatch
+was attached does not restart at 1), or, for a restored state the run's logs hold, at that state's
+step (:mod:`mpwatch.callbacks._resume`). It is not ``optimizer.iterations``, which does not
+advance on a skipped step.
 
 **The tap.** One :class:`Tap` per model wraps the optimizer *instance's* ``apply`` (which Keras'
 ``train_step`` reaches through ``apply_gradients``), so it sees the real, scaled training gradients
