@@ -28,6 +28,7 @@ _EXPORTS = {
     "ProbeMonitor": "mpwatch.callbacks.probe",
     "ProfileMonitor": "mpwatch.callbacks.profile_capture",
     "TrainingLoopRecorder": "mpwatch.loop",
+    "share_skip_decision": "mpwatch.loop",
     "Run": "mpwatch.reader",
     "load_run": "mpwatch.reader",
     "load_runs": "mpwatch.reader",
@@ -46,6 +47,7 @@ __all__ = [
     "ProbeMonitor",
     "ProfileMonitor",
     "TrainingLoopRecorder",
+    "share_skip_decision",
     "Run",
     "load_run",
     "load_runs",
@@ -79,5 +81,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from mpwatch.callbacks.probe import ProbeMonitor
     from mpwatch.callbacks.profile_capture import ProfileMonitor
     from mpwatch.callbacks.step_time import StepTimeMonitor
-    from mpwatch.loop import TrainingLoopRecorder
+    from mpwatch.loop import TrainingLoopRecorder, share_skip_decision
     from mpwatch.reader import Run, load_run, load_runs

@@ -111,3 +111,38 @@ class TrainingLoopRecorder:
 
     def __exit__(self, *exc: Any) -> None:
         self.end()
+
+
+def share_skip_decision(grads: list[Any]) -> list[Any]:
+    """Make every replica skip a step when any replica's gradients are non-finite (for custom loops
+    under ``MultiWorkerMirroredStrategy``); call it in the replica function, between
+    ``tape.gradient`` and ``optimizer.apply``.
+
+    Keras 3's ``LossScaleOptimizer`` decides skip-or-apply on each replica's *local* gradients,
+    before they are all-reduced (under strategies that run without ``merge_call``, as
+    ``MultiWorkerMirroredStrategy`` does). When only one worker's slice of a batch overflows, that
+    worker skips the update while the others enter the gradient all-reduce and wait for it forever:
+    training hangs. One scalar all-reduce (how many replicas saw a non-finite gradient) restores the
+    single-process rule: the step is skipped everywhere when the summed gradient would be
+    non-finite. Gradients are returned unchanged where all replicas are finite (multiplied by 1),
+    and as NaN everywhere otherwise. Outside ``tf.distribute`` it changes nothing.
+
+    Example:
+        >>> def replica_step(x, y):  # doctest: +SKIP
+        ...     with tf.GradientTape() as tape:
+        ...         loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=64)
+        ...         scaled = opt.scale_loss(loss)
+        ...     grads = tape.gradient(scaled, model.trainable_variables)
+        ...     grads = mpwatch.share_skip_decision(grads)
+        ...     opt.apply(grads, model.trainable_variables)
+    """
+    import tensorflow as tf
+
+    present = [g for g in grads if g is not None]
+    if not present:
+        return list(grads)
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in present])
+    bad = tf.cast(tf.logical_not(finite), tf.float32)
+    bad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, bad)
+    poison = tf.where(bad > 0, float("nan"), 1.0)
+    return [None if g is None else g * tf.cast(poison, g.dtype) for g in grads]

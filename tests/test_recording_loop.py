@@ -51,3 +51,22 @@ def test_custom_loop_records_loss_scale_and_skips(tmp_path, policy, read_events)
     assert "layers" in records and "run_info" in records
     rows = records["layers"][-1][1]["layers"]
     assert [r[0] for r in rows["data"]][:2] == [model.layers[0].name, model.layers[1].name]
+
+
+def test_share_skip_decision_keeps_finite_gradients_and_poisons_all_on_any_nonfinite():
+    """One replica here (the multi-worker case, where one worker's overflow must make every worker
+    skip, is tests/test_resilience_processes.py's MultiWorkerMirroredStrategy test)."""
+    import tensorflow as tf
+
+    import mpwatch
+
+    a = np.array([1.5, -2.0, 6.0e4], dtype="float16")
+    b = np.array([[3.0, 0.0]], dtype="float32")
+    out = mpwatch.share_skip_decision([tf.constant(a), None, tf.constant(b)])
+    assert out[1] is None
+    np.testing.assert_array_equal(out[0].numpy(), a)
+    np.testing.assert_array_equal(out[2].numpy(), b)
+    assert out[0].dtype == tf.float16
+    bad = np.array([1.0, np.inf], dtype="float16")
+    out = tf.function(mpwatch.share_skip_decision)([tf.constant(bad), tf.constant(b)])
+    assert np.isnan(out[0].numpy()).all() and np.isnan(out[1].numpy()).all()

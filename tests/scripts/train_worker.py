@@ -145,23 +145,6 @@ def custom_loop(args, model, strategy, x, y) -> int:  # noqa: ANN001
         opt.build(model.trainable_variables)
     loss_fn = keras.losses.MeanSquaredError(reduction="none")
 
-    def agree_on_finiteness(grads):  # noqa: ANN001, ANN202
-        """Make every replica see non-finite gradients when any replica does.
-
-        Keras 3's LossScaleOptimizer decides skip-or-apply on each replica's *local* gradients
-        before they are all-reduced (under strategies without merge_call); when only one worker's
-        slice overflows, that worker skips while the others wait in the all-reduce forever. One
-        scalar all-reduce of "how many replicas saw a non-finite gradient" restores the
-        single-process rule: skip when the summed gradient would be non-finite.
-        """
-        bad = tf.cast(
-            tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])),
-            "float32",
-        )
-        bad = tf.distribute.get_replica_context().all_reduce("SUM", bad)
-        poison = tf.where(bad > 0, float("nan"), 1.0)
-        return [g * tf.cast(poison, g.dtype) for g in grads]
-
     @tf.function
     def step(batch):  # noqa: ANN001, ANN202
         def replica(xb, yb):  # noqa: ANN001, ANN202
@@ -169,7 +152,8 @@ def custom_loop(args, model, strategy, x, y) -> int:  # noqa: ANN001
                 per_example = loss_fn(yb, model(xb, training=True))
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
                 scaled = opt.scale_loss(loss)
-            grads = agree_on_finiteness(tape.gradient(scaled, model.trainable_variables))
+            grads = tape.gradient(scaled, model.trainable_variables)
+            grads = mpwatch.share_skip_decision(grads)  # else a lone overflow hangs MWMS
             opt.apply(grads, model.trainable_variables)
             return loss
 
