@@ -52,7 +52,11 @@ def find_resume_point(
         return None
     from mpwatch.reader import load_run
 
-    run = load_run(log_dir, warn=False)
+    try:
+        run = load_run(log_dir, run=".", warn=False)
+    except (OSError, ValueError) as e:  # unreadable logs: steps start at iterations
+        logger.warning("mpwatch: could not read %s to find the resumed step: %s", log_dir, e)
+        return None
     anchors = [
         (int(step), info["start"])
         for step, info in run.records.get(summary.KIND_RUN_INFO, [])
