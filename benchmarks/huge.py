@@ -17,9 +17,11 @@ continuing training would have), so the probe's one-time trace is paid once per 
 first fit. A step's time is the wall time between consecutive ``on_train_batch_end`` calls (every
 callback's work included); each fit's first batch and the ``--warmup`` steps after it are left
 out. Prints the median step time per config (and each fit's) and its ratio to plain (goal 1.02 at
-defaults), the whole-fit ratio, the one-time costs mpwatch adds per fit (fit call -> first batch,
-first batch, the warm-up steps, last batch -> fit returns) in its first fit and in later ones, and
-the size of every mpwatch record written, read back independently with
+defaults), mpwatch's own host time per step (its batch hooks, timed inside each step between a
+callback before and one after it: unlike step-time ratios, immune to a shared machine's drift
+between fits), the whole-fit ratio, the one-time costs mpwatch adds per fit (fit call -> first
+batch, first batch, the warm-up steps, last batch -> fit returns) in its first fit and in later
+ones, and the size of every mpwatch record written, read back independently with
 ``tf.compat.v1.train.summary_iterator`` (payload bytes, event bytes, ``parts`` of split probe
 records), each checked against ``mpwatch.summary.MAX_RECORD_BYTES``, with the event files' total
 bytes and bytes per training step.
@@ -164,19 +166,21 @@ def bench_fit(args: argparse.Namespace) -> dict[str, Any]:
     x, y = synthetic_data(args.steps * args.batch_size, args.width)
 
     class Timer(keras.callbacks.Callback):
-        """First in the callback list: its hooks run before mpwatch's."""
+        """Notes when each batch hook is entered (first in the list: before mpwatch's)."""
 
         def __init__(self) -> None:
             super().__init__()
+            self.begins: list[float] = []
             self.ends: list[float] = []
-            self.first_begin: float | None = None
 
         def on_train_batch_begin(self, batch, logs=None):
-            if self.first_begin is None:
-                self.first_begin = time.perf_counter()
+            self.begins.append(time.perf_counter())
 
         def on_train_batch_end(self, batch, logs=None):
             self.ends.append(time.perf_counter())
+
+    class Done(Timer):
+        """Last in the list: after mpwatch's hooks. (Done - Timer) = mpwatch's host time."""
 
     tmp = tempfile.mkdtemp(prefix="mpwatch_bench_huge_")
     logdirs = {"mpwatch": f"{tmp}/mpwatch", "mpwatch_noprof": f"{tmp}/mpwatch_noprof"}
@@ -213,6 +217,7 @@ def bench_fit(args: argparse.Namespace) -> dict[str, Any]:
     )
 
     step: dict[str, list[float]] = {k: [] for k in CONFIGS}
+    hooks: dict[str, list[float]] = {k: [] for k in CONFIGS}  # per step: batch hooks' time
     rep_med: dict[str, list[float]] = {k: [] for k in CONFIGS}  # each fit's median step
     wall: dict[str, list[float]] = {k: [] for k in CONFIGS}
     # per fit: (fit call -> first batch begins, first batch, the warm-up steps after it,
@@ -221,8 +226,8 @@ def bench_fit(args: argparse.Namespace) -> dict[str, Any]:
     for rep in range(args.reps):
         order = list(CONFIGS) if rep % 2 == 0 else list(reversed(CONFIGS))
         for name in order:
-            timer = Timer()
-            cbs = [timer] + ([monitors[name]] if monitors[name] is not None else [])
+            timer, done = Timer(), Done()
+            cbs = [timer] + ([monitors[name]] if monitors[name] is not None else []) + [done]
             t0 = time.perf_counter()
             models[name].fit(
                 x, y, batch_size=args.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=cbs
@@ -233,10 +238,17 @@ def bench_fit(args: argparse.Namespace) -> dict[str, Any]:
             times = [b - a for a, b in zip(ends[args.warmup :], ends[args.warmup + 1 :])]
             step[name].extend(times)
             rep_med[name].append(statistics.median(times))
+            w = args.warmup + 1
+            hooks[name].extend(
+                (db - b) + (de - e)
+                for b, db, e, de in zip(
+                    timer.begins[w:], done.begins[w:], timer.ends[w:], done.ends[w:]
+                )
+            )
             once[name].append(
                 (
-                    timer.first_begin - t0,
-                    ends[0] - timer.first_begin,
+                    timer.begins[0] - t0,
+                    ends[0] - timer.begins[0],
                     ends[args.warmup] - ends[0],
                     t1 - ends[-1],
                 )
@@ -269,11 +281,18 @@ def bench_fit(args: argparse.Namespace) -> dict[str, Any]:
         + "; ".join(f"{k} " + ", ".join(f"{1000 * v:.2f}" for v in rep_med[k]) for k in CONFIGS)
     )
     for name, label in (("mpwatch", "defaults"), ("mpwatch_noprof", "profile=False")):
+        per_rep = [a / b for a, b in zip(rep_med[name], rep_med["plain"])]
         print(
             f"MixedPrecisionMonitor ({label}): median step-time ratio "
-            f"{med[name] / med['plain']:.3f} (goal <= 1.02); whole-fit ratio "
-            f"{wmed[name] / wmed['plain']:.3f} (median fit {wmed[name]:.1f} s vs plain "
-            f"{wmed['plain']:.1f} s)"
+            f"{med[name] / med['plain']:.3f} (goal <= 1.02; per repetition "
+            + ", ".join(f"{r:.3f}" for r in per_rep)
+            + f"); whole-fit ratio {wmed[name] / wmed['plain']:.3f} (median fit "
+            f"{wmed[name]:.1f} s vs plain {wmed['plain']:.1f} s)"
+        )
+        own = statistics.median(hooks[name]) - statistics.median(hooks["plain"])
+        print(
+            f"  mpwatch's own batch hooks (host, measured inside each step): median "
+            f"{1000 * own:.3f} ms per step = {own / med['plain']:.3f} of a plain step"
         )
 
     def cols(c: list[float] | tuple[float, ...]) -> str:
