@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import importlib.util
 import json
 import os
 import zlib
-from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _read_events(logdir):
@@ -78,11 +75,7 @@ def policy():
 @pytest.fixture(scope="session")
 def quickstart_logdir(tmp_path_factory):
     """A logdir from a real short mixed_float16 fit of the quick start CNN (float16 softmax)."""
-    spec = importlib.util.spec_from_file_location(
-        "mpwatch_quickstart", ROOT / "examples" / "quickstart.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("examples/quickstart.py")
     logdir = tmp_path_factory.mktemp("quickstart") / "run"
     module.train(str(logdir), epochs=1, samples=512, batch_size=64, log_every=2)
     return str(logdir)

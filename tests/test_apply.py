@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from repo_scripts import load_script
 
 import mpwatch
 from mpwatch.advisor import Finding
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _quickstart():
-    spec = importlib.util.spec_from_file_location(
-        "mpwatch_quickstart_apply", ROOT / "examples" / "quickstart.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _keep(name, output=False):
@@ -89,7 +76,7 @@ def test_quickstart_diagnosis_names_the_float16_softmax_and_the_fix_trains(
 
     import keras
 
-    qs = _quickstart()
+    qs = load_script("examples/quickstart.py")
     with policy("mixed_float16"):
         model = qs.build_model()
         res = mpwatch.apply_recommendations(model, findings)

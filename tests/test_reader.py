@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import os
 import struct
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
+from repo_scripts import load_script
 from test_reader_builders import (
     event_files,
     write_float32_run,
@@ -257,8 +257,7 @@ def test_plain_keras_tensorboard_logdir_has_no_mpwatch_data(tmp_path):
 
 def test_benchmark_events_are_what_tf_writes(tmp_path):
     """The benchmark writes events directly: they must be the bytes tf.summary.scalar writes."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    import reader as bench  # benchmarks/reader.py
+    bench = load_script("benchmarks/reader.py")
 
     w = summary.RunWriter(str(tmp_path))
     w.scalars(300, {summary.LOSS_SCALE: 3.0})

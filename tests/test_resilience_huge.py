@@ -26,7 +26,6 @@ probe's float32-reference function over 1,000 layers).
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 import urllib.parse
@@ -36,11 +35,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from repo_scripts import load_script
 from tensorboard_process import running_tensorboard
 
 from mpwatch import summary
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 LAYERS = 1000
 FIT_STEPS = 4
 BATCH = 32
@@ -49,15 +48,6 @@ LONG_STEPS = 100_000
 LOG_EVERY = 10
 PROBE_STEPS = (1, 50_000, 100_000)
 BOOT_TIMEOUT = 240  # TensorBoard imports TensorFlow, then loads 100,000 steps: bounded wait
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"mpwatch_bench_{name}", os.path.join(ROOT, "benchmarks", f"{name}.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _record_events(logdir: str) -> list[tuple[int, str, bytes, int]]:
@@ -91,7 +81,7 @@ def huge_fit(tmp_path_factory, policy):
     then with MixedPrecisionMonitor. Returns the model, both fits' weights and optimizer facts."""
     import mpwatch
 
-    huge = _bench("huge")
+    huge = load_script("benchmarks/huge.py")
     logdir = str(tmp_path_factory.mktemp("huge_fit") / "run")
     with policy("mixed_float16"):
         model = huge.compile_model(huge.build_model(LAYERS, WIDTH, seed=0))
@@ -280,7 +270,7 @@ def long_run(tmp_path_factory):
     """A logdir with one run: the scalars of ``_long_truth`` (one event file, interleaved by step
     as a real run writes them) and, in a second file, the layer table and 3 probes of 1,000
     layers. Written with benchmarks/reader.py's vectorized event writer."""
-    bench = _bench("reader")
+    bench = load_script("benchmarks/reader.py")
     root = tmp_path_factory.mktemp("long_logdir")
     path = root / "run"
     path.mkdir()
