@@ -351,7 +351,8 @@ class ModelState:
         self.step = initial_step(model)
         self.skipped_total = 0
         self.start: dict[str, Any] = {"iterations": self.step, "loss_scale": None}
-        self._resolved = False
+        self._resolved = False  # where the model's first mpwatch fit starts is fixed
+        self._fit_resolved = False  # ... and this fit's start
         self.tap: Tap | None = None
         self._model = model
         self._users: dict[int, int | None] = {}
@@ -362,14 +363,19 @@ class ModelState:
         self._consumers: set[int] = set()
 
     def resolve_start(self, log_dir: str, reads_logs: bool) -> None:
-        """Fix where this fit's steps start; called by every mpwatch callback at the first batch
-        (after every callback's ``on_train_begin``, so after a ``BackupAndRestore`` restore).
+        """Fix where this fit's steps start, once per fit: the first mpwatch callback to reach the
+        first batch does it (after every callback's ``on_train_begin``, so after a
+        ``BackupAndRestore`` restore); the others find it done.
 
         The first time for this model object: from the optimizer's ``iterations`` now, or, when
         they are past 0 and the run's logs hold the restored state (``reads_logs``: the process
         that writes them), from the step of that state (:mod:`mpwatch.callbacks._resume`). Later
         fits of the same model continue from the last step.
         """
+        if self._fit_resolved:
+            return
+        self._fit_resolved = True
+        iterations = initial_step(self._model)
         opt = loss_scale_optimizer(getattr(self._model, "optimizer", None))
         scale = None
         if opt is not None:
@@ -377,29 +383,29 @@ class ModelState:
                 scale = float(np.asarray(opt.dynamic_scale.numpy()))
             except Exception:  # noqa: BLE001  (unbuilt: no scale yet)
                 scale = None
-        if not self._resolved:
-            self._resolved = True
-            iterations = initial_step(self._model)
-            self.step = iterations
-            if reads_logs and iterations > 0:
-                from mpwatch.callbacks._resume import find_resume_point
-
-                point = find_resume_point(log_dir, iterations, scale)
-                if point is not None:
-                    self.step, self.skipped_total = point.step, point.skipped_total
-                    logger.info(
-                        "mpwatch: resumed training state (iterations %d) is step %d of %s",
-                        iterations,
-                        point.step,
-                        log_dir,
-                    )
-        elif self.tap is not None:
+        self.start = {"iterations": iterations, "loss_scale": scale}
+        if self._resolved:
             self._sync_step()
-        self.start = {"iterations": initial_step(self._model), "loss_scale": scale}
+            return
+        self._resolved = True
+        self.step = iterations
+        if reads_logs and iterations > 0:
+            from mpwatch.callbacks._resume import find_resume_point
+
+            point = find_resume_point(log_dir, iterations, scale)
+            if point is not None:
+                self.step, self.skipped_total = point.step, point.skipped_total
+                logger.info(
+                    "mpwatch: resumed training state (iterations %d) is step %d of %s",
+                    iterations,
+                    point.step,
+                    log_dir,
+                )
 
     # called from each mpwatch callback's on_train_begin
     def require(self, user: object, grad_every: int | None = None) -> None:
         self._users[id(user)] = grad_every
+        self._fit_resolved = False  # a new fit: resolve_start runs again at its first batch
         self._cache = None
         self._consumers = set()
 
