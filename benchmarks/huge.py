@@ -23,7 +23,7 @@ between fits), the whole-fit ratio, the one-time costs mpwatch adds per fit (fit
 batch, first batch, the warm-up steps, last batch -> fit returns) in its first fit and in later
 ones, and the size of every mpwatch record written, read back independently with
 ``tf.compat.v1.train.summary_iterator`` (payload bytes, event bytes, ``parts`` of split probe
-records), each checked against ``mpwatch.summary.MAX_RECORD_BYTES``, with the event files' total
+records), each checked against ``mpwatch.contract.MAX_RECORD_BYTES``, with the event files' total
 bytes and bytes per training step.
 
 Part 2 (reading). Builds a synthetic logdir of ``--reader-steps`` steps (default 100,000) of a
@@ -126,7 +126,7 @@ def record_sizes(logdir: str) -> dict[str, Any]:
     """Per record kind: payload and event sizes as TensorFlow's own event iterator reads them."""
     import tensorflow as tf
 
-    from mpwatch import summary
+    from mpwatch import contract
 
     tf.get_logger().setLevel("ERROR")  # summary_iterator's deprecation notice
     kinds: dict[str, dict[str, Any]] = {}
@@ -138,9 +138,9 @@ def record_sizes(logdir: str) -> dict[str, Any]:
         for event in tf.compat.v1.train.summary_iterator(path):
             max_step = max(max_step, int(event.step))
             for value in event.summary.value:
-                if not value.tag.startswith(summary.RECORD_PREFIX):
+                if not value.tag.startswith(contract.RECORD_PREFIX):
                     continue
-                kind = value.tag[len(summary.RECORD_PREFIX) :]
+                kind = value.tag[len(contract.RECORD_PREFIX) :]
                 blob = value.tensor.string_val[0]
                 entry = kinds.setdefault(
                     kind, {"count": 0, "payload": [], "event": [], "steps": [], "parts": 0}
@@ -149,7 +149,7 @@ def record_sizes(logdir: str) -> dict[str, Any]:
                 entry["payload"].append(len(blob))
                 entry["event"].append(event.ByteSize())
                 entry["steps"].append(int(event.step))
-                payload = summary.decode_payload(blob)
+                payload = contract.decode_payload(blob)
                 entry["parts"] = max(entry["parts"], int(payload.get("parts", 1) or 1))
     return {"kinds": kinds, "files": len(files), "bytes": total, "max_step": max_step}
 
@@ -159,8 +159,8 @@ def bench_fit(args: argparse.Namespace) -> dict[str, Any]:
     import keras
 
     import mpwatch
-    from mpwatch import summary
-    from mpwatch.callbacks.step_time import gpu_device
+    from mpwatch import contract
+    from mpwatch.record.step_time import gpu_device
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     x, y = synthetic_data(args.steps * args.batch_size, args.width)
@@ -316,7 +316,7 @@ def bench_fit(args: argparse.Namespace) -> dict[str, Any]:
                 f"{sum(later) - sum(p):.1f} s)"
             )
 
-    limit = summary.MAX_RECORD_BYTES
+    limit = contract.MAX_RECORD_BYTES
     ok = True
     for name in CONFIGS[1:]:
         sizes = record_sizes(logdirs[name])

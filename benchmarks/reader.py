@@ -4,7 +4,7 @@ Builds a synthetic logdir: ``--steps`` steps of scalars (default 1,000,000: the 
 skipped-step flag at every step, the gradient-health, step-time, memory and loss scalars every
 ``--log-every`` steps) and ``--probes`` probe records of a ``--layers``-layer model (1,000 of a
 200-layer model by default), plus run_info and a layers table. The events are byte-for-byte what
-``tf.summary.scalar`` / :class:`mpwatch.summary.RunWriter` write (checked in tests), written
+``tf.summary.scalar`` / :class:`mpwatch.RunWriter` write (checked in tests), written
 directly (vectorized) because writing a million steps through TensorFlow takes minutes.
 
 Then times, on the same logdir:
@@ -35,8 +35,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from mpwatch import summary  # noqa: E402
-from mpwatch.reader import _masked_crc32c_rows  # noqa: E402
+from mpwatch import contract  # noqa: E402
+from mpwatch.read.run import _masked_crc32c_rows  # noqa: E402
 
 SCALARS_METADATA = bytes.fromhex("4a0b0a090a077363616c617273")  # plugin_name "scalars"
 
@@ -112,25 +112,25 @@ def scalar_events(tag: str, steps: np.ndarray, values: np.ndarray, wall0: float)
 
 
 def record_event(kind: str, step: int, payload: dict, wall: float) -> bytes:
-    """One framed mpwatch record event, as summary.RunWriter.record writes it."""
+    """One framed mpwatch record event, as RunWriter.record writes it."""
     from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
-    blob = summary.encode_payload(payload)
+    blob = contract.encode_payload(payload)
     md = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(
-            plugin_name=summary.PLUGIN_NAME, content=summary.metadata_content(kind)
+            plugin_name=contract.PLUGIN_NAME, content=contract.metadata_content(kind)
         ),
         data_class=summary_pb2.DATA_CLASS_TENSOR,
         summary_description=f"mpwatch {kind} record",
     )
     t = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[blob])
     ev = event_pb2.Event(wall_time=wall, step=step)
-    ev.summary.value.add(tag=summary.record_tag(kind), tensor=t, metadata=md)
+    ev.summary.value.add(tag=contract.record_tag(kind), tensor=t, metadata=md)
     return frame(ev.SerializeToString())
 
 
 def frame(data: bytes) -> bytes:
-    from mpwatch.reader import _crc32c, _masked
+    from mpwatch.read.run import _crc32c, _masked
 
     head = struct.pack("<Q", len(data))
     return (
@@ -178,8 +178,8 @@ def probe_payload(layers: int, rng: np.random.Generator, scale: float) -> dict:
         "loss_scale": scale,
         "reference": "float32_twin",
         "reference_note": None,
-        "variables": summary.table(summary.PROBE_VARIABLE_COLUMNS, var_rows),
-        "layers": summary.table(summary.PROBE_LAYER_COLUMNS, lay_rows),
+        "variables": contract.table(contract.PROBE_VARIABLE_COLUMNS, var_rows),
+        "layers": contract.table(contract.PROBE_LAYER_COLUMNS, lay_rows),
         "model": {
             "ref_nonzero": 1,
             "underflow_count": 0,
@@ -194,7 +194,7 @@ def probe_payload(layers: int, rng: np.random.Generator, scale: float) -> dict:
             "zeros": 3,
             "window_log2": [-39.0, 0.9],
         },
-        "sweep": summary.table(
+        "sweep": contract.table(
             ["scale_log2", "scale", "predicted_underflow_fraction", "predicted_overflow_fraction"],
             sweep,
         ),
@@ -211,19 +211,19 @@ def build_logdir(path: str, steps: int, probes: int, layers: int, log_every: int
     scale = np.float32(32768.0) * (2.0 ** rng.integers(-3, 2, steps)).astype(np.float32)
     skipped = (rng.random(steps) < 0.001).astype(np.float32)
     groups = []
-    tags = [(summary.LOSS_SCALE, all_steps, scale), (summary.STEP_SKIPPED, all_steps, skipped)]
+    tags = [(contract.LOSS_SCALE, all_steps, scale), (contract.STEP_SKIPPED, all_steps, skipped)]
     every = all_steps[all_steps % log_every == 0]
     for tag in (
-        summary.SKIPPED_STEPS,
-        summary.SKIPPED_STEPS_TOTAL,
-        summary.GRAD_ZERO_FRACTION,
-        summary.GRAD_SUBNORMAL_FRACTION,
-        summary.GRAD_NONFINITE_COUNT,
-        summary.GRAD_MAX_ABS,
-        summary.GRAD_HEADROOM_BITS,
-        summary.STEP_TIME_MS,
-        summary.PEAK_MEMORY_MB,
-        summary.TRAIN_LOSS,
+        contract.SKIPPED_STEPS,
+        contract.SKIPPED_STEPS_TOTAL,
+        contract.GRAD_ZERO_FRACTION,
+        contract.GRAD_SUBNORMAL_FRACTION,
+        contract.GRAD_NONFINITE_COUNT,
+        contract.GRAD_MAX_ABS,
+        contract.GRAD_HEADROOM_BITS,
+        contract.STEP_TIME_MS,
+        contract.PEAK_MEMORY_MB,
+        contract.TRAIN_LOSS,
     ):
         tags.append((tag, every, rng.random(len(every)).astype(np.float32)))
     n_scalars = 0
@@ -249,7 +249,7 @@ def build_logdir(path: str, steps: int, probes: int, layers: int, log_every: int
         f.write(file_version_event(wall0))
         f.write(
             record_event(
-                summary.KIND_RUN_INFO,
+                contract.KIND_RUN_INFO,
                 0,
                 {
                     "policy": "mixed_float16",
@@ -272,7 +272,7 @@ def build_logdir(path: str, steps: int, probes: int, layers: int, log_every: int
     probe_steps = np.linspace(1, steps, probes).astype(np.int64) if probes else []
     with open(fname2, "wb") as f:
         f.write(file_version_event(wall0 + 1))
-        cols = summary.LAYERS_COLUMNS
+        cols = contract.LAYERS_COLUMNS
         rows = [
             [
                 f"dense_{i}",
@@ -293,11 +293,12 @@ def build_logdir(path: str, steps: int, probes: int, layers: int, log_every: int
             ]
             for i in range(layers)
         ]
-        f.write(record_event(summary.KIND_LAYERS, 1, {"layers": summary.table(cols, rows)}, wall0))
+        layers = {"layers": contract.table(cols, rows)}
+        f.write(record_event(contract.KIND_LAYERS, 1, layers, wall0))
         for s in probe_steps:
             f.write(
                 record_event(
-                    summary.KIND_PROBE,
+                    contract.KIND_PROBE,
                     int(s),
                     probe_payload(layers, rng, 32768.0),
                     wall0 + float(s) * 0.01,

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> str:
     print(f"Open them in TensorBoard:  tensorboard --logdir {logdir}")
     # --- the diagnosis of the run (mpwatch diagnose LOGDIR prints the same) ---
     import mpwatch
-    from mpwatch.report import render
+    from mpwatch.show.report import render
 
     run = mpwatch.load_run(logdir)
     print()

@@ -16,25 +16,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from mpwatch import _legacy
 from mpwatch._version import __version__
+
+_legacy.install()  # old module paths (mpwatch.reader, mpwatch.callbacks.*) stay importable
 
 # public name -> module that defines it (imported on first use)
 _EXPORTS = {
-    "MixedPrecisionMonitor": "mpwatch.callbacks.monitor",
-    "LossScaleMonitor": "mpwatch.callbacks.loss_scale",
-    "GradientHealthMonitor": "mpwatch.callbacks.gradient_health",
-    "LayerDtypeMonitor": "mpwatch.callbacks.layer_dtypes",
-    "StepTimeMonitor": "mpwatch.callbacks.step_time",
-    "ProbeMonitor": "mpwatch.callbacks.probe",
-    "ProfileMonitor": "mpwatch.callbacks.profile_capture",
-    "TrainingLoopRecorder": "mpwatch.loop",
-    "share_skip_decision": "mpwatch.loop",
-    "Run": "mpwatch.reader",
-    "load_run": "mpwatch.reader",
-    "load_runs": "mpwatch.reader",
-    "Finding": "mpwatch.advisor",
-    "diagnose": "mpwatch.advisor",
-    "apply_recommendations": "mpwatch.apply",
+    "MixedPrecisionMonitor": "mpwatch.record.monitor",
+    "LossScaleMonitor": "mpwatch.record.loss_scale",
+    "GradientHealthMonitor": "mpwatch.record.gradient_health",
+    "LayerDtypeMonitor": "mpwatch.record.layer_dtypes",
+    "StepTimeMonitor": "mpwatch.record.step_time",
+    "ProbeMonitor": "mpwatch.record.probe",
+    "ProfileMonitor": "mpwatch.record.profile_capture",
+    "TrainingLoopRecorder": "mpwatch.record.loop",
+    "share_skip_decision": "mpwatch.record.loop",
+    "Run": "mpwatch.read",
+    "load_run": "mpwatch.read",
+    "load_runs": "mpwatch.read",
+    "Finding": "mpwatch.judge",
+    "diagnose": "mpwatch.judge",
+    "apply_recommendations": "mpwatch.judge.apply",
 }
 
 __all__ = [
@@ -72,14 +75,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mpwatch.advisor import Finding, diagnose
-    from mpwatch.apply import apply_recommendations
-    from mpwatch.callbacks.gradient_health import GradientHealthMonitor
-    from mpwatch.callbacks.layer_dtypes import LayerDtypeMonitor
-    from mpwatch.callbacks.loss_scale import LossScaleMonitor
-    from mpwatch.callbacks.monitor import MixedPrecisionMonitor
-    from mpwatch.callbacks.probe import ProbeMonitor
-    from mpwatch.callbacks.profile_capture import ProfileMonitor
-    from mpwatch.callbacks.step_time import StepTimeMonitor
-    from mpwatch.loop import TrainingLoopRecorder, share_skip_decision
-    from mpwatch.reader import Run, load_run, load_runs
+    from mpwatch.judge import Finding, diagnose
+    from mpwatch.judge.apply import apply_recommendations
+    from mpwatch.read import Run, load_run, load_runs
+    from mpwatch.record.gradient_health import GradientHealthMonitor
+    from mpwatch.record.layer_dtypes import LayerDtypeMonitor
+    from mpwatch.record.loop import TrainingLoopRecorder, share_skip_decision
+    from mpwatch.record.loss_scale import LossScaleMonitor
+    from mpwatch.record.monitor import MixedPrecisionMonitor
+    from mpwatch.record.probe import ProbeMonitor
+    from mpwatch.record.profile_capture import ProfileMonitor
+    from mpwatch.record.step_time import StepTimeMonitor

@@ -1,3 +1,3 @@
-from mpwatch.cli import main
+from mpwatch.show.cli import main
 
 raise SystemExit(main())

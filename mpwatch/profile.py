@@ -458,11 +458,11 @@ class ProfileResult:
         return t16 / self.total_us if self.total_us > 0 else float("nan")
 
     def payload(self, steps: Sequence[int] | None = None, trace_dir: str = "") -> dict[str, Any]:
-        """The ``profile`` record payload of ``summary.py`` (schema 1, with added keys)."""
-        from mpwatch import summary
+        """The ``profile`` record payload of ``contract.py`` (schema 1, with added keys)."""
+        from mpwatch import contract
 
         def split(df: pd.DataFrame) -> dict[str, Any]:
-            return summary.table(list(df.columns), df.astype(object).values.tolist())
+            return contract.table(list(df.columns), df.astype(object).values.tolist())
 
         unattributed = self.ops[self.ops["layer"].isna()]
         by_category = (
@@ -494,7 +494,7 @@ class ProfileResult:
         # writer's size limit (the totals above still cover every layer)
         layers = self.layers.sort_values("time_us", ascending=False, kind="stable")
         keep = len(layers)
-        while keep > 1 and len(summary.encode_payload(payload)) > summary.MAX_RECORD_BYTES * 0.9:
+        while keep > 1 and len(contract.encode_payload(payload)) > contract.MAX_RECORD_BYTES * 0.9:
             keep = keep // 2
             payload["layers"] = split(layers.head(keep))
             payload["layers_dropped"] = int(len(layers) - keep)

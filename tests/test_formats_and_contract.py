@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from mpwatch import formats, summary
+from mpwatch import contract, formats
 
 
 def test_float16_facts_match_numpy():
@@ -42,25 +42,25 @@ def test_format_of_rejects_unknown():
 
 
 def test_payload_roundtrip_is_plain_zlib_json():
-    payload = {"a": np.float32(1.5), "t": summary.table(["x"], [[np.int64(3)]]), "inf": math.inf}
-    blob = summary.encode_payload(payload)
+    payload = {"a": np.float32(1.5), "t": contract.table(["x"], [[np.int64(3)]]), "inf": math.inf}
+    blob = contract.encode_payload(payload)
     # independent decoding: zlib + json, no mpwatch
     raw = json.loads(zlib.decompress(blob))
     assert raw == {"a": 1.5, "t": {"columns": ["x"], "data": [[3]]}, "inf": math.inf}
-    assert summary.decode_payload(blob) == raw
+    assert contract.decode_payload(blob) == raw
 
 
 def test_corrupt_payload_and_metadata_are_clear_errors():
     with pytest.raises(ValueError, match="corrupt mpwatch record"):
-        summary.decode_payload(b"not zlib")
+        contract.decode_payload(b"not zlib")
     with pytest.raises(ValueError, match="upgrade mpwatch"):
-        summary.parse_metadata_content(b'{"schema": 999, "kind": "layers"}')
+        contract.parse_metadata_content(b'{"schema": 999, "kind": "layers"}')
     with pytest.raises(ValueError, match="unknown mpwatch record kind"):
-        summary.record_tag("nope")
+        contract.record_tag("nope")
 
 
 def test_tags_are_namespaced():
-    for tag in summary.SCALAR_TAGS:
-        assert tag.startswith(summary.PREFIX)
-    for kind in summary.RECORD_KINDS:
-        assert summary.kind_of_tag(summary.record_tag(kind)) == kind
+    for tag in contract.SCALAR_TAGS:
+        assert tag.startswith(contract.PREFIX)
+    for kind in contract.RECORD_KINDS:
+        assert contract.kind_of_tag(contract.record_tag(kind)) == kind

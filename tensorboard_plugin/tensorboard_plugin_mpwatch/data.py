@@ -1,9 +1,9 @@
 """From TensorBoard's data provider to mpwatch records, and from records to the tab's JSON views.
 
 Nothing here touches the file system: every value comes from ``context.data_provider``. Records are
-decoded with :mod:`mpwatch.summary` (the on-disk contract); the run model and the findings come
-from :mod:`mpwatch.reader` and :mod:`mpwatch.advisor` so a finding is computed in one place for the
-CLI and the tab.
+decoded with :mod:`mpwatch.contract` (the on-disk contract); the run model and the findings come
+from :mod:`mpwatch.read` and :mod:`mpwatch.judge` so a finding is computed in one place for
+the CLI and the tab.
 
 >>> json_safe({"a": float("nan"), "b": [1.0, float("inf")]})
 {'a': None, 'b': [1.0, None]}
@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 from tensorboard.data import provider as tb_provider
 
-from mpwatch import summary
-from mpwatch.reader import later_writes_win
+from mpwatch import contract
+from mpwatch.read.run import later_writes_win
 
 SCALARS_PLUGIN = "scalars"
 # Scalars are read at most this many points per tag from the data provider; TensorBoard's own
@@ -80,17 +80,17 @@ def list_mpwatch_runs(provider: Any, ctx: Any, experiment_id: str) -> dict[str, 
         entry["max_wall_time"] = max(entry["max_wall_time"], float(series.max_wall_time))
 
     tensors = provider.list_tensors(
-        ctx, experiment_id=experiment_id, plugin_name=summary.PLUGIN_NAME
+        ctx, experiment_id=experiment_id, plugin_name=contract.PLUGIN_NAME
     )
     for run, tags in tensors.items():
         for tag, series in tags.items():
-            if summary.kind_of_tag(tag) is not None:
+            if contract.kind_of_tag(tag) is not None:
                 note(run, series)
                 out[run]["records"] += 1
     scalars = provider.list_scalars(ctx, experiment_id=experiment_id, plugin_name=SCALARS_PLUGIN)
     for run, tags in scalars.items():
         for tag, series in tags.items():
-            if tag.startswith(summary.PREFIX):
+            if tag.startswith(contract.PREFIX):
                 note(run, series)
     for entry in out.values():
         entry["version"] = f"{entry['max_step']}:{entry['max_wall_time']:.6f}"
@@ -117,7 +117,7 @@ def read_run(
         plugin_name=SCALARS_PLUGIN,
         run_tag_filter=tb_provider.RunTagFilter(runs=[run]),
     ).get(run, {})
-    tags = sorted(t for t in listing if t.startswith(summary.PREFIX))
+    tags = sorted(t for t in listing if t.startswith(contract.PREFIX))
     if tags:
         data = provider.read_scalars(
             ctx,
@@ -138,16 +138,16 @@ def read_run(
     tensors = provider.list_tensors(
         ctx,
         experiment_id=experiment_id,
-        plugin_name=summary.PLUGIN_NAME,
+        plugin_name=contract.PLUGIN_NAME,
         run_tag_filter=tb_provider.RunTagFilter(runs=[run]),
     ).get(run, {})
     kinds: dict[str, str] = {}
     for tag, series in tensors.items():
-        kind = summary.kind_of_tag(tag)
+        kind = contract.kind_of_tag(tag)
         if kind is None:
             continue
         try:
-            meta = summary.parse_metadata_content(series.plugin_content or b"{}")
+            meta = contract.parse_metadata_content(series.plugin_content or b"{}")
         except ValueError as e:
             result.errors.append(f"{tag}: {e}")
             continue
@@ -156,7 +156,7 @@ def read_run(
         data = provider.read_tensors(
             ctx,
             experiment_id=experiment_id,
-            plugin_name=summary.PLUGIN_NAME,
+            plugin_name=contract.PLUGIN_NAME,
             downsample=READ_TENSORS,
             run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=sorted(kinds)),
         ).get(run, {})
@@ -169,7 +169,7 @@ def read_run(
                 if key not in decoded:
                     try:
                         blob = p.numpy.item() if hasattr(p.numpy, "item") else p.numpy
-                        decoded[key] = summary.decode_payload(blob)
+                        decoded[key] = contract.decode_payload(blob)
                     except (ValueError, TypeError) as e:
                         decoded[key] = ValueError(f"{tag} at step {p.step}: {e}")
                 value = decoded[key]
@@ -181,12 +181,12 @@ def read_run(
     return result
 
 
-# --- the run model and the findings (mpwatch.reader / mpwatch.advisor) ----------------------------
+# --- the run model and the findings (mpwatch.read / mpwatch.judge) ---------------------------
 def build_model(records: RunRecords) -> Any:
-    """The :class:`mpwatch.reader.Run` of decoded records: the model ``mpwatch.load_run`` builds
+    """The :class:`mpwatch.read.run.Run` of decoded records: the model ``mpwatch.load_run`` builds
     from event files (same tables, part merging and purges), so the advisor sees the same run in the
     tab and in the CLI."""
-    from mpwatch import reader
+    from mpwatch.read import run as reader
 
     return reader.run_from_records(
         records.name, scalars=records.scalars, records=records.records, warnings=records.errors
@@ -198,7 +198,7 @@ FINDING_KEYS = ("severity", "layer", "rule", "title", "evidence", "fix", "why")
 
 def findings(model: Any) -> tuple[list[dict[str, Any]], str | None]:
     """The advisor's findings as dicts, and why there are none when the advisor failed."""
-    from mpwatch import advisor
+    from mpwatch.judge import advisor
 
     try:
         diagnosed = advisor.diagnose(model)
@@ -265,13 +265,13 @@ def skipped_steps(scalars: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[li
     """
     marks: list[np.ndarray] = []
     total = 0
-    for tag in (summary.STEP_SKIPPED, summary.SKIPPED_STEPS):
+    for tag in (contract.STEP_SKIPPED, contract.SKIPPED_STEPS):
         if tag in scalars:
             steps, values = scalars[tag]
             marks.append(steps[values > 0])
             total = max(total, int(np.nansum(values[np.isfinite(values)])))
-    if summary.SKIPPED_STEPS_TOTAL in scalars:
-        steps, values = scalars[summary.SKIPPED_STEPS_TOTAL]
+    if contract.SKIPPED_STEPS_TOTAL in scalars:
+        steps, values = scalars[contract.SKIPPED_STEPS_TOTAL]
         finite = np.isfinite(values)
         steps, values = steps[finite], values[finite]
         if len(values):
@@ -320,11 +320,11 @@ def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, A
     """The per-layer table: dtypes from the layers record, numerics from the latest probe, time
     share from the profile, findings per layer."""
     layers: list[dict[str, Any]] = []
-    for _, payload in records.records.get(summary.KIND_LAYERS, []):
+    for _, payload in records.records.get(contract.KIND_LAYERS, []):
         layers = _table(payload.get("layers"))  # the latest layer table wins
-    probe = records.latest(summary.KIND_PROBE) or {}
+    probe = records.latest(contract.KIND_PROBE) or {}
     by_layer_probe = {row.get("layer"): row for row in _table(probe.get("layers"))}
-    profile = records.latest(summary.KIND_PROFILE) or {}
+    profile = records.latest(contract.KIND_PROFILE) or {}
     by_layer_time = {row.get("layer"): row for row in _table(profile.get("layers"))}
     badges: dict[str, list[dict[str, str]]] = {}
     for f in found:
@@ -366,8 +366,8 @@ def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, A
             "columns": list(LAYER_COLUMNS),
             "rows": rows,
             "badges": badges,
-            "probe_step": records.records[summary.KIND_PROBE][-1][0]
-            if records.records.get(summary.KIND_PROBE)
+            "probe_step": records.records[contract.KIND_PROBE][-1][0]
+            if records.records.get(contract.KIND_PROBE)
             else None,
             "profiled": bool(profile),
         }
@@ -403,7 +403,7 @@ def _heatmap(probes: pd.DataFrame) -> dict[str, Any]:
 def probes_view(records: RunRecords, model: Any, step: int | None) -> dict[str, Any]:
     """Probe steps and the probe at ``step``; without ``step``: the latest probe and the layer ×
     probe-step underflow heatmap."""
-    probes = records.records.get(summary.KIND_PROBE, [])
+    probes = records.records.get(contract.KIND_PROBE, [])
     steps = [s for s, _ in probes]
     chosen: tuple[int, dict[str, Any]] | None = probes[-1] if probes else None
     if step is not None:
@@ -439,7 +439,7 @@ def probes_view(records: RunRecords, model: Any, step: int | None) -> dict[str, 
 
 
 def profile_view(records: RunRecords) -> dict[str, Any]:
-    items = records.records.get(summary.KIND_PROFILE, [])
+    items = records.records.get(contract.KIND_PROFILE, [])
     return json_safe(
         {
             "run": records.name,
@@ -450,9 +450,9 @@ def profile_view(records: RunRecords) -> dict[str, Any]:
 
 
 def info_view(records: RunRecords) -> dict[str, Any]:
-    notices = [payload for _, payload in records.records.get(summary.KIND_NOTICE, [])]
+    notices = [payload for _, payload in records.records.get(contract.KIND_NOTICE, [])]
     return {
-        "info": records.latest(summary.KIND_RUN_INFO),
+        "info": records.latest(contract.KIND_RUN_INFO),
         "notices": notices,
         "errors": records.errors,
     }

@@ -18,7 +18,7 @@ from typing import Any
 
 from tensorboard.plugins import base_plugin
 
-# == mpwatch.summary.PLUGIN_NAME, kept literal: this module stays import-light
+# == mpwatch.contract.PLUGIN_NAME, kept literal: this module stays import-light
 PLUGIN_NAME = "mpwatch"
 DEFAULT_SAMPLES = 0  # 0: keep every record
 

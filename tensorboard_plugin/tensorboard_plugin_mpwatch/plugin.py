@@ -29,10 +29,10 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from mpwatch import summary
+from mpwatch import contract
 from tensorboard_plugin_mpwatch import data
 
-PLUGIN_NAME = summary.PLUGIN_NAME
+PLUGIN_NAME = contract.PLUGIN_NAME
 TAB_NAME = "Mixed Precision"
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 CONTENT_TYPES = {

@@ -1,0 +1,258 @@
+"""What every mpwatch callback shares: argument checks, chief detection, the shared writer, and
+error
+isolation.
+
+- **Bad input fails early and clearly**: arguments are checked at construction (``log_dir`` must be
+  writable, ``log_every`` a positive int, ...), the model at ``on_train_begin`` (a compiled Keras
+  model), before any batch runs.
+- **A failure while recording never costs a training run**: each part of a callback runs under
+  :meth:`RecordingCallback._guard`; the first exception of a part is logged once (logger
+  ``"mpwatch"``), written as a ``notice`` record, and that part stops; training and the other parts
+  go
+  on.
+- **Only the chief writes** under ``tf.distribute`` (all replicas of a MirroredStrategy live in one
+  process, which is the chief; in multi-worker training the chief is task ``chief`` or worker 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from mpwatch import contract
+from mpwatch.record.state import ModelState, state_of
+from mpwatch.record.writer import RunWriter
+
+logger = logging.getLogger("mpwatch")
+
+
+# --- argument checks ----------------------------------------------------------------------------
+def check_log_dir(log_dir: Any) -> str:
+    """Create ``log_dir`` if needed and prove it writable; raise ValueError with the reason if
+    not."""
+    if not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir):
+        raise ValueError(f"mpwatch: log_dir must be a directory path, got {log_dir!r}")
+    path = os.fspath(log_dir)
+    if "://" in path:  # gs://, s3://, ...: TensorFlow's file systems; trust them
+        return path
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mpwatch_probe_", dir=path)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(
+            f"mpwatch: log_dir {path!r} is not a writable directory ({e.strerror or e}); "
+            "pass a directory you can write to"
+        ) from e
+    return path
+
+
+def check_positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
+    """``value`` as an int >= 1 (None allowed when ``allow_none``), else ValueError naming it."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"mpwatch: {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_model(model: Any, who: str = "mpwatch", compiled: bool = True) -> None:
+    """A compiled Keras 3 model with an optimizer (only an optimizer when not ``compiled``), or a
+    clear error."""
+    if model is None:
+        raise ValueError(f"{who}: no model; pass the callback to model.fit(callbacks=[...])")
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"{who} watches a keras.Model, got {type(model).__module__}.{type(model).__name__}"
+        )
+    if not compiled:
+        if getattr(model, "optimizer", None) is None:
+            raise ValueError(
+                f"{who}: the model {model.name!r} has no optimizer; pass optimizer=... (a "
+                "keras.optimizers.LossScaleOptimizer under mixed_float16)"
+            )
+        return
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+        raise ValueError(
+            f"{who}: the model {model.name!r} is not compiled; call model.compile(optimizer=..., "
+            "loss=...) before training"
+        )
+
+
+def is_chief(strategy: Any = None) -> bool:
+    """True where this process should write (always, outside multi-worker training)."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    extended = getattr(strategy, "extended", None)
+    in_multi = getattr(extended, "_in_multi_worker_mode", None)
+    if not callable(in_multi) or not in_multi():
+        return True
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    task_id = getattr(resolver, "task_id", 0) or 0
+    if task_type in (None, "chief"):
+        return True
+    if task_type == "worker" and task_id == 0:
+        try:
+            return "chief" not in resolver.cluster_spec().as_dict()
+        except Exception:  # noqa: BLE001
+            return True
+    return False
+
+
+# --- one writer per log_dir, shared by the callbacks of a run -------------------------------------
+_writers: dict[tuple[str, bool], list[Any]] = {}
+_writers_lock = threading.Lock()
+
+
+def acquire_writer(log_dir: str, enabled: bool = True) -> RunWriter:
+    with _writers_lock:
+        key = (os.path.abspath(log_dir) if "://" not in log_dir else log_dir, enabled)
+        entry = _writers.get(key)
+        if entry is None:
+            entry = _writers[key] = [RunWriter(log_dir, enabled=enabled), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def release_writer(writer: RunWriter) -> None:
+    with _writers_lock:
+        for key, entry in list(_writers.items()):
+            if entry[0] is writer:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del _writers[key]
+                    writer.close()
+                else:
+                    writer.flush()
+                return
+
+
+class RecordingCallback(keras.callbacks.Callback):
+    """Base of mpwatch's callbacks. Subclasses implement ``_begin``, ``_batch_end(got, logs)`` and
+    ``_end`` (any may be omitted) and call ``self._guard(part, fn)`` for their parts.
+
+    ``got`` is the :class:`~mpwatch.record.state.Collected` of the batches that just ran.
+    ``grad_every`` (class attribute or set in ``__init__``): the gradient-count period this callback
+    needs from the tap, None when it needs none.
+    """
+
+    part = "recording"
+    grad_every: int | None = None
+    require_compiled = True  # False when driven by TrainingLoopRecorder
+
+    def __init__(self, log_dir: Any, log_every: int = 50) -> None:
+        super().__init__()
+        self.log_dir = check_log_dir(log_dir)
+        self.log_every = check_positive_int("log_every", log_every)
+        self.writer: RunWriter | None = None
+        self.state: ModelState | None = None
+        self._failed: set[str] = set()
+        self._active = False
+        self._begun = False
+
+    # --- failure isolation -----------------------------------------------------------------
+    def _guard(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if part in self._failed:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (never lose training to mpwatch)
+            self._failed.add(part)
+            logger.error(
+                "mpwatch: recording of %s failed and stops for this run (training goes on): %r",
+                part,
+                e,
+                exc_info=True,
+            )
+            self._notice(part, "error", f"recording stopped: {type(e).__name__}: {e}")
+            return None
+
+    def _notice(self, part: str, level: str, message: str) -> None:
+        try:
+            if self.writer is not None:
+                self.writer.record(
+                    contract.KIND_NOTICE,
+                    self._step(),
+                    {"part": part, "level": level, "message": message},
+                )
+        except Exception:  # noqa: BLE001
+            logger.debug("mpwatch: could not write a notice", exc_info=True)
+
+    def _step(self) -> int:
+        return self.state.step if self.state is not None else 0
+
+    # --- Keras hooks ---------------------------------------------------------------------------
+    def on_train_begin(self, logs: Any = None) -> None:
+        check_model(
+            self.model, type(self).__name__, self.require_compiled
+        )  # raises: bad input stops before training
+        self._failed = set()
+        self.state = state_of(self.model)
+        self.writer = acquire_writer(self.log_dir, enabled=is_chief(self.model.distribute_strategy))
+        self._active = True
+        self._begun = False
+        self.state.require(self, self.grad_every)
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if not self._active:
+            return
+        self._begin_once()
+        self._guard("tap", self.state.ensure_installed)
+        self._guard(self.part, self._batch_begin, batch)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self._active:
+            return
+        spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        got = self._guard("steps", self.state.collect, self, spe)
+        if got is not None and got.n:
+            self._guard(self.part, self._batch_end, got, logs or {})
+
+    def _begin_once(self) -> None:
+        """At the first batch of a fit, when every callback's ``on_train_begin`` has run (so a
+        ``BackupAndRestore`` placed anywhere in the list has restored the optimizer): fix where
+        the steps start, then the subclass's :meth:`_begin`."""
+        if self._begun:
+            return
+        self._begun = True
+        enabled = self.writer is not None and self.writer.enabled
+        self._guard("steps", self.state.resolve_start, self.log_dir, enabled)
+        self._guard(self.part, self._begin)
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if not self._active:
+            return
+        self._active = False
+        try:
+            if self._begun:
+                self._guard(self.part, self._end)
+        finally:
+            try:
+                self.state.release(self)
+            except Exception:  # noqa: BLE001
+                logger.error("mpwatch: could not remove the gradient tap", exc_info=True)
+            if self.writer is not None:
+                release_writer(self.writer)
+                self.writer = None
+
+    # --- for subclasses ------------------------------------------------------------------------
+    def _begin(self) -> None:
+        pass
+
+    def _batch_begin(self, batch: int) -> None:
+        pass
+
+    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+        pass
+
+    def _end(self) -> None:
+        pass

@@ -1,0 +1,256 @@
+"""LayerDtypeMonitor: the per-layer dtype table, as the layers really compute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpwatch import contract
+from mpwatch.record.base import RecordingCallback
+
+COLUMNS = contract.LAYERS_COLUMNS
+
+# Layers whose policy says float16/bfloat16 but that normalise in float32 inside (Keras 3 upcasts:
+# ops.layer_normalization / BatchNormalization.call compute in result_type(x, float32), verified by
+# tracing: Mean, SquaredDifference, Rsqrt run in float32), casting the result back.
+FLOAT32_INSIDE = {
+    "LayerNormalization",
+    "BatchNormalization",
+    "GroupNormalization",
+    "RMSNormalization",
+}
+
+
+def sublayers(layer: Any) -> list[Any]:
+    """Direct sub-layers (nested models, layers held by a subclassed layer); no InputLayer."""
+    try:
+        subs = layer._flatten_layers(include_self=False, recursive=False)
+    except Exception:  # noqa: BLE001
+        subs = list(getattr(layer, "layers", []) or [])
+    return [s for s in subs if type(s).__name__ != "InputLayer"]
+
+
+def walk(model: Any) -> list[tuple[Any, str, int]]:
+    """(layer, path, depth) for every layer under ``model``, depth-first, paths like
+    "outer/inner/dense"."""
+    out: list[tuple[Any, str, int]] = []
+
+    def rec(layer: Any, prefix: str, depth: int) -> None:
+        for sub in sublayers(layer):
+            path = f"{prefix}/{sub.name}"
+            out.append((sub, path, depth))
+            rec(sub, path, depth + 1)
+
+    rec(model, model.name, 1)
+    return out
+
+
+def tc_dims(layer: Any) -> dict[str, int]:
+    """The dimensions that decide Tensor Core eligibility of a layer's matmul/convolution."""
+    dims: dict[str, int] = {}
+    cls = type(layer).__name__
+    kernel = getattr(layer, "kernel", None) if getattr(layer, "built", False) else None
+    kshape = tuple(int(d) for d in kernel.shape) if kernel is not None else None
+    if cls in ("Dense", "EinsumDense"):
+        if getattr(layer, "units", None):
+            dims["units"] = int(layer.units)
+        if kshape:
+            dims["kernel_input_dim"] = kshape[0]
+    elif "Conv" in cls and hasattr(layer, "filters"):
+        if layer.filters:
+            dims["filters"] = int(layer.filters)
+        if kshape and len(kshape) >= 2:
+            dims["input_channels"] = kshape[-2]
+    elif cls == "Embedding":
+        dims["output_dim"] = int(layer.output_dim)
+    elif cls == "MultiHeadAttention":
+        dims["key_dim"] = int(layer.key_dim)
+        dims["heads_x_key_dim"] = int(layer.num_heads * layer.key_dim)
+    elif cls in ("LSTM", "GRU", "SimpleRNN") and hasattr(layer, "units"):
+        dims["units"] = int(layer.units)
+    return dims
+
+
+def _symbolic_output_dtype(layer: Any) -> str | None:
+    nodes = getattr(layer, "_inbound_nodes", None) or []
+    for node in nodes:
+        outs = getattr(node, "outputs", None) or []
+        if outs and getattr(outs[0], "dtype", None) is not None:
+            return str(outs[0].dtype)
+    return None
+
+
+def output_layers(model: Any) -> set[int]:
+    """ids of the layers producing the model's outputs (the last layer for subclassed models)."""
+    ids: set[int] = set()
+    outs = getattr(model, "_outputs", None) or []
+    try:
+        import keras
+
+        for t in keras.tree.flatten(outs):
+            hist = getattr(t, "_keras_history", None)
+            if hist is not None:
+                ids.add(id(hist[0]))
+    except Exception:  # noqa: BLE001
+        pass
+    if not ids:
+        subs = sublayers(model)
+        if subs:
+            ids.add(id(subs[-1]))
+    # an output produced by a nested model: its own output layers are outputs too
+    for layer in list(sublayers(model)):
+        if id(layer) in ids and sublayers(layer):
+            ids |= output_layers(layer)
+    return ids
+
+
+def layer_rows(model: Any, traced: dict[int, str] | None = None) -> list[list[Any]]:
+    """The rows of the layer table (columns :data:`COLUMNS`)."""
+    traced = traced or {}
+    outs = output_layers(model)
+    rows = []
+    for layer, path, depth in walk(model):
+        cls = type(layer).__name__
+        policy = getattr(layer, "dtype_policy", None)
+        pname = getattr(policy, "name", None) or str(getattr(layer, "dtype", None))
+        compute = str(getattr(layer, "compute_dtype", None))
+        variable = str(getattr(layer, "variable_dtype", None))
+        output = traced.get(id(layer)) or _symbolic_output_dtype(layer)
+        effective, note = compute, None
+        if cls in FLOAT32_INSIDE and compute in ("float16", "bfloat16"):
+            effective = "float32"
+            note = (
+                f"policy {pname} but {cls} normalises in float32 inside (Keras upcasts the "
+                f"input) and casts the result to {compute}"
+            )
+        elif output is not None and output != compute and not sublayers(layer):
+            note = f"outputs {output} although it computes in {compute}"
+        try:
+            params = int(layer.count_params()) if layer.built else 0
+        except Exception:  # noqa: BLE001
+            params = 0
+        trainable = 0
+        for w in getattr(layer, "trainable_weights", []) if layer.built else []:
+            n = 1
+            for d in w.shape:
+                n *= int(d)
+            trainable += n
+        dims = tc_dims(layer)
+        aligned = all(v % 8 == 0 for v in dims.values()) if dims else None
+        rows.append(
+            [
+                layer.name,
+                path,
+                cls,
+                depth,
+                pname,
+                compute,
+                variable,
+                output,
+                effective,
+                params,
+                trainable,
+                dims,
+                aligned,
+                id(layer) in outs,
+                note,
+            ]
+        )
+    return rows
+
+
+class _OutputDtypeTracer:
+    """Wraps the ``call`` of every leaf layer (instance attribute) to note the dtype of what it
+    returns while the train step is traced; undone after the first batch."""
+
+    def __init__(self, model: Any) -> None:
+        self.dtypes: dict[int, str] = {}
+        self._patched: list[Any] = []
+        for layer, _, _ in walk(model):
+            if sublayers(layer) or "call" in layer.__dict__:
+                continue
+            self._patch(layer)
+
+    def _patch(self, layer: Any) -> None:
+        import keras
+
+        orig = layer.call
+        dtypes = self.dtypes
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = orig(*args, **kwargs)
+            try:
+                first = keras.tree.flatten(out)[0]
+                dtypes[id(layer)] = str(keras.backend.standardize_dtype(first.dtype))
+            except Exception:  # noqa: BLE001
+                pass
+            return out
+
+        object.__setattr__(layer, "call", call)
+        self._patched.append(layer)
+
+    def undo(self) -> None:
+        for layer in self._patched:
+            if "call" in layer.__dict__:
+                object.__delattr__(layer, "call")
+        self._patched = []
+
+
+class LayerDtypeMonitor(RecordingCallback):
+    """Writes the per-layer dtype table (``layers`` record) when training begins, and again only
+    when
+    it changes (e.g. the first traced step gives a subclassed model's variables and output dtypes).
+
+    Per layer (nested models and the layers inside them, paths like ``"outer/inner/dense"``): name,
+    path, class, depth, policy, compute and variable dtype, the actual output dtype (from the
+    functional graph, or noted while the train step is traced), the effective dtype
+    (LayerNormalization
+    and BatchNormalization under ``mixed_float16`` normalise in float32 inside: effective
+    ``float32``, with a note), parameter counts, Tensor Core dims (units, filters, input channels,
+    kernel input dim) and whether all are multiples of 8, and whether it produces a model output.
+
+    Args:
+        log_dir: the run directory.
+
+    Example:
+        >>> model.fit(x, y, callbacks=[LayerDtypeMonitor(log_dir="logs/run1")])  # doctest: +SKIP
+    """
+
+    part = "layer_dtypes"
+
+    def __init__(self, log_dir: Any, log_every: int = 50) -> None:
+        super().__init__(log_dir, log_every)
+        self._tracer: _OutputDtypeTracer | None = None
+        self._last: Any = None
+        self._first = False
+
+    def table(self, traced: dict[int, str] | None = None) -> dict[str, Any]:
+        return {"layers": contract.table(COLUMNS, layer_rows(self.model, traced))}
+
+    def _begin(self) -> None:
+        self._last = getattr(self.state, "layers_payload", None)
+        self._write_if_changed(self.table(), self.state.step)
+        self._tracer = None
+        self._first = True
+
+    def _batch_begin(self, batch: int) -> None:
+        if self._first:
+            self._first = False
+            self._tracer = _OutputDtypeTracer(self.model)
+
+    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+        if self._tracer is not None:
+            tracer, self._tracer = self._tracer, None
+            tracer.undo()
+            self._write_if_changed(self.table(tracer.dtypes), got.steps[0])
+
+    def _write_if_changed(self, payload: dict[str, Any], step: int) -> None:
+        if payload == self._last:
+            return
+        self.writer.record(contract.KIND_LAYERS, step, payload)
+        self._last = payload
+        self.state.layers_payload = payload
+
+    def _end(self) -> None:
+        if self._tracer is not None:
+            self._tracer.undo()
+            self._tracer = None

@@ -1,0 +1,250 @@
+"""MixedPrecisionMonitor: all of mpwatch's recording in one callback."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import keras
+
+from mpwatch import contract
+from mpwatch._version import __version__
+from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
+from mpwatch.record.base import RecordingCallback, check_positive_int, is_chief
+from mpwatch.record.gradient_health import GradientHealthMonitor
+from mpwatch.record.layer_dtypes import LayerDtypeMonitor
+from mpwatch.record.loss_scale import LossScaleMonitor, no_loss_scale_reason
+from mpwatch.record.probe import ProbeMonitor
+from mpwatch.record.profile_capture import DEFAULT_STEPS, ProfileMonitor
+from mpwatch.record.state import loss_scale_optimizer
+from mpwatch.record.step_time import StepTimeMonitor, gpu_device
+from mpwatch.record.twin import model_kind
+
+
+def device_info() -> dict[str, Any]:
+    import tensorflow as tf
+
+    gpu = gpu_device()
+    if gpu is None:
+        return {
+            "type": "CPU",
+            "name": platform.processor() or platform.machine(),
+            "compute_capability": None,
+            "tensor_cores": False,
+        }
+    details: dict[str, Any] = {}
+    try:
+        details = tf.config.experimental.get_device_details(
+            tf.config.list_physical_devices("GPU")[0]
+        )
+    except Exception:  # noqa: BLE001
+        pass
+    cc = details.get("compute_capability")
+    return {
+        "type": "GPU",
+        "name": details.get("device_name", gpu),
+        "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+        "tensor_cores": bool(cc and cc[0] >= 7),
+    }
+
+
+class MixedPrecisionMonitor(RecordingCallback):
+    """Everything mpwatch records during ``model.fit``, in one callback.
+
+    Bundles :class:`LayerDtypeMonitor`, :class:`LossScaleMonitor`, :class:`GradientHealthMonitor`,
+    :class:`StepTimeMonitor`, :class:`ProbeMonitor` and :class:`ProfileMonitor` (each usable alone
+    too), and itself writes the ``run_info`` record and ``mpwatch/train/loss`` (Keras' running
+    training loss) at every Keras batch end.
+
+    Args:
+        log_dir: the run directory (created if needed; must be writable).
+        log_every: interval, in batch steps, of the interval scalars (skipped steps, step time,
+            memory) and of the gradient health (computed in the graph only at these steps).
+        loss_scale, gradient_health, layer_dtypes, step_time: switch a part off with False.
+        per_variable_gradients: also write the per-variable ``grad_variables`` record.
+        probe, probe_every, probe_data: the float32-reference probe (:class:`ProbeMonitor`), every
+            ``probe_every`` batch steps and at each epoch's end, on ``probe_data`` (default: the
+            first training batch); ``probe=False`` switches it off.
+        profile: the profiler trace (:class:`ProfileMonitor`): ``True`` captures batches 3-5 of
+            the first ``fit`` (after warm-up) once, converts a copy into per-layer time by dtype
+            and writes it where TensorBoard's Profile tab finds it too; a pair ``(first, last)``
+            chooses the batches; ``False`` switches it off. It runs last, so its conversion pause
+            (about a second) falls outside the step times.
+
+    Sub-callbacks live in ``self.parts`` (built by :meth:`_build_parts`, called in order for every
+    Keras hook); adding a part is one ``parts.append(...)`` line there.
+
+    Example:
+        >>> import keras, mpwatch  # doctest: +SKIP
+        >>> keras.mixed_precision.set_global_policy("mixed_float16")  # doctest: +SKIP
+        >>> model.fit(ds, epochs=3,
+        ...           callbacks=[mpwatch.MixedPrecisionMonitor(log_dir="logs/run1")]
+        ... )  # doctest: +SKIP
+    """
+
+    part = "run_info"
+
+    def __init__(
+        self,
+        log_dir: Any,
+        log_every: int = 50,
+        *,
+        loss_scale: bool = True,
+        gradient_health: bool = True,
+        layer_dtypes: bool = True,
+        step_time: bool = True,
+        per_variable_gradients: bool = True,
+        probe: bool = True,
+        probe_every: int = 500,
+        probe_data: Any = None,
+        profile: bool | tuple[int, int] = True,
+    ) -> None:
+        super().__init__(log_dir, log_every)
+        check_positive_int("log_every", log_every)
+        self.options = {
+            "loss_scale": bool(loss_scale),
+            "gradient_health": bool(gradient_health),
+            "layer_dtypes": bool(layer_dtypes),
+            "step_time": bool(step_time),
+            "per_variable_gradients": bool(per_variable_gradients),
+            "probe": bool(probe),
+        }
+        self.profile = profile
+        self.probe_every = check_positive_int("probe_every", probe_every)
+        self.probe_data = probe_data
+        self.parts: list[keras.callbacks.Callback] = self._build_parts()
+
+    def _build_parts(self) -> list[keras.callbacks.Callback]:
+        o, d, n = self.options, self.log_dir, self.log_every
+        parts: list[keras.callbacks.Callback] = []
+        if o["layer_dtypes"]:
+            parts.append(LayerDtypeMonitor(d, n))
+        if o["loss_scale"]:
+            parts.append(LossScaleMonitor(d, n))
+        if o["gradient_health"]:
+            parts.append(GradientHealthMonitor(d, n, per_variable=o["per_variable_gradients"]))
+        if o["step_time"]:
+            parts.append(StepTimeMonitor(d, n))
+        if o["probe"]:
+            parts.append(ProbeMonitor(d, self.probe_every, self.probe_data))
+        if self.profile is not False and self.profile is not None:
+            steps = DEFAULT_STEPS if self.profile is True else self.profile
+            parts.append(ProfileMonitor(d, profile_steps=steps))
+        return parts
+
+    # --- delegation ----------------------------------------------------------------------------
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        for p in self.parts:
+            p.set_model(model)
+
+    def set_params(self, params: Any) -> None:
+        super().set_params(params)
+        for p in self.parts:
+            p.set_params(params)
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        super().on_train_begin(logs)
+        for p in self.parts:
+            p.on_train_begin(logs)
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        super().on_train_batch_begin(batch, logs)
+        for p in self.parts:
+            p.on_train_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        super().on_train_batch_end(batch, logs)
+        for p in self.parts:
+            p.on_train_batch_end(batch, logs)
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        for p in self.parts:
+            p.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        for p in self.parts:
+            p.on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs: Any = None) -> None:
+        try:
+            for p in self.parts:
+                p.on_train_end(logs)
+        finally:
+            super().on_train_end(logs)
+
+    # --- own records -----------------------------------------------------------------------------
+    def run_info(self) -> dict[str, Any]:
+        import tensorflow as tf
+
+        model = self.model
+        policy = model.dtype_policy
+        lso = loss_scale_optimizer(model.optimizer)
+        if lso is not None:
+            ls = {
+                "kind": "dynamic",
+                "reason": None,
+                "initial": float(getattr(lso, "initial_scale", KERAS_INITIAL_SCALE)),
+                "growth_interval": int(getattr(lso, "dynamic_growth_steps", KERAS_GROWTH_INTERVAL)),
+            }
+            opt_name = f"LossScaleOptimizer({type(lso.inner_optimizer).__name__})"
+        else:
+            ls = {
+                "kind": "none",
+                "reason": no_loss_scale_reason(model),
+                "initial": None,
+                "growth_interval": None,
+            }
+            opt_name = type(model.optimizer).__name__
+        strategy = model.distribute_strategy
+        try:
+            params = int(model.count_params()) if model.built else 0
+        except Exception:  # noqa: BLE001
+            params = 0
+        return {
+            "policy": policy.name,
+            "compute_dtype": policy.compute_dtype,
+            "variable_dtype": policy.variable_dtype,
+            "loss_scale": ls,
+            "model": {
+                "name": model.name,
+                "class": type(model).__name__,
+                "kind": model_kind(model),
+                "params": params,
+            },
+            "optimizer": opt_name,
+            "strategy": type(strategy).__name__,
+            "num_replicas": int(strategy.num_replicas_in_sync),
+            "steps_per_execution": int(getattr(model, "steps_per_execution", 1) or 1),
+            "batch_size": (self.params or {}).get("batch_size"),
+            "log_every": self.log_every,
+            "chief": is_chief(strategy),
+            "start": dict(self.state.start) if self.state is not None else None,
+            "device": device_info(),
+            "versions": {
+                "mpwatch": __version__,
+                "tensorflow": tf.__version__,
+                "keras": keras.__version__,
+            },
+        }
+
+    def _begin(self) -> None:
+        self._loss_steps: list[int] = []
+        self._losses: list[float] = []
+        self.writer.record(contract.KIND_RUN_INFO, self.state.step, self.run_info())
+
+    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+        loss = logs.get("loss")
+        if loss is not None:  # buffered, written once per interval (cheap hot path)
+            self._loss_steps.append(got.last_step)
+            self._losses.append(float(loss))
+        if any(s % self.log_every == 0 for s in got.steps):
+            self._flush_loss()
+
+    def _flush_loss(self) -> None:
+        self.writer.scalar_series(contract.TRAIN_LOSS, self._loss_steps, self._losses)
+        self._loss_steps, self._losses = [], []
+
+    def _end(self) -> None:
+        if getattr(self, "_losses", None):
+            self._flush_loss()

@@ -1,0 +1,682 @@
+"""The probe: which gradient values float16 really loses, measured against a float32 twin.
+
+Every ``every`` batch steps and at the end of each epoch, :class:`ProbeMonitor` takes a fixed probe
+batch and, with the model's current weights, computes
+
+- the mixed-precision gradients at the current loss scale ``S``, exactly as Keras' train step gets
+  them (``tape.gradient(loss * S)``: float32 values that went through float16, zeros where float16
+  underflowed), and the gradients of a float32 twin of the model (:mod:`mpwatch.record.twin`) on the
+  same batch with the same weights;
+- per variable, per layer and model-wide: the underflow fraction (among elements nonzero in the
+  reference, the share that are zero in the mixed gradient), the gradient relative error; per layer:
+  output relative error, max ``|activation|`` and its headroom below 65504, the underflow of the
+  gradients w.r.t. the layer's output (Sequential and Functional models), and the first layer, in
+  forward order, whose output is non-finite;
+- the log2 histogram of the reference gradients with the float16 window at ``S``, the predicted
+  underflow/overflow at each power-of-two scale, and a recommended scale
+  (:mod:`mpwatch.record.underflow`).
+
+Math and definitions: :mod:`mpwatch.record.underflow`. Record layout: ``contract.KIND_PROBE``.
+
+Modes, chosen from the model's layers:
+
+- ``"float16"`` (``mixed_float16``): as above, at the LossScaleOptimizer's current
+  ``dynamic_scale``.
+- ``"bfloat16"`` (``mixed_bfloat16``): no loss scale (``S = 1``). bfloat16 has float32's range, so
+  underflow is rare and still counted the same way; what matters is the relative error (8 bits of
+  mantissa). The histogram window is bfloat16's; there is no sweep and no recommended scale.
+- ``"preflight"`` (a float32 model): what would happen under ``mixed_float16`` at Keras' initial
+  scale ``2**15``. The model itself is the reference, and a ``mixed_float16`` twin is *built and
+  run* (real float16 arithmetic, layer by layer, including the activation overflow a float16 forward
+  pass would hit). Where no twin can be built, the float32 gradients and activations are instead
+  *cast through float16* (``reference_note`` says so): that catches values outside float16's range
+  but not errors that float16 arithmetic would accumulate.
+
+Where no float32 twin of a mixed model can be built (a subclassed model Keras cannot rebuild from
+its config), the probe says so once (log and ``notice``), records ``reference: "none"`` with a
+``reference_note``, and records what can be measured without one: the share of exactly-zero mixed
+gradient elements (``model.zero_fraction``, an upper bound of underflow that includes genuine
+zeros), activations, non-finite layers, and a histogram of the mixed gradients.
+
+**Cost.** One probe runs one forward and backward pass of the mixed model and one of the float32
+twin on the probe batch (the twin's pass is float32: slower than a mixed step on Tensor Cores), a
+copy of the weights into the twin, and per-tensor reductions; both passes are traced once (the first
+probe also pays the trace and the twin's construction). ``benchmarks/probe_cost.py`` measures it in
+units of one training step (goal: at most 3; measured 1.3 for a small CNN under mixed_float16 on a
+CPU). Memory: the twin holds a second float32 copy of the weights. With the default ``every=500``
+the overhead is well under 1% of training time.
+
+Layer outputs are computed with ``training=False`` (Dropout off, BatchNormalization on its moving
+statistics and not updated), so the mixed and float32 passes are deterministic and comparable and
+the probe never changes the model.
+
+Example:
+    >>> import keras, numpy as np, mpwatch  # doctest: +SKIP
+    >>> keras.mixed_precision.set_global_policy("mixed_float16")  # doctest: +SKIP
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])  # doctest: +SKIP
+    >>> model.compile("adam", "mse")  # doctest: +SKIP
+    >>> x, y = np.ones((32, 8), "float32"), np.ones((32, 4), "float32")  # doctest: +SKIP
+    >>> probe = mpwatch.ProbeMonitor(log_dir="logs/run1", every=100)  # doctest: +SKIP
+    >>> model.fit(x, y, epochs=2, callbacks=[probe])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from mpwatch import contract, formats
+from mpwatch.record import underflow
+from mpwatch.record.base import RecordingCallback, check_positive_int
+from mpwatch.record.twin import Twin, TwinUnavailable, model_kind
+from mpwatch.record.writer import RunWriter
+
+logger = logging.getLogger("mpwatch")
+
+VARIABLE_COLUMNS = contract.PROBE_VARIABLE_COLUMNS
+LAYER_COLUMNS = contract.PROBE_LAYER_COLUMNS
+SWEEP_COLUMNS = contract.PROBE_SWEEP_COLUMNS
+
+
+def detect_mode(model: Any) -> str:
+    """``"float16"``, ``"bfloat16"`` or ``"preflight"`` from the layers' compute dtypes."""
+    dtypes = {getattr(layer, "compute_dtype", None) for layer in model._flatten_layers()}
+    if "float16" in dtypes:
+        return "float16"
+    if "bfloat16" in dtypes:
+        return "bfloat16"
+    return "preflight"
+
+
+def split_data(data: Any) -> tuple[Any, Any, Any]:
+    """(x, y, sample_weight) of a batch given as x, (x,), (x, y) or (x, y, sample_weight)."""
+    if isinstance(data, tuple):
+        if len(data) == 1:
+            return data[0], None, None
+        if len(data) == 2:
+            return data[0], data[1], None
+        if len(data) == 3:
+            return data
+        raise ValueError(f"mpwatch: probe data is a tuple of {len(data)}; expected (x, y[, sw])")
+    return data, None, None
+
+
+def first_batch(data: Any) -> Any:
+    """A tf.data.Dataset's (or any iterable's, but not an array's) first element, else data."""
+    import tensorflow as tf
+
+    if isinstance(data, tf.data.Dataset):
+        return next(iter(data.take(1)))
+    return data
+
+
+def _round(x: Any, digits: int = 6) -> Any:
+    """A float with ``digits`` significant digits (smaller records); ints and non-finite as is."""
+    if isinstance(x, float) and math.isfinite(x) and x != 0.0:
+        return float(f"{x:.{digits}g}")
+    return x
+
+
+def _nan_if_none(x: Any) -> Any:
+    return math.nan if x is None else x
+
+
+class Probe:
+    """One model's probe, usable without ``fit`` (custom training loops).
+
+    ``Probe(model, loss_fn=None)``: ``loss_fn(y_true, y_pred) -> scalar`` defaults to the model's
+    compiled loss; the model's own regularization losses are added either way.
+    ``run(data, scale=None)`` returns the ``probe`` record payload (``scale`` defaults to the
+    LossScaleOptimizer's current scale; 1 under bfloat16; ``2**15`` in a pre-flight);
+    ``write(writer, step, payload)`` writes it with its scalars.
+
+    Example (a custom loop):
+        >>> probe = Probe(model)  # doctest: +SKIP
+        >>> payload = probe.run((x, y))  # doctest: +SKIP
+        >>> probe.write(RunWriter("logs/run1"), step, payload)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        loss_fn: Any = None,
+        mode: str | None = None,
+        margin_bits: float = underflow.DEFAULT_MARGIN_BITS,
+    ) -> None:
+        self.model = model
+        self.loss_fn = loss_fn
+        self.mode = mode or detect_mode(model)
+        if self.mode not in ("float16", "bfloat16", "preflight"):
+            raise ValueError(
+                f"mpwatch: probe mode must be float16, bfloat16 or preflight: {mode!r}"
+            )
+        self.margin_bits = margin_bits
+        self.fmt = formats.BFLOAT16 if self.mode == "bfloat16" else formats.FLOAT16
+        self.twin: Twin | None = None
+        self.reference = "none"
+        self.note: str | None = None
+        self.kind = model_kind(model)
+        self._fn = None
+        self._prepared = False
+
+    # --- setup ---------------------------------------------------------------------------------
+    def _prepare(self, x: Any) -> None:
+        self._prepared = True
+        policy = "mixed_float16" if self.mode == "preflight" else "float32"
+        try:
+            self.twin = Twin.build(self.model, policy, example_inputs=x)
+            self.reference = "float32_twin"
+            if self.mode == "preflight":
+                self.note = (
+                    "pre-flight: the float32 model is the reference; a mixed_float16 twin was "
+                    f"built and run at scale 2**{int(math.log2(formats.KERAS_INITIAL_SCALE))}"
+                )
+        except TwinUnavailable as e:
+            self.twin = None
+            if self.mode == "preflight":
+                self.reference = "float32_twin"
+                self.note = (
+                    f"pre-flight without a mixed twin ({e}); float32 gradients and activations "
+                    "were cast through float16 at the scale instead"
+                )
+            else:
+                self.reference = "none"
+                self.note = (
+                    f"no float32 twin ({e}); underflow cannot be told from genuine zeros: "
+                    "model.zero_fraction counts all zeros of the mixed gradient"
+                )
+            logger.warning("mpwatch: probe: %s", self.note)
+        # roles: `low` computes in 16 bits, `ref` in float32 (None: not available)
+        if self.mode == "preflight":
+            self.low = self.twin.model if self.twin is not None else None
+            self.ref = self.model
+        else:
+            self.low = self.model
+            self.ref = self.twin.model if self.twin is not None else None
+        self.layer_names, self.low_tap, self.ref_tap = self._taps()
+        self._var_layer = self._variable_layers()
+
+    def _taps(self) -> tuple[list[str], Any, Any]:
+        """(layer names, multi-output model of low, of ref): outputs then every layer's outputs."""
+        if self.kind == "subclassed":
+            return [], None, None
+        try:
+            layers = [ly for ly in self.model.layers if type(ly).__name__ != "InputLayer"]
+            names = [ly.name for ly in layers]
+
+            def tap(m: Any) -> Any:
+                import keras
+
+                if m is None:
+                    return None
+                ls = [ly for ly in m.layers if type(ly).__name__ != "InputLayer"]
+                outs = []
+                self._act_layer_index = []
+                for i, ly in enumerate(ls):
+                    for t in keras.tree.flatten(ly.output):
+                        outs.append(t)
+                        self._act_layer_index.append(i)
+                return keras.Model(m.inputs, list(m.outputs) + outs)
+
+            low_tap = tap(self.low)
+            ref_tap = tap(self.ref)
+            return names, low_tap, ref_tap
+        except Exception as e:  # noqa: BLE001  (a shared layer, an unbuilt Sequential, ...)
+            logger.info("mpwatch: probe: no per-layer activations for %s: %r", self.model.name, e)
+            return [], None, None
+
+    def _variable_layers(self) -> list[str]:
+        owner = {}
+        for ly in self.model.layers:
+            for v in ly.trainable_variables:
+                owner.setdefault(id(v), ly.name)
+        out = []
+        for v in self.model.trainable_variables:
+            path = getattr(v, "path", None) or v.name
+            out.append(owner.get(id(v), path.rsplit("/", 1)[0]))
+        return out
+
+    # --- the traced computation ------------------------------------------------------------------
+    def _loss(self, m: Any, y: Any, y_pred: Any, sw: Any) -> Any:
+        import tensorflow as tf
+
+        if self.loss_fn is not None:
+            loss = self.loss_fn(y, y_pred)
+        else:
+            loss = self.model._compile_loss(y, y_pred, sw)
+        loss = tf.cast(loss, tf.float32)
+        extra = [tf.cast(x, tf.float32) for x in m.losses]
+        if extra:
+            loss = loss + tf.add_n(extra)
+        return loss
+
+    def _pack(self, m: Any, flat: list[Any]) -> Any:
+        if len(flat) == 1:
+            return flat[0]
+        import keras
+
+        fm = getattr(m, "_functional", None) or m
+        struct = getattr(fm, "_outputs_struct", None)
+        return keras.tree.pack_sequence_as(struct, flat) if struct is not None else flat
+
+    def _forward_backward(self, m: Any, tap: Any, x: Any, y: Any, sw: Any, scale: Any) -> dict:
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            if tap is not None:
+                outs = tap(x, training=False)
+                n_out = len(m.outputs)
+                y_pred, acts = self._pack(m, outs[:n_out]), outs[n_out:]
+            else:
+                y_pred, acts = m(x, training=False), []
+            loss = self._loss(m, y, y_pred, sw)
+            scaled = loss * tf.cast(scale, tf.float32)
+        variables = m.trainable_variables
+        float_acts = [a for a in acts if a.dtype.is_floating]
+        grads = tape.gradient(scaled, list(variables) + float_acts)
+        n = len(variables)
+        return {
+            "loss": loss,
+            "grads": grads[:n],
+            "acts": acts,
+            "act_grads": self._spread(acts, float_acts, grads[n:]),
+        }
+
+    @staticmethod
+    def _spread(acts: list, float_acts: list, grads: list) -> list:
+        it = iter(grads)
+        return [next(it) if a.dtype.is_floating else None for a in acts]
+
+    def _build_fn(self) -> Any:
+        import tensorflow as tf
+
+        def fn(x: Any, y: Any, sw: Any, scale: Any) -> dict:
+            out = {}
+            if self.low is not None:
+                low = self._forward_backward(self.low, self.low_tap, x, y, sw, scale)
+            if self.ref is not None:
+                ref = self._forward_backward(self.ref, self.ref_tap, x, y, sw, 1.0)
+            if self.low is None:  # pre-flight without a twin: cast the reference through float16
+                low = {
+                    "loss": ref["loss"],
+                    "grads": [
+                        None if g is None else underflow.cast_through(g, "float16", scale)
+                        for g in ref["grads"]
+                    ],
+                    "acts": [underflow.cast_through(a, "float16") for a in ref["acts"]],
+                    "act_grads": [
+                        None if g is None else underflow.cast_through(g, "float16", scale)
+                        for g in ref["act_grads"]
+                    ],
+                }
+            out["loss"] = low["loss"]
+            out["ref_loss"] = ref["loss"] if self.ref is not None else low["loss"]
+            if self.ref is not None:
+                ref_grads = ref["grads"]
+            else:  # no reference: stats of the mixed gradients against themselves (unscaled)
+                ref_grads = [
+                    None if g is None else tf.cast(g, tf.float32) / scale for g in low["grads"]
+                ]
+            gstats = [
+                underflow.grad_pair_stats(gl, gr, scale) for gl, gr in zip(low["grads"], ref_grads)
+            ]
+            out["grads"] = tf.stack(gstats) if gstats else tf.zeros([0, 7], tf.float64)
+            hist = tf.zeros([underflow.NUM_BINS], tf.int64)
+            zeros = tf.constant(0.0, tf.float64)
+            for g in ref_grads:
+                if g is not None:
+                    hist += underflow.log2_bins(g)
+                    gd = tf.convert_to_tensor(g)
+                    zeros += tf.reduce_sum(tf.cast(tf.equal(gd, 0.0), tf.float64))
+            out["hist"] = hist
+            out["zeros"] = zeros
+            refs_acts = ref["acts"] if self.ref is not None else [None] * len(low["acts"])
+            astats = [underflow.activation_pair_stats(a, r) for a, r in zip(low["acts"], refs_acts)]
+            out["acts"] = tf.stack(astats) if astats else tf.zeros([0, 6], tf.float64)
+            if self.ref is not None:
+                agstats = []
+                for gl, gr in zip(low["act_grads"], ref["act_grads"]):
+                    if gr is None:
+                        agstats.append(tf.constant([0.0, 0.0, 0.0, 0.0], tf.float64))
+                    else:
+                        agstats.append(underflow.act_grad_stats(gl, gr))
+                out["act_grads"] = tf.stack(agstats) if agstats else tf.zeros([0, 4], tf.float64)
+            return out
+
+        return tf.function(fn, reduce_retracing=True)
+
+    # --- one probe -------------------------------------------------------------------------------
+    def current_scale(self) -> float:
+        """The scale a probe uses when none is given (see the class doc)."""
+        if self.mode == "bfloat16":
+            return 1.0
+        if self.mode == "preflight":
+            return formats.KERAS_INITIAL_SCALE
+        opt = getattr(self.model, "optimizer", None)
+        ds = getattr(opt, "dynamic_scale", None)
+        if ds is not None and getattr(opt, "built", True):
+            return float(np.asarray(ds.numpy() if hasattr(ds, "numpy") else ds))
+        if ds is not None:
+            return float(getattr(opt, "initial_scale", formats.KERAS_INITIAL_SCALE))
+        return 1.0
+
+    def run(self, data: Any, scale: float | None = None) -> dict[str, Any]:
+        """Probe on one batch ``(x, y[, sample_weight])`` (or a dataset: its first batch)."""
+        import tensorflow as tf
+
+        x, y, sw = split_data(first_batch(data))
+        if not self._prepared:
+            self._prepare(x)
+            self._fn = self._build_fn()
+        if self.twin is not None:
+            self.twin.sync()
+        s = float(self.current_scale() if scale is None else scale)
+        out = self._fn(x, y, sw, tf.constant(s, tf.float32))
+        out = {k: np.asarray(v) for k, v in out.items()}
+        return self._payload(out, s)
+
+    def _payload(self, out: dict[str, np.ndarray], scale: float) -> dict[str, Any]:
+        has_ref = self.ref is not None
+        grads = out["grads"]
+        names = [getattr(v, "path", None) or v.name for v in self.model.trainable_variables]
+        var_rows = []
+        for name, layer, row in zip(names, self._var_layer, grads):
+            s = underflow.summarize_grads(row[None])
+            var_rows.append(
+                [
+                    name,
+                    layer,
+                    s["size"],
+                    s["ref_nonzero"] if has_ref else None,
+                    s["underflow_count"] if has_ref else None,
+                    _round(s["underflow_fraction"]) if has_ref else None,
+                    _round(s["grad_rel_error"]) if has_ref else None,
+                ]
+            )
+        # per layer: gradients grouped by owning layer, activations by the tap's layer index
+        order = list(self.layer_names)
+        for layer in self._var_layer:
+            if layer not in order:
+                order.append(layer)
+        acts = out["acts"]
+        act_layer = getattr(self, "_act_layer_index", [])
+        act_by_layer: dict[str, np.ndarray] = {}
+        for i, row in enumerate(acts):
+            name = self.layer_names[act_layer[i]]
+            act_by_layer.setdefault(name, []).append(row)
+        ag = out.get("act_grads")
+        ag_by_layer: dict[str, list] = {}
+        if ag is not None:
+            for i, row in enumerate(ag):
+                ag_by_layer.setdefault(self.layer_names[act_layer[i]], []).append(row)
+        layer_rows = []
+        first_nonfinite = None
+        max_act_all = 0.0
+        for name in order:
+            rows = grads[[i for i, ly in enumerate(self._var_layer) if ly == name]]
+            g = underflow.summarize_grads(rows)
+            a = np.asarray(act_by_layer.get(name, np.zeros((0, 6))))
+            if len(a):
+                out_err = underflow.rel_error(
+                    a[:, underflow.A_ERR_SQ].sum(), a[:, underflow.A_REF_SQ].sum()
+                )
+                max_act = float(a[:, underflow.A_MAX_MIXED].max())
+                act_nonfinite = int(a[:, underflow.A_NONFINITE].sum())
+                max_act_all = max(max_act_all, max_act)
+            else:
+                out_err, max_act, act_nonfinite = None, None, 0
+            agr = np.asarray(ag_by_layer.get(name, np.zeros((0, 4))))
+            ag_frac = (
+                underflow.fraction(
+                    agr[:, underflow.AG_UNDERFLOW].sum(), agr[:, underflow.AG_REF_NONZERO].sum()
+                )
+                if len(agr)
+                else None
+            )
+            nonfinite = act_nonfinite + g["nonfinite"]
+            if act_nonfinite and first_nonfinite is None:
+                first_nonfinite = name
+            layer_rows.append(
+                [
+                    name,
+                    g["ref_nonzero"] if has_ref and len(rows) else None,
+                    g["underflow_count"] if has_ref and len(rows) else None,
+                    _round(g["underflow_fraction"]) if has_ref and len(rows) else None,
+                    _round(g["grad_rel_error"]) if has_ref and len(rows) else None,
+                    _round(out_err) if has_ref and out_err is not None else None,
+                    _round(max_act) if max_act is not None else None,
+                    _round(underflow.headroom_bits(max_act, self.fmt))
+                    if max_act is not None
+                    else None,
+                    _round(ag_frac) if ag_frac is not None else None,
+                    nonfinite,
+                ]
+            )
+        if first_nonfinite is None:
+            # no activation went non-finite (or none was measured): the loss itself, else the
+            # first layer in backward order (where backprop starts) with a non-finite gradient
+            if not np.isfinite(out["loss"]):
+                first_nonfinite = "loss"
+            for layer, row in zip(self._var_layer[::-1], grads[::-1]):
+                if first_nonfinite is not None:
+                    break
+                if row[underflow.G_NONFINITE] > 0:
+                    first_nonfinite = layer
+        m = underflow.summarize_grads(grads)
+        model = {
+            "ref_nonzero": m["ref_nonzero"] if has_ref else None,
+            "underflow_count": m["underflow_count"] if has_ref else None,
+            "underflow_fraction": m["underflow_fraction"] if has_ref else None,
+            "grad_rel_error": m["grad_rel_error"] if has_ref else None,
+            "max_abs_activation": max_act_all if len(acts) else None,
+            "first_nonfinite_layer": first_nonfinite,
+            "size": m["size"],
+            "nonfinite": m["nonfinite"],
+            "loss": float(out["loss"]),
+            "ref_loss": float(out["ref_loss"]) if has_ref else None,
+            "activation_headroom_bits": (
+                underflow.headroom_bits(max_act_all, self.fmt) if len(acts) else None
+            ),
+        }
+        if not has_ref:
+            model["zero_fraction"] = underflow.fraction(float(out["zeros"]), m["size"])
+        hist = underflow.histogram(
+            out["hist"], scale if self.mode != "bfloat16" else None, self.fmt
+        )
+        hist["zeros"] = int(out["zeros"])
+        hist["source"] = "reference" if has_ref else "mixed_unscaled"
+        sweep_rows: list[list[float]] = []
+        recommended = None
+        if self.mode != "bfloat16":
+            sweep_rows = underflow.sweep(out["hist"])
+            max_all = m["max_abs_ref"]
+            if ag is not None and len(ag):
+                max_all = max(max_all, float(ag[:, underflow.AG_MAX_REF].max()))
+            recommended = underflow.recommend_scale(max_all, margin_bits=self.margin_bits)
+            model["max_abs_ref_grad"] = max_all
+            model["margin_bits"] = self.margin_bits
+        return {
+            "mode": self.mode,
+            "loss_scale": scale if self.mode != "bfloat16" else None,
+            "reference": self.reference,
+            "reference_note": self.note,
+            "model_kind": self.kind,
+            "variables": contract.table(VARIABLE_COLUMNS, var_rows),
+            "layers": contract.table(LAYER_COLUMNS, layer_rows),
+            "model": model,
+            "histogram": hist,
+            "sweep": contract.table(SWEEP_COLUMNS, sweep_rows),
+            "recommended_scale": recommended,
+        }
+
+    @staticmethod
+    def scalars(payload: dict[str, Any]) -> dict[str, float]:
+        """The probe's scalars (only those that exist in this mode)."""
+        m = payload["model"]
+        out = {}
+        if m.get("underflow_fraction") is not None:
+            out[contract.PROBE_UNDERFLOW_FRACTION] = m["underflow_fraction"]
+        if m.get("grad_rel_error") is not None:
+            out[contract.PROBE_GRAD_REL_ERROR] = m["grad_rel_error"]
+        if payload.get("recommended_scale") is not None:
+            out[contract.PROBE_RECOMMENDED_SCALE] = payload["recommended_scale"]
+        if m.get("activation_headroom_bits") is not None:
+            out[contract.PROBE_ACTIVATION_HEADROOM_BITS] = m["activation_headroom_bits"]
+        return out
+
+    @staticmethod
+    def write(writer: RunWriter, step: int, payload: dict[str, Any]) -> int:
+        """Write the record (split when too large) and the scalars; returns the bytes written."""
+        size = write_probe_record(writer, step, payload)
+        writer.scalars(step, Probe.scalars(payload))
+        return size
+
+
+def write_probe_record(writer: RunWriter, step: int, payload: dict[str, Any]) -> int:
+    """Write one probe record. Over ``contract.MAX_RECORD_BYTES`` compressed, the variables table is
+    split off into further ``probe`` records at the same step that hold only ``{"mode", "part",
+    "parts", "variables"}`` (the first record says ``"parts"`` too)."""
+    blob = contract.encode_payload(payload)
+    if len(blob) <= contract.MAX_RECORD_BYTES:
+        return writer.record(contract.KIND_PROBE, step, payload)
+    rows = payload["variables"]["data"]
+    n = 2
+    while True:
+        chunk = math.ceil(len(rows) / (n - 1))
+        parts = [rows[i : i + chunk] for i in range(0, len(rows), chunk)]
+        heads = dict(payload, variables=contract.table(VARIABLE_COLUMNS, []), parts=len(parts) + 1)
+        pieces = [heads] + [
+            {
+                "mode": payload["mode"],
+                "part": i + 1,
+                "parts": len(parts) + 1,
+                "variables": contract.table(VARIABLE_COLUMNS, p),
+            }
+            for i, p in enumerate(parts)
+        ]
+        if all(len(contract.encode_payload(p)) <= contract.MAX_RECORD_BYTES for p in pieces):
+            return sum(writer.record(contract.KIND_PROBE, step, p) for p in pieces)
+        n *= 2
+        if n > 4 * len(rows) + 4:
+            raise ValueError("mpwatch: probe record cannot be split under the size limit")
+
+
+class ProbeMonitor(RecordingCallback):
+    """Probe gradient underflow against a float32 twin every ``every`` steps and each epoch's end.
+
+    Args:
+        log_dir: the run's log directory (shared with the other mpwatch callbacks).
+        every: probe every this many batch steps (and at the end of each epoch). Default 500.
+        probe_data: the fixed probe batch: ``(x, y)``, ``(x, y, sample_weight)`` or a
+            ``tf.data.Dataset`` (its first batch is taken once, at ``on_train_begin``). Default: the
+            first training batch of the first ``fit``, captured as it passes and kept for the run
+            (captured with one extra trace of Keras' per-batch step function, nothing per step).
+        loss_fn: ``loss_fn(y_true, y_pred) -> scalar``; default the model's compiled loss.
+        margin_bits: headroom (in doublings below 65504) the recommended scale keeps; default 4.
+        on_epoch_end_probe: also probe at each epoch's end (default True).
+
+    What it costs and computes: see the module docstring (one probe is about two training steps
+    of compute; memory for a float32 copy of the weights).
+    """
+
+    part = "probe"
+
+    def __init__(
+        self,
+        log_dir: Any,
+        every: int = 500,
+        probe_data: Any = None,
+        loss_fn: Any = None,
+        margin_bits: float = underflow.DEFAULT_MARGIN_BITS,
+        on_epoch_end_probe: bool = True,
+    ) -> None:
+        super().__init__(log_dir)
+        self.every = check_positive_int("every", every)
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(f"mpwatch: loss_fn must be callable, got {loss_fn!r}")
+        self.probe_data = probe_data
+        self.loss_fn = loss_fn
+        self.margin_bits = float(margin_bits)
+        self.on_epoch_end_probe = bool(on_epoch_end_probe)
+        self.probe: Probe | None = None
+        self._data = None
+        self._last_probe_step: int | None = None
+        self._wrapped_train_function = None
+        self.payloads: list[tuple[int, dict]] = []  # the last few, for inspection
+        self.keep = 3
+
+    # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
+    def _begin(self) -> None:
+        if self.probe is None or self.probe.model is not self.model:
+            self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
+        if self._data is None and self.probe_data is not None:
+            self._data = first_batch(self.probe_data)
+
+    def _batch_begin(self, batch: int) -> None:
+        if self._data is None and self._wrapped_train_function is None:
+            self._capture_next_batch()
+
+    def _capture_next_batch(self) -> None:
+        """Wrap ``model.train_function`` for one call: take the batch it would take, keep a copy,
+        and run the step on it through Keras' own per-batch path."""
+        import itertools
+
+        import tensorflow as tf
+
+        model = self.model
+        original = model.train_function
+        if original is None:
+            return
+        if model.distribute_strategy.num_replicas_in_sync > 1:
+            raise ValueError(
+                "no probe_data given and training is distributed: pass probe_data=(x, y)"
+            )
+        monitor = self
+
+        def capture(iterator: Any) -> Any:
+            model.train_function = original
+            monitor._wrapped_train_function = None
+            try:
+                data = (
+                    iterator.get_next() if hasattr(iterator, "get_next") else next(iter(iterator))
+                )
+            except (StopIteration, tf.errors.OutOfRangeError):
+                raise StopIteration from None
+            monitor._data = tf.nest.map_structure(
+                lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data
+            )
+            spe = int(getattr(model, "steps_per_execution", 1) or 1)
+            rest = itertools.islice(iterator, spe - 1) if spe > 1 else ()
+            return original(itertools.chain([data], rest))
+
+        self._wrapped_train_function = capture
+        model.train_function = capture
+
+    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+        if any(s % self.every == 0 for s in got.steps):
+            self._probe(got.last_step)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self._active and self._begun and self.on_epoch_end_probe:
+            self._guard(self.part, self._probe, self._step())
+
+    def _end(self) -> None:
+        if self._wrapped_train_function is not None:
+            if self.model.train_function is self._wrapped_train_function:
+                self.model.train_function = None
+            self._wrapped_train_function = None
+
+    # --- probing ---------------------------------------------------------------------------------
+    def _probe(self, step: int | None) -> None:
+        if step is None or step == self._last_probe_step or self._data is None:
+            return
+        self._last_probe_step = step
+        payload = self.probe.run(self._data)
+        if self.probe.reference == "none" and not getattr(self, "_noted", False):
+            self._noted = True
+            self._notice(self.part, "info", self.probe.note or "no float32 reference")
+        Probe.write(self.writer, step, payload)
+        self.payloads = (self.payloads + [(step, payload)])[-self.keep :]

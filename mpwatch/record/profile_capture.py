@@ -1,0 +1,292 @@
+"""ProfileMonitor: a ``tf.profiler`` trace over a few training steps, turned into per-layer time.
+
+The trace is written where TensorBoard's Profile tab (tensorboard-plugin-profile / xprof) finds it,
+exactly as Keras' own TensorBoard callback does (``tf.profiler.experimental.start(log_dir)``):
+``<log_dir>/plugins/profile/<run>/<host>.xplane.pb``, so the Profile tab shows the run too. Then a
+copy of the trace is converted with xprof's converter (:mod:`mpwatch.profile`) and the result is
+written as a ``profile`` record (``contract.KIND_PROFILE``) at the mpwatch batch step of the last
+captured batch.
+
+Cost: while the profiler runs, steps are slower (the tracer records every op); the conversion takes
+a fraction of a second for small models and a few seconds for large traces. Both happen once.
+
+Failures never stop training: when the profiler cannot start (another profiler session is running,
+e.g. Keras' TensorBoard callback with ``profile_batch``) or the conversion fails, the reason is
+logged once and a ``notice`` record is written; training goes on.
+
+Example:
+    >>> import keras, mpwatch  # doctest: +SKIP
+    >>> cb = mpwatch.ProfileMonitor("logs/run1", profile_steps=(5, 8))  # doctest: +SKIP
+    >>> model.fit(x, y, callbacks=[cb])  # doctest: +SKIP
+    >>> mpwatch.load_run("logs/run1").profile  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from mpwatch.record.base import RecordingCallback
+
+logger = logging.getLogger("mpwatch")
+
+PART = "profile"
+DEFAULT_STEPS = (3, 5)  # batches 1-2 trace and warm up the train function
+
+
+def parse_steps(profile_steps: Any) -> tuple[int, int] | None:
+    """``(first, last)`` batch numbers (1-based, within a ``fit``) from the user's argument.
+
+    Accepts an int ``n`` (one batch), a pair, a ``"first,last"`` string, or ``None``/``0``/``False``
+    (off). Raises ValueError on anything else, at construction.
+
+    >>> parse_steps((3, 5)), parse_steps(4), parse_steps("2,6"), parse_steps(0)
+    ((3, 5), (4, 4), (2, 6), None)
+    """
+    if profile_steps is None or profile_steps is False or profile_steps == 0:
+        return None
+    value = profile_steps
+    if isinstance(value, str):
+        try:
+            value = tuple(int(p) for p in value.split(","))
+        except ValueError:
+            value = None
+    if isinstance(value, bool):
+        value = None
+    elif isinstance(value, int):
+        value = (value, value)
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        or value[0] < 1
+        or value[1] < value[0]
+    ):
+        raise ValueError(
+            "profile_steps must be a positive int, a pair (first, last) with 1 <= first <= last, a "
+            f"'first,last' string, or None/0 to switch profiling off; got {profile_steps!r}"
+        )
+    return int(value[0]), int(value[1])
+
+
+class ProfileMonitor(RecordingCallback):
+    """Capture a profiler trace over a range of training batches; record per-layer time by dtype.
+
+    Args:
+        log_dir: the run directory (the same as the other mpwatch callbacks). The trace goes to
+            ``<log_dir>/plugins/profile/<run>/``; the record into the event files of ``log_dir``.
+        profile_steps: ``(first, last)`` batch numbers within a ``fit``, 1-based; an int for one
+            batch; ``None`` or ``0`` switches profiling off. The default ``(3, 5)`` skips the first
+            two batches (tracing, warm-up). When the first epoch is shorter, the range moves to its
+            end.
+        convert: ``"end"`` converts right after the captured range, ``"train_end"`` at the end of
+            ``fit``, ``None`` only captures (the Profile tab still shows the trace).
+        once: capture only in the first ``fit`` that reaches the range (default), or in every
+            ``fit``.
+        dtype_overrides: ``{layer path: dtype}`` the layer really computes in, where known better
+            than the layer's policy (normalization layers are handled already). Paths are
+            :func:`mpwatch.profile.describe_model`'s: the model's name, then layer names, joined by
+            ``/``.
+
+    After the conversion, ``result`` holds the record's payload; after a failure, ``error`` says why
+    (the failure is also logged once and written as a ``notice`` record; training goes on).
+
+    Example:
+        >>> cb = ProfileMonitor("logs/run1", profile_steps=(3, 5))  # doctest: +SKIP
+        >>> model.fit(ds, epochs=2, callbacks=[cb])  # doctest: +SKIP
+        >>> cb.result["cast_share"]  # doctest: +SKIP
+    """
+
+    part = PART
+
+    def __init__(
+        self,
+        log_dir: Any,
+        profile_steps: Any = DEFAULT_STEPS,
+        convert: str | None = "end",
+        once: bool = True,
+        dtype_overrides: Mapping[str, str] | None = None,
+    ) -> None:
+        if convert not in ("end", "train_end", None):
+            raise ValueError(f"convert must be 'end', 'train_end' or None, not {convert!r}")
+        steps = parse_steps(profile_steps)
+        super().__init__(log_dir)
+        self.steps = steps
+        self.convert = convert
+        self.once = bool(once)
+        self.dtype_overrides = dict(dtype_overrides or {})
+        self._profiling = False
+        self._done = False
+        self._range: tuple[int, int] | None = None
+        self._batch = 0
+        self._before: set[str] = set()
+        self._pending: dict[str, Any] | None = None
+        self._captured: list[int] = []
+        self._t0 = 0.0
+        self.trace_dir: str | None = None
+        self.result: dict[str, Any] | None = None
+        self.error: str | None = None
+
+    # --- failure handling: log once, write a notice, go on ---------------------------------------
+    def _fail(self, what: str, err: BaseException | str) -> None:
+        message = f"{what}: {err}"
+        self.error = message
+        if PART in self._failed:
+            return
+        self._failed.add(PART)
+        logger.error("mpwatch profile: %s; training goes on", message)
+        self._notice(PART, "error", message)
+        if self.writer is not None:
+            self.writer.flush()
+
+    # --- RecordingCallback hooks ------------------------------------------------------------------
+    def _begin(self) -> None:
+        self._batch = 0
+        self._range = None
+        if self.once and self._done:
+            return
+        if self.steps is None or self.writer is None or not self.writer.enabled:
+            return  # switched off, or not the chief
+        first, last = self.steps
+        per_epoch = (self.params or {}).get("steps")
+        if isinstance(per_epoch, int) and per_epoch > 0 and last > per_epoch:
+            if first > per_epoch:  # the whole range lies beyond the first epoch: take its end
+                first = max(1, per_epoch - (last - first))
+            last = per_epoch
+        self._range = (first, last)
+
+    def _spe(self) -> int:
+        try:
+            return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
+        except (TypeError, ValueError):
+            return 1
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        # Unlike the other parts, the profiler needs no gradient tap: not installing it keeps a
+        # standalone ProfileMonitor from retracing the train function (and the tap's ops out of the
+        # trace). Next to the other mpwatch callbacks the tap is there anyway and steps are exact.
+        if self._active:
+            self._begin_once()
+            self._guard(self.part, self._batch_begin, batch)
+
+    def _batch_begin(self, batch: int) -> None:
+        if self._range is None or self._profiling:
+            return
+        first_here, last_here = self._batch + 1, self._batch + self._spe()
+        if last_here >= self._range[0] and first_here <= self._range[1]:
+            self._start()
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._active:
+            self._batch += self._spe()  # before the base collects: the Keras batch count
+        super().on_train_batch_end(batch, logs)
+
+    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+        if not self._profiling:
+            return
+        self._captured.extend(got.steps)
+        if self._batch >= self._range[1]:
+            self._stop()
+            if self.convert == "end":
+                self._convert()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        try:
+            super().on_train_end(logs)
+        finally:
+            if self._profiling:  # a failed part left the profiler running: stop it, drop the trace
+                self._profiling = False
+                try:
+                    import tensorflow as tf
+
+                    tf.profiler.experimental.stop(save=False)
+                except Exception:  # noqa: BLE001
+                    logger.debug("mpwatch profile: could not stop the profiler", exc_info=True)
+
+    def _end(self) -> None:
+        if self._profiling:  # fit ended inside the range
+            self._stop()
+        if self._pending is not None and self.convert is not None:
+            self._convert()
+        self._range = None
+
+    # --- capture ----------------------------------------------------------------------------------
+    def _profile_root(self) -> str:
+        return os.path.join(self.log_dir, "plugins", "profile")
+
+    def _runs(self) -> set[str]:
+        return set(glob.glob(os.path.join(glob.escape(self._profile_root()), "*")))
+
+    def _start(self) -> None:
+        import tensorflow as tf
+
+        self._before = self._runs()
+        try:
+            tf.profiler.experimental.start(self.log_dir)
+        except Exception as e:  # noqa: BLE001 - e.g. another profiler session is running
+            self._range = None
+            self._fail("the profiler could not start", e)
+            return
+        self._profiling = True
+        self._captured = []
+        self._t0 = time.perf_counter()
+
+    def _stop(self) -> None:
+        import tensorflow as tf
+
+        self._profiling = False
+        self._range = None
+        self._done = True
+        try:
+            tf.profiler.experimental.stop()
+        except Exception as e:  # noqa: BLE001
+            self._fail("the profiler could not stop and save the trace", e)
+            return
+        new = sorted(self._runs() - self._before)
+        runs = [
+            d
+            for d in (new or sorted(self._runs()))
+            if glob.glob(os.path.join(glob.escape(d), "*.xplane.pb"))
+        ]
+        if not runs:
+            self._fail("the profiler wrote no trace", f"nothing new under {self._profile_root()}")
+            return
+        self.trace_dir = runs[-1]
+        steps = [self._captured[0], self._captured[-1]] if self._captured else None
+        self._pending = {"trace_dir": self.trace_dir, "steps": steps}
+        logger.info(
+            "mpwatch profile: captured steps %s in %.1fs into %s",
+            steps,
+            time.perf_counter() - self._t0,
+            self.trace_dir,
+        )
+
+    # --- conversion -------------------------------------------------------------------------------
+    def _convert(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        from mpwatch import contract, profile
+
+        try:
+            payload = profile.summarize(
+                pending["trace_dir"],
+                self.model,
+                steps=pending["steps"],
+                dtype_overrides=self.dtype_overrides or None,
+            )
+        except Exception as e:  # noqa: BLE001 - never lose training to the conversion
+            self._fail("the trace could not be converted", e)
+            return
+        try:
+            step = pending["steps"][-1] if pending["steps"] else self._step()
+            self.writer.record(contract.KIND_PROFILE, step, payload)
+            self.writer.flush()
+        except Exception as e:  # noqa: BLE001
+            self._fail("the profile record could not be written", e)
+            return
+        self.result = payload

@@ -1,0 +1,479 @@
+"""mpwatch's per-model recording state: the batch step counter and the in-graph tap.
+
+**Steps.** mpwatch writes every value at its *batch step*: 1 for the first training batch the model
+ever ran under mpwatch, counted on across ``fit`` calls (also across fits where
+``steps_per_execution`` makes one Keras callback call cover several batches). The counter lives on
+the model object (attribute ``_mpwatch_state``). Where a model's first mpwatch fit in a process
+starts is fixed at its first batch (:meth:`ModelState.resolve_start`, after every callback's
+``on_train_begin``, so after a restore): at ``optimizer.iterations`` (a model trained before mpwatch
+was attached does not restart at 1), or, for a restored state the run's logs hold, at that state's
+step (:mod:`mpwatch.record.resume`). It is not ``optimizer.iterations``, which does not
+advance on a skipped step.
+
+**The tap.** One :class:`Tap` per model wraps the optimizer *instance's* ``apply`` (which Keras'
+``train_step`` reaches through ``apply_gradients``), so it sees the real, scaled training gradients
+in the graph. Per batch it stores, into small ``tf.Variable`` ring buffers with one slot per batch
+of an execution (``steps_per_execution`` slots): the loss scale after the step, the scale the
+gradients were scaled with, whether the update was skipped (``iterations`` did not advance), and
+every ``grad_every`` steps a per-variable table of gradient counts (:mod:`mpwatch.record.stats`).
+The host reads the buffers once per ``on_train_batch_end`` (:meth:`ModelState.collect`), whichever
+mpwatch callback asks first; the others get the same :class:`Collected`. Under ``tf.distribute`` the
+buffers are mirrored and written from replica 0 (loss scale and the skip decision are the same on
+all replicas).
+
+The tap is installed when the first batch begins (all callbacks have said what they need by then),
+the train function is rebuilt to trace it, and it is removed at ``on_train_end`` (the train
+function is dropped, so a later ``fit`` without mpwatch traces a clean one).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpwatch.record import stats
+
+logger = logging.getLogger("mpwatch")
+STATE_ATTR = "_mpwatch_state"
+
+
+def loss_scale_optimizer(optimizer: Any) -> Any:
+    """The optimizer if it is a Keras ``LossScaleOptimizer`` (has ``dynamic_scale``), else None."""
+    if optimizer is None:
+        return None
+    try:
+        import keras
+
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return optimizer
+    except (ImportError, AttributeError):  # pragma: no cover
+        pass
+    return None
+
+
+def initial_step(model: Any) -> int:
+    """``optimizer.iterations`` of a model, 0 when there is none yet."""
+    opt = getattr(model, "optimizer", None)
+    try:
+        if opt is not None and getattr(opt, "built", True):
+            return int(np.asarray(opt.iterations.numpy()))
+    except Exception:  # noqa: BLE001  (an unbuilt optimizer: start at 0)
+        pass
+    return 0
+
+
+@dataclass
+class Collected:
+    """What the tap recorded for the batches of one Keras callback call.
+
+    ``steps`` are mpwatch batch steps; arrays are aligned with them. ``loss_scale`` / ``skipped`` /
+    ``scale_used`` are None without a LossScaleOptimizer. ``grad_counts`` maps a step to its
+    ``[num_variables, 5]`` counts table (only at steps where gradient health was computed).
+    """
+
+    steps: list[int]
+    loss_scale: np.ndarray | None = None
+    scale_used: np.ndarray | None = None
+    skipped: np.ndarray | None = None
+    grad_counts: dict[int, np.ndarray] = field(default_factory=dict)
+    exact: bool = True  # False: counted from Keras' batch numbers (the tap is off)
+
+    @property
+    def n(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last_step(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+
+class Tap:
+    """The in-graph recorder around ``optimizer.apply``. See the module docstring."""
+
+    def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:
+        import tensorflow as tf
+
+        self.model = model
+        self.optimizer = model.optimizer
+        self.lso = loss_scale_optimizer(self.optimizer)
+        self.capacity = max(1, int(capacity))
+        self.grad_every = grad_every
+        self.failed: str | None = None
+        self.variable_names: list[str] = []
+        self._orig_apply = None
+        self.rebuild = True  # rebuild Keras' train function (False for custom training loops)
+        self._num_vars: int | None = None  # known when the train function is traced
+        strategy = model.distribute_strategy
+        self._distributed = strategy.num_replicas_in_sync > 1
+
+        def var(init: Any, name: str) -> Any:
+            return tf.Variable(
+                init,
+                trainable=False,
+                name=f"mpwatch_{name}",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                synchronization=tf.VariableSynchronization.ON_WRITE,
+            )
+
+        cap = self.capacity
+        with strategy.scope():
+            self.count = var(tf.constant(0, tf.int32), "count")
+            self.step = var(tf.constant(int(start_step), tf.int64), "step")
+            self.scale = var(tf.zeros([cap], tf.float32), "scale")
+            self.scale_used = var(tf.zeros([cap], tf.float32), "scale_used")
+            self.skipped = var(tf.zeros([cap], tf.float32), "skipped")
+            self.valid = var(tf.zeros([cap], tf.float32), "valid")
+        # [capacity, num_variables, 5]: created when the step is traced (a subclassed model
+        # builds its variables only then), see _counts_var
+        self.counts = None
+        self._strategy = strategy
+
+        self._read = self._make_read()
+
+    def _make_read(self) -> Any:
+        import tensorflow as tf
+
+        cap = self.capacity
+
+        @tf.function(autograph=False)
+        def read() -> Any:
+            out = (
+                self.count.read_value(),
+                self.step.read_value(),
+                self.scale.read_value(),
+                self.scale_used.read_value(),
+                self.skipped.read_value(),
+                self.valid.read_value(),
+                self.counts.read_value() if self.counts is not None else tf.zeros([cap, 0, 5]),
+            )
+            with tf.control_dependencies(list(out)):
+                self.count.assign(0)
+                self.valid.assign(tf.zeros([cap], tf.float32))
+            return out
+
+        return read
+
+    # --- installation ------------------------------------------------------------------------
+    @property
+    def installed(self) -> bool:
+        return self._orig_apply is not None
+
+    def install(self) -> None:
+        opt = self.optimizer
+        self._orig_apply = opt.apply
+        tap = self
+
+        def apply(grads: Any, trainable_variables: Any = None) -> Any:
+            return tap._apply(grads, trainable_variables)
+
+        apply._mpwatch_tap = True  # type: ignore[attr-defined]
+        object.__setattr__(opt, "apply", apply)
+        if self.rebuild:
+            self.model.make_train_function(force=True)
+
+    def uninstall(self) -> None:
+        opt = self.optimizer
+        if self._orig_apply is not None:
+            if getattr(opt.__dict__.get("apply"), "_mpwatch_tap", False):
+                object.__delattr__(opt, "apply")
+            self._orig_apply = None
+            # The traced train function still holds the tap's ops: a later fit traces a clean one.
+            if self.rebuild:
+                self.model.train_function = None
+
+    def set_step(self, step: int) -> None:
+        self.step.assign(int(step))
+
+    # --- in the graph ------------------------------------------------------------------------
+    def _apply(self, grads: Any, trainable_variables: Any) -> Any:
+        grads = list(grads)
+        if self.failed is not None:
+            return self._orig_apply(grads, trainable_variables)
+        try:
+            pre = self._before(grads, trainable_variables)
+        except Exception as e:  # noqa: BLE001  (never lose training to mpwatch)
+            self._fail(f"could not trace the gradient tap: {e!r}")
+            return self._orig_apply(grads, trainable_variables)
+        result = self._orig_apply(grads, trainable_variables)
+        try:
+            self._after(pre)
+        except Exception as e:  # noqa: BLE001
+            self._fail(f"could not trace the gradient tap: {e!r}")
+        return result
+
+    def _fail(self, message: str) -> None:
+        if self.failed is None:
+            self.failed = message
+            logger.error("mpwatch: %s; loss scale, skipped steps and gradient health stop", message)
+
+    def _iterations(self) -> Any:
+        import tensorflow as tf
+
+        it = self.optimizer.iterations
+        return tf.identity(getattr(it, "value", it))
+
+    def _before(self, grads: Any, trainable_variables: Any) -> dict[str, Any]:
+        import tensorflow as tf
+
+        if self.lso is not None and not self.lso.built and trainable_variables is not None:
+            # build it as its own apply() would, so the scale used for these gradients is read
+            import keras
+
+            with keras.name_scope(self.lso.name, caller=self.lso):
+                self.lso.build(list(trainable_variables))
+            self.lso.built = True
+        pre: dict[str, Any] = {"it": self._iterations()}
+        if self.lso is not None and self.lso.built:
+            pre["scale_used"] = tf.identity(self.lso.dynamic_scale.value)
+        else:
+            pre["scale_used"] = tf.constant(1.0, tf.float32)
+        if self._num_vars is None:
+            self._num_vars = len(grads)
+        if self.grad_every and len(grads) == self._num_vars:
+            if not self.variable_names:
+                tvs = trainable_variables or self.model.trainable_variables
+                self.variable_names = [getattr(v, "path", None) or v.name for v in tvs]
+            step_next = self.step.read_value() + 1
+            do = tf.equal(step_next % self.grad_every, 0)
+            nv = self._num_vars
+            pre["counts"] = tf.cond(
+                do,
+                lambda: tf.cast(stats.counts_table(grads), tf.float64),
+                lambda: tf.zeros([nv, stats.NUM_COUNTS], tf.float64),
+            )
+            pre["valid"] = tf.cast(do, tf.float32)
+        elif self.grad_every:
+            self._fail(
+                f"the optimizer got {len(grads)} gradients for {self._num_vars} trainable variables"
+            )
+        return pre
+
+    def _after(self, pre: dict[str, Any]) -> None:
+        import tensorflow as tf
+
+        values = dict(pre)
+        it_after = self._iterations()
+        values["skipped"] = tf.cast(tf.equal(it_after, pre["it"]), tf.float32)
+        del values["it"]
+        if self.lso is not None:
+            values["scale"] = tf.identity(self.lso.dynamic_scale.value)
+        else:
+            values["scale"] = tf.constant(1.0, tf.float32)
+        ctx = tf.distribute.get_replica_context()
+        if self._distributed and ctx is not None:
+            # merge_call: write replica 0's values once, in cross-replica context
+            def merge(strategy: Any, vals: Any) -> None:
+                first = {k: strategy.experimental_local_results(v)[0] for k, v in vals.items()}
+                self._write(first)
+
+            ctx.merge_call(merge, args=(values,))
+        else:
+            self._write(values)
+
+    def _counts_var(self) -> Any:
+        import tensorflow as tf
+
+        if self.counts is None:
+            with tf.init_scope(), self._strategy.scope():
+                self.counts = tf.Variable(
+                    tf.zeros([self.capacity, self._num_vars, stats.NUM_COUNTS], tf.float64),
+                    trainable=False,
+                    name="mpwatch_counts",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                    synchronization=tf.VariableSynchronization.ON_WRITE,
+                )
+            self._read = self._make_read()
+        return self.counts
+
+    def _write(self, values: dict[str, Any]) -> None:
+        import tensorflow as tf
+
+        i = tf.math.floormod(self.count.read_value(), self.capacity)
+        idx = tf.reshape(i, [1, 1])
+
+        def put(buf: Any, value: Any) -> None:
+            buf.assign(
+                tf.tensor_scatter_nd_update(
+                    buf.read_value(), idx, tf.expand_dims(tf.cast(value, buf.dtype), 0)
+                )
+            )
+
+        put(self.scale, values["scale"])
+        put(self.scale_used, values["scale_used"])
+        put(self.skipped, values["skipped"])
+        if "counts" in values:
+            put(self.valid, values["valid"])
+            put(self._counts_var(), values["counts"])
+        self.count.assign_add(1)
+        self.step.assign_add(1)
+
+    # --- on the host -------------------------------------------------------------------------
+    def read(self) -> Collected:
+        count, step, scale, scale_used, skipped, valid, counts = (
+            np.asarray(t) for t in self._read()
+        )
+        n = int(count)
+        step = int(step)
+        if n > self.capacity:
+            logger.warning(
+                "mpwatch: %d batches since the last read, only the last %d are kept",
+                n,
+                self.capacity,
+            )
+        steps = list(range(step - n + 1, step + 1))
+        # the k-th batch since the last read went into slot k % capacity; the last ones are kept
+        first_kept = max(0, n - self.capacity)
+        slots = [k % self.capacity for k in range(first_kept, n)]
+        kept = steps[first_kept:]
+        out = Collected(steps=steps)
+        if self.lso is not None and self.failed is None:
+            out.loss_scale = np.full(n, np.nan, np.float32)
+            out.scale_used = np.full(n, np.nan, np.float32)
+            out.skipped = np.full(n, np.nan, np.float32)
+            off = first_kept
+            out.loss_scale[off:] = scale[slots]
+            out.scale_used[off:] = scale_used[slots]
+            out.skipped[off:] = skipped[slots]
+        if self.grad_every and self.failed is None:
+            for s, slot in zip(kept, slots):
+                if valid[slot] > 0:
+                    out.grad_counts[s] = counts[slot]
+        return out
+
+
+class ModelState:
+    """mpwatch's state on one model: the step counter, the tap, and who uses it."""
+
+    def __init__(self, model: Any) -> None:
+        self.step = initial_step(model)
+        self.skipped_total = 0
+        self.start: dict[str, Any] = {"iterations": self.step, "loss_scale": None}
+        self._resolved = False  # where the model's first mpwatch fit starts is fixed
+        self._fit_resolved = False  # ... and this fit's start
+        self.tap: Tap | None = None
+        self._model = model
+        self._users: dict[int, int | None] = {}
+        # set by TrainingLoopRecorder: batches per host call, and no Keras train function
+        self.capacity: int | None = None
+        self.rebuild = True
+        self._cache: Collected | None = None
+        self._consumers: set[int] = set()
+
+    def resolve_start(self, log_dir: str, reads_logs: bool) -> None:
+        """Fix where this fit's steps start, once per fit: the first mpwatch callback to reach the
+        first batch does it (after every callback's ``on_train_begin``, so after a
+        ``BackupAndRestore`` restore); the others find it done.
+
+        The first time for this model object: from the optimizer's ``iterations`` now, or, when
+        they are past 0 and the run's logs hold the restored state (``reads_logs``: the process
+        that writes them), from the step of that state (:mod:`mpwatch.record.resume`). Later
+        fits of the same model continue from the last step.
+        """
+        if self._fit_resolved:
+            return
+        self._fit_resolved = True
+        iterations = initial_step(self._model)
+        opt = loss_scale_optimizer(getattr(self._model, "optimizer", None))
+        scale = None
+        if opt is not None:
+            try:
+                scale = float(np.asarray(opt.dynamic_scale.numpy()))
+            except Exception:  # noqa: BLE001  (unbuilt: no scale yet)
+                scale = None
+        self.start = {"iterations": iterations, "loss_scale": scale}
+        if self._resolved:
+            self._sync_step()
+            return
+        self._resolved = True
+        self.step = iterations
+        if reads_logs and iterations > 0:
+            from mpwatch.record.resume import find_resume_point
+
+            point = find_resume_point(log_dir, iterations, scale)
+            if point is not None:
+                self.step, self.skipped_total = point.step, point.skipped_total
+                logger.info(
+                    "mpwatch: resumed training state (iterations %d) is step %d of %s",
+                    iterations,
+                    point.step,
+                    log_dir,
+                )
+
+    # called from each mpwatch callback's on_train_begin
+    def require(self, user: object, grad_every: int | None = None) -> None:
+        self._users[id(user)] = grad_every
+        self._fit_resolved = False  # a new fit: resolve_start runs again at its first batch
+        self._cache = None
+        self._consumers = set()
+
+    def release(self, user: object) -> None:
+        self._users.pop(id(user), None)
+        if not self._users and self.tap is not None:
+            self._sync_step()
+            self.tap.uninstall()
+            self.tap = None
+
+    def _wanted(self) -> tuple[int, int | None]:
+        spe = self.capacity or int(getattr(self._model, "steps_per_execution", 1) or 1)
+        everies = [g for g in self._users.values() if g]
+        return spe, (min(everies) if everies else None)
+
+    def ensure_installed(self) -> None:
+        """Install (or re-install with new needs) the tap; cheap when nothing changed."""
+        spe, grad_every = self._wanted()
+        tap = self.tap
+        if (
+            tap is not None
+            and tap.installed
+            and tap.capacity == spe
+            and tap.grad_every == grad_every
+            and tap.optimizer is self._model.optimizer
+        ):
+            return
+        if tap is not None:
+            self._sync_step()
+            tap.uninstall()
+        self.tap = Tap(self._model, spe, grad_every, self.step)
+        self.tap.rebuild = self.rebuild
+        self.tap.install()
+
+    def _sync_step(self) -> None:
+        if self.tap is not None:
+            self.step = int(self.tap.step.numpy())
+
+    def collect(self, user: object, keras_batches: int = 1) -> Collected:
+        """The batches since the last read. Every user calls this once per on_train_batch_end; the
+        first call reads the tap, the others get the same object."""
+        if self._cache is not None and id(user) not in self._consumers:
+            self._consumers.add(id(user))
+            return self._cache
+        if self.tap is not None and self.tap.installed:
+            got = self.tap.read()
+            if got.n == 0 and self.tap.failed is not None:
+                got = self._fallback(keras_batches)
+            else:
+                self.step = got.steps[-1] if got.steps else self.step
+        else:
+            got = self._fallback(keras_batches)
+        self._cache = got
+        self._consumers = {id(user)}
+        return got
+
+    def _fallback(self, n: int) -> Collected:
+        steps = list(range(self.step + 1, self.step + n + 1))
+        self.step += n
+        if self.tap is not None:
+            self.tap.set_step(self.step)
+        return Collected(steps=steps, exact=False)
+
+
+def state_of(model: Any) -> ModelState:
+    """The model's mpwatch state, created on first use."""
+    state = getattr(model, STATE_ATTR, None)
+    if state is None:
+        state = ModelState(model)
+        object.__setattr__(model, STATE_ATTR, state)
+    return state

@@ -1,0 +1,385 @@
+"""The "Mixed Precision" tab in a real TensorBoard process, and in headless Chromium.
+
+One ``tensorboard --logdir X --host 127.0.0.1 --port P`` subprocess per module over a logdir
+holding: the real mixed_float16 fit of ``quickstart_logdir`` (a small CNN with a float16 softmax); a
+run whose layer is named like an HTML injection; a 1,000-layer run; a run still being written; a
+run without mpwatch data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+from tensorboard_process import running_tensorboard
+from test_plugin import XSS_LAYER, write_synthetic_run
+
+from mpwatch import contract
+
+BOOT_TIMEOUT = 180  # TensorBoard imports TensorFlow: slow on 2 cores
+ROUTES = ("scalars", "layers", "probes", "findings", "profile")
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _strict_json(text: str):
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+class Server:
+    def __init__(self, port: int, logdir: str, proc: subprocess.Popen) -> None:
+        self.port = port
+        self.logdir = logdir
+        self.proc = proc
+        self.base = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str, **params):
+        url = self.base + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                return r.status, r.headers.get("Content-Type", ""), r.read().decode("utf-8")
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Content-Type", ""), e.read().decode("utf-8")
+
+    def route(self, name: str, **params):
+        status, ctype, body = self.get(f"/data/plugin/mpwatch/{name}", **params)
+        assert ctype.startswith("application/json"), (name, ctype)
+        return status, _strict_json(body)
+
+
+def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(
+                f"tensorboard exited with {proc.returncode} while waiting for {what}"
+            )
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (OSError, ValueError, AssertionError) as e:
+            last = e
+        time.sleep(0.5)
+    raise TimeoutError(f"waited {timeout}s for {what}; last error: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory, quickstart_logdir):
+    root = tmp_path_factory.mktemp("tb_logdir")
+    shutil.copytree(quickstart_logdir, root / "fit")  # the real fit, as run "fit"
+    write_synthetic_run(str(root / "xss"), layers=["dense_1", XSS_LAYER, "out"], profile=True)
+    write_synthetic_run(
+        str(root / "big"),
+        steps=120,
+        layers=[f"block{i}/dense" for i in range(1000)],
+        probe_every=10,
+    )
+    live = write_synthetic_run(str(root / "live"), steps=20, close=False)
+    import tensorflow as tf
+
+    with tf.summary.create_file_writer(str(root / "plain")).as_default():
+        tf.summary.scalar("loss", 1.0, step=1)
+    yield {"root": str(root), "live": live}
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def server(logdir):
+    def ready(base):
+        srv = Server(int(base.rsplit(":", 1)[1]), logdir["root"], None)
+        status, body = srv.route("runs")
+        names = {r["name"] for r in body["runs"]}
+        return status == 200 and {"fit", "xss", "big", "live"} <= names
+
+    log_path = os.path.join(logdir["root"], "..", "tensorboard.log")
+    with running_tensorboard(
+        logdir["root"], log_path, ready, BOOT_TIMEOUT, ("--reload_interval", "1")
+    ) as (_, port, proc):
+        yield Server(port, logdir["root"], proc)
+
+
+# --- the routes ---------------------------------------------------------------------------------
+def test_plugins_listing_shows_the_tab_enabled(server):
+    status, ctype, body = server.get("/data/plugins_listing")
+    assert status == 200
+    entry = _strict_json(body)["mpwatch"]
+    assert entry["enabled"] is True
+    assert entry["tab_name"] == "Mixed Precision"
+    assert entry["loading_mechanism"] == {
+        "type": "IFRAME",
+        "module_path": "/data/plugin/mpwatch/static/index.js",
+    }
+
+
+def test_runs_lists_only_runs_with_mpwatch_data(server):
+    status, body = server.route("runs")
+    assert status == 200
+    assert sorted(r["name"] for r in body["runs"]) == ["big", "fit", "live", "xss"]
+
+
+@pytest.mark.parametrize("run", ["fit", "xss", "big", "live"])
+def test_every_route_answers_valid_json(server, run):
+    for route in ROUTES:
+        status, body = server.route(route, run=run)
+        assert status == 200, (route, body)
+        assert body["run"] == run
+    status, body = server.route("scalars", run=run, points=50)
+    assert all(len(s["steps"]) <= 52 for s in body["series"].values())
+    status, probes = server.route("probes", run=run)
+    if probes["steps"]:
+        status, body = server.route("probes", run=run, step=probes["steps"][0])
+        assert status == 200 and body["probe"]["step"] == probes["steps"][0]
+
+
+def test_every_probe_record_survives_tensorboard_sampling(server):
+    # more probe records than TensorBoard's default sample of 10 for a tensor plugin
+    status, body = server.route("probes", run="big")
+    assert body["steps"] == list(range(10, 121, 10))  # 12 probes: none sampled away
+    assert len(body["heatmap"]["layers"]) == 1000
+    from mpwatch.read import run as reader
+
+    direct = reader.load_run(os.path.join(server.logdir, "fit"))
+    status, body = server.route("probes", run="fit")
+    assert body["steps"] == sorted(direct.histograms) or body["steps"] == sorted(
+        direct.probe_model["step"].tolist()
+    )
+
+
+@pytest.mark.parametrize(
+    ("route", "params", "code"),
+    [
+        ("layers", {}, 400),
+        ("layers", {"run": "nope"}, 404),
+        ("layers", {"run": "plain"}, 404),
+        ("layers", {"run": "../../etc/passwd"}, 404),
+        ("scalars", {"run": "fit", "points": "many"}, 400),
+        ("scalars", {"run": "fit", "points": "10000000"}, 400),
+        ("probes", {"run": "fit", "step": "x"}, 400),
+        ("probes", {"run": "fit", "step": "999999"}, 404),
+    ],
+)
+def test_routes_validate_their_parameters(server, route, params, code):
+    status, body = server.route(route, **params)
+    assert status == code
+    assert isinstance(body["error"], str)
+
+
+def test_static_files_have_explicit_types_and_no_traversal(server):
+    status, ctype, body = server.get("/data/plugin/mpwatch/static/index.js")
+    assert status == 200 and ctype.startswith("text/javascript")
+    assert "export async function render" in body
+    status, ctype, _ = server.get("/data/plugin/mpwatch/static/style.css")
+    assert status == 200 and ctype.startswith("text/css")
+    for path in ("static/..%2Fplugin.py", "static/plugin.py", "static/%2e%2e/loader.py"):
+        status, _, body = server.get(f"/data/plugin/mpwatch/{path}")
+        assert status == 404 and "import" not in body
+
+
+def test_frontend_builds_dom_without_html_strings():
+    static = os.path.join(
+        os.path.dirname(__file__),
+        "..",
+        "..",
+        "tensorboard_plugin",
+        "tensorboard_plugin_mpwatch",
+        "static",
+    )
+    for name in os.listdir(static):
+        if name.endswith(".js"):
+            with open(os.path.join(static, name), encoding="utf-8") as f:
+                text = f.read()
+            for banned in (
+                "innerHTML",
+                "outerHTML",
+                "insertAdjacentHTML",
+                "document.write",
+                "eval(",
+            ):
+                assert banned not in text, (name, banned)
+            assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+            assert "https://" not in text
+
+
+def test_a_run_still_being_written_is_followed(server, logdir):
+    status, before = server.route("scalars", run="live")
+    assert max(before["series"][contract.LOSS_SCALE]["steps"]) == 20
+    writer = logdir["live"]
+    writer.scalars(21, {contract.LOSS_SCALE: 1024.0, contract.STEP_SKIPPED: 0.0})
+    writer.flush()
+
+    def grown():
+        _, body = server.route("scalars", run="live")
+        return max(body["series"][contract.LOSS_SCALE]["steps"]) == 21
+
+    _wait(grown, 60, "the live run's new step")
+
+
+# --- the browser --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: browser tests need Debian's chromium")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Tab:
+    """TensorBoard's page with the mpwatch tab open; ``frame`` is the plugin's iframe."""
+
+    def __init__(self, browser, server):
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self.page.goto(f"{server.base}/#mpwatch", timeout=60_000)
+        self.page.wait_for_selector('iframe[src*="plugin_entry.html?name=mpwatch"]', timeout=60_000)
+        self.frame = None
+        for _ in range(120):  # the frame object appears once its document starts loading
+            self.frame = self._find_frame()
+            if self.frame is not None:
+                break
+            self.page.wait_for_timeout(250)
+        assert self.frame is not None, "the mpwatch plugin iframe never loaded"
+        self.frame.wait_for_selector("#mpw-layer-table tbody tr", timeout=60_000)
+
+    def _find_frame(self):
+        for f in self.page.frames:
+            if "plugin_entry.html?name=mpwatch" in f.url:
+                return f
+        return None
+
+    def select_run(self, run: str) -> None:
+        self.frame.select_option("#mpw-run", run)
+        self.frame.wait_for_function(
+            "(run) => document.body.dataset.run === run && document.body.dataset.state === 'ready'",
+            arg=run,
+            timeout=30_000,
+        )
+
+    def close(self) -> None:
+        self.page.close()
+
+
+@pytest.fixture()
+def tab(browser, server):
+    t = Tab(browser, server)
+    yield t
+    t.close()
+
+
+@pytest.mark.browser
+def test_tab_shows_layers_charts_and_the_float16_softmax_finding(tab, server, logdir):
+    from mpwatch.read import run as reader
+
+    tab.select_run("fit")
+    frame = tab.frame
+    direct = reader.load_run(os.path.join(server.logdir, "fit"))
+    names = [str(n) for n in direct.layers["name"]]
+    table_text = frame.inner_text("#mpw-layer-table")
+    for name in names[:50]:
+        assert name in table_text
+    assert frame.locator(".mpw-count").inner_text().startswith(f"{len(names)} of {len(names)}")
+    # charts: loss scale, gradient health, histogram (SVG), heatmap (canvas)
+    assert frame.locator("#mpw-loss-scale svg.mpw-chart path.mpw-line").count() == 1
+    assert frame.locator("#mpw-health svg.mpw-chart path.mpw-line").count() >= 1
+    if direct.histograms:  # the probe ran in this fit
+        assert frame.locator("#mpw-histogram svg rect.mpw-bar").count() > 0
+        assert frame.locator("#mpw-heatmap canvas").count() == 1
+    else:
+        assert "no probe results yet" in frame.inner_text("#mpw-histogram")
+    # the advisor's float16-output finding, with the fix as code, and as a badge in the table
+    outputs = direct.layers[direct.layers["is_output"].fillna(False).astype(bool)]["name"].tolist()
+    card = frame.locator('#mpw-findings article[data-rule="output-16bit"]')
+    assert card.count() >= 1
+    assert outputs[0] in card.first.inner_text()
+    assert 'dtype="float32"' in card.first.locator("pre.mpw-fix code").inner_text()
+    assert frame.locator("#mpw-layer-table .mpw-badge", has_text="output-16bit").count() >= 1
+    # values on hover
+    frame.locator("#mpw-loss-scale .mpw-overlay").hover()
+    assert "loss scale" in frame.locator(".mpw-tooltip").inner_text()
+    assert tab.errors == []
+
+
+@pytest.mark.browser
+def test_layer_names_are_text_never_html(tab):
+    tab.select_run("xss")
+    frame = tab.frame
+    assert XSS_LAYER in frame.inner_text("#mpw-layer-table")
+    assert frame.locator('th[data-key="time_share"]').count() == 1  # profiled: time share shown
+    # the probe charts of this (synthetic) run: histogram with the float16 window, heatmap
+    assert frame.locator("#mpw-histogram svg rect.mpw-bar").count() == 40
+    assert frame.locator("#mpw-histogram svg rect.mpw-window").count() == 1
+    assert frame.locator("#mpw-heatmap canvas").count() == 1
+    assert frame.locator("#mpw-probe-step option").count() == 6
+    frame.select_option("#mpw-probe-step", "20")
+    frame.wait_for_function("document.querySelector('#mpw-histogram').textContent.length > 0")
+    assert frame.locator("#mpw-layer-table img").count() == 0
+    assert frame.locator("img").count() == 0
+    frame.fill(".mpw-filter", "onerror")
+    assert frame.locator("#mpw-layer-table tbody tr").count() == 1
+    frame.wait_for_timeout(500)
+    assert frame.evaluate("typeof window.__x") == "undefined"
+    assert tab.page.evaluate("typeof window.__x") == "undefined"
+    assert tab.errors == []
+
+
+@pytest.mark.browser
+def test_a_thousand_layers_are_paged_and_sortable(tab):
+    tab.select_run("big")
+    frame = tab.frame
+    assert frame.locator(".mpw-count").inner_text() == "1000 of 1000 layers"
+    assert frame.locator("#mpw-layer-table tbody tr").count() == 50
+    frame.locator('th[data-key="params"]').click()  # descending first
+    first = frame.locator("#mpw-layer-table tbody tr").first.inner_text()
+    assert "block999/dense" in first
+    frame.fill(".mpw-filter", "block99")
+    # block99, block990..block999
+    assert frame.locator(".mpw-count").inner_text() == "11 of 1000 layers"
+    assert tab.errors == []
+
+
+@pytest.mark.browser
+def test_the_tab_follows_tensorboards_reload(tab, logdir):
+    tab.select_run("live")
+    frame = tab.frame
+    before = frame.locator("#mpw-status").inner_text()
+    writer = logdir["live"]
+    writer.scalars(500, {contract.LOSS_SCALE: 2048.0, contract.STEP_SKIPPED: 0.0})
+    writer.flush()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        tab.page.locator("app-header-reload button").click()
+        try:
+            frame.wait_for_function(
+                "document.querySelector('#mpw-status').textContent.startsWith('step 500')",
+                timeout=3000,
+            )
+            break
+        except Exception:  # noqa: BLE001 - TensorBoard may not have read the new event yet
+            continue
+    after = frame.locator("#mpw-status").inner_text()
+    assert after.startswith("step 500"), (before, after)
+    assert tab.errors == []

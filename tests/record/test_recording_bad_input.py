@@ -1,0 +1,101 @@
+"""Bad input gets a clear error before training starts; a failure while recording is logged once,
+that part stops, training goes on."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+
+def _compiled():
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_unwritable_log_dir(tmp_path):
+    import mpwatch
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="log_dir .* is not a writable directory"):
+        mpwatch.MixedPrecisionMonitor(log_dir=str(blocker / "run"))
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "10", True])
+def test_invalid_log_every(tmp_path, bad):
+    import mpwatch
+
+    with pytest.raises(ValueError, match="log_every must be a positive integer"):
+        mpwatch.MixedPrecisionMonitor(log_dir=tmp_path, log_every=bad)
+    with pytest.raises(ValueError, match="log_every must be a positive integer"):
+        mpwatch.GradientHealthMonitor(log_dir=tmp_path, log_every=bad)
+
+
+def test_log_dir_must_be_a_path():
+    import mpwatch
+
+    with pytest.raises(ValueError, match="log_dir must be a directory path"):
+        mpwatch.LossScaleMonitor(log_dir=None)
+
+
+def test_not_a_keras_model(tmp_path):
+    import mpwatch
+
+    cb = mpwatch.MixedPrecisionMonitor(tmp_path)
+    cb.set_model(object())
+    with pytest.raises(TypeError, match="watches a keras.Model, got builtins.object"):
+        cb.on_train_begin()
+
+
+def test_uncompiled_model(tmp_path):
+    import keras
+
+    import mpwatch
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="plain")
+    cb = mpwatch.MixedPrecisionMonitor(tmp_path)
+    cb.set_model(model)
+    with pytest.raises(ValueError, match="model 'plain' is not compiled; call model.compile"):
+        cb.on_train_begin()
+    rec = mpwatch.TrainingLoopRecorder
+    with pytest.raises(ValueError, match="is not compiled|has no optimizer"):
+        rec(model, log_dir=tmp_path)
+
+
+def test_failure_while_recording_is_logged_once_and_training_goes_on(
+    tmp_path, policy, read_events, caplog, monkeypatch
+):
+    import mpwatch
+    from mpwatch.record import gradient_health
+
+    calls = []
+
+    def broken(self, got, logs):
+        calls.append(got.steps)
+        raise RuntimeError("boom in gradient health")
+
+    monkeypatch.setattr(gradient_health.GradientHealthMonitor, "_batch_end", broken)
+    with policy("mixed_float16"), caplog.at_level(logging.ERROR, logger="mpwatch"):
+        model = _compiled()
+        history = model.fit(
+            np.random.rand(60, 4).astype("float32"),
+            np.random.rand(60, 2).astype("float32"),
+            batch_size=10,
+            epochs=3,
+            verbose=0,
+            callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2)],
+        )
+    assert len(history.history["loss"]) == 3  # training completed
+    assert len(calls) == 1  # that part stopped after its first failure
+    errors = [r for r in caplog.records if r.name == "mpwatch" and r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "gradient_health" in errors[0].getMessage()
+    scalars, records = read_events(tmp_path)
+    assert len(scalars["mpwatch/loss_scale"]) == 18  # the other parts went on
+    assert "mpwatch/grad/zero_fraction" not in scalars
+    ((_, notice),) = [n for n in records["notice"] if n[1]["part"] == "gradient_health"]
+    assert notice["level"] == "error" and "boom in gradient health" in notice["message"]

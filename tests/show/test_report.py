@@ -1,0 +1,174 @@
+"""mpwatch.show.report: every format, the JSON schema, and the HTML page in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jsonschema
+import pytest
+from builders import write_float32_run, write_mixed_run, write_plain_scalars
+
+from mpwatch import contract
+from mpwatch.judge.advisor import diagnose_runs
+from mpwatch.read import run as reader
+from mpwatch.record.writer import RunWriter
+from mpwatch.show import report
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    write_mixed_run(str(root / "mixed"))
+    write_float32_run(str(root / "fp32"))
+    # a layer name that would break naive HTML
+    w = RunWriter(str(root / "<script>alert(1)</script>"))
+    w.scalars(1, {contract.LOSS_SCALE: 2.0})
+    w.close()
+    runs = reader.load_runs(str(root))
+    return str(root), runs, diagnose_runs(runs)
+
+
+def test_json_follows_the_schema(two_runs):
+    root, runs, findings = two_runs
+    text = report.render(runs, findings, "json", logdir=root)
+    doc = json.loads(text)
+    jsonschema.validate(doc, report.JSON_SCHEMA)
+    jsonschema.Draft202012Validator.check_schema(report.JSON_SCHEMA)
+    assert doc["schema"] == "mpwatch.diagnosis/1" and doc["has_data"] is True
+    assert [r["name"] for r in doc["runs"]] == sorted(runs)
+    mixed = next(r for r in doc["runs"] if r["name"] == "mixed")
+    assert mixed["summary"]["final_loss_scale"] == 1024.0
+    assert mixed["summary"]["skipped_steps"] == 25 and mixed["summary"]["probes"] == 2
+    assert doc["counts"]["error"] == sum(1 for f in findings if f.severity == "error") >= 1
+    out = [f for f in doc["findings"] if f["rule"] == "output-16bit"]
+    assert out and out[0]["layer"] == "predictions"
+
+
+def test_json_schema_rejects_a_broken_document(two_runs):
+    root, runs, findings = two_runs
+    doc = report.to_json(runs, findings, root)
+    doc["findings"][0]["severity"] = "fatal"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, report.JSON_SCHEMA)
+
+
+def test_text_and_color(two_runs):
+    root, runs, findings = two_runs
+    plain = report.render(runs, findings, "text", logdir=root)
+    assert "\x1b[" not in plain
+    assert "ERROR" in plain and "predictions" in plain and 'dtype="float32"' in plain
+    colored = report.render(runs, findings, "text", logdir=root, color=True)
+    assert "\x1b[1;31mERROR" in colored
+
+
+def test_markdown(two_runs):
+    root, runs, findings = two_runs
+    md = report.render(runs, findings, "markdown", logdir=root)
+    assert md.startswith("# mpwatch diagnosis")
+    assert "| run | policy |" in md and "```python" in md
+    assert "<script>" not in md  # the run name is escaped
+
+
+def test_no_data_is_said_plainly(tmp_path):
+    write_plain_scalars(str(tmp_path))
+    runs = reader.load_runs(str(tmp_path))
+    for fmt in ("text", "markdown", "html"):
+        out = report.render(runs, [], fmt, logdir=str(tmp_path))
+        assert "no mpwatch data" in out
+    doc = json.loads(report.render(runs, [], "json", logdir=str(tmp_path)))
+    jsonschema.validate(doc, report.JSON_SCHEMA)
+    assert doc["has_data"] is False and doc["findings"] == []
+
+
+def test_html_is_self_contained_and_escaped(two_runs):
+    root, runs, findings = two_runs
+    page = report.render(runs, findings, "html", logdir=root)
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script" not in page  # no JavaScript at all
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in page
+    assert page.count("<svg") >= 6  # 3 charts per run with data
+
+
+def test_unknown_format():
+    with pytest.raises(ValueError, match="unknown format"):
+        report.render([], [], "pdf")
+
+
+@pytest.mark.browser
+def test_html_opens_in_headless_chromium(two_runs, tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: browser test skipped")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    root, runs, findings = two_runs
+    path = tmp_path / "report.html"
+    path.write_text(report.render(runs, findings, "html", logdir=root), encoding="utf-8")
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )  # fmt: skip
+        try:
+            page = browser.new_page()
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(path.as_uri())
+            page.wait_for_load_state("load")
+            assert page.title().startswith("mpwatch diagnosis")
+            runs_shown = page.locator("section.run")
+            assert runs_shown.count() == 3
+            mixed = page.locator("section.run", has=page.locator("h2", has_text="Run mixed"))
+            # charts present and drawn
+            assert mixed.locator("svg.chart").count() == 3
+            assert mixed.locator("svg[id^=loss-scale] polyline.series").count() == 1
+            assert mixed.locator("svg[id^=loss-scale] line.mark").count() == 25
+            assert mixed.locator("svg[id^=histogram] rect.bar").count() > 10
+            assert mixed.locator("svg[id^=histogram] rect.window").count() == 1
+            assert mixed.locator("svg[id^=underflow] .series").count() >= 1
+            box = mixed.locator("svg[id^=loss-scale]").bounding_box()
+            assert box and box["width"] > 100 and box["height"] > 50
+            # the per-layer table
+            rows = mixed.locator("table.layers tbody tr")
+            assert rows.count() == 4
+            assert "predictions" in rows.nth(3).inner_text()
+            assert "flag-error" in (rows.nth(3).get_attribute("class") or "")
+            # the findings
+            assert mixed.locator(".finding.error").count() >= 1
+            # the hostile run name shows as text
+            assert page.get_by_text("Run <script>alert(1)</script>").count() == 1
+        finally:
+            browser.close()
+    assert errors == []
+
+
+def test_profile_section_in_every_format(two_runs):
+    """The mixed run's profile record (tests/builders.profile_payload): 10 ms of op
+    time, conv2d 5 ms of which 1 ms 16-bit, dense 2.5 ms, 20% in Cast, 0.5 ms outside layers."""
+    root, runs, findings = two_runs
+    doc = report.to_json(runs, findings, root)
+    jsonschema.validate(doc, report.JSON_SCHEMA)
+    mixed = next(r for r in doc["runs"] if r["name"] == "mixed")
+    prof = mixed["profile"]
+    assert prof["steps"] == [5, 8] and prof["total_ms"] == pytest.approx(10.0)
+    assert prof["cast_share"] == pytest.approx(0.2) and prof["share_16bit"] == pytest.approx(0.3)
+    assert prof["unattributed_share"] == pytest.approx(0.05)
+    assert [(x["layer"], x["time_ms"]) for x in prof["top_layers"]] == [
+        ("conv2d", pytest.approx(5.0)),
+        ("dense", pytest.approx(2.5)),
+    ]
+    assert prof["top_layers"][0]["share"] == pytest.approx(0.5)
+    assert prof["top_layers"][0]["share_16bit"] == pytest.approx(0.2)
+    assert next(r for r in doc["runs"] if r["name"] == "fp32")["profile"] is None
+    text = report.render(runs, findings, "text", logdir=root)
+    assert "profile: profiled steps 5-8, 10 ms of op time, 30.0% in 16-bit, 20.0% in Cast" in text
+    assert "conv2d: 5 ms (50.0%), 20% 16-bit" in text
+    md = report.render(runs, findings, "markdown", logdir=root)
+    assert "**Profile of run `mixed`:**" in md and "- dense: 2.5 ms (25.0%), 80% 16-bit" in md
+    html = report.render(runs, findings, "html", logdir=root)
+    assert '<section class="profile"><h3>Profile</h3>' in html
