@@ -240,7 +240,7 @@ def parse_metadata_content(content: bytes) -> dict[str, Any]:
 
 def encode_payload(payload: Mapping[str, Any]) -> bytes:
     """JSON + zlib. Numpy scalars and arrays are converted to plain Python first."""
-    text = json.dumps(_plain(payload), separators=(",", ":"), allow_nan=True)
+    text = json.dumps(json_safe(payload, nonfinite="keep"), separators=(",", ":"), allow_nan=True)
     return zlib.compress(text.encode("utf-8"), 6)
 
 
@@ -257,13 +257,21 @@ def table(columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
     return {"columns": list(columns), "data": [list(r) for r in rows]}
 
 
-def _plain(value: Any) -> Any:
+def json_safe(value: Any, *, nonfinite: str = "null") -> Any:
+    """Plain Python for JSON: numpy arrays and scalars become lists and numbers, keys strings.
+
+    ``nonfinite="null"`` (browsers, reports) turns NaN and infinities into ``None``;
+    ``nonfinite="keep"`` keeps them (the records on disk, which Python's ``json`` reads back).
+
+    >>> json_safe({"a": float("nan"), 1: (2.0, float("inf"))})
+    {'a': None, '1': [2.0, None]}
+    """
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_safe(v, nonfinite=nonfinite) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [json_safe(v, nonfinite=nonfinite) for v in value]
     if hasattr(value, "tolist"):  # numpy arrays and scalars
-        return _plain(value.tolist())
-    if isinstance(value, float) and math.isnan(value):
-        return float("nan")
+        return json_safe(value.tolist(), nonfinite=nonfinite)
+    if isinstance(value, float) and not math.isfinite(value) and nonfinite == "null":
+        return None
     return value

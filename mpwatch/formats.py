@@ -47,6 +47,27 @@ FLOAT32 = FloatFormat("float32", 32, 23, 2.0**-149, 2.0**-126, 3.402823466385288
 
 FORMATS = {f.name: f for f in (FLOAT16, BFLOAT16, FLOAT32)}
 
+#: the dtype names of 16-bit floating-point compute ("half" is float16 in some tools' tables)
+SIXTEEN_BIT = frozenset({"float16", "bfloat16", "half"})
+
+# Layers whose policy says float16/bfloat16 but that normalise in float32 inside (Keras 3 upcasts:
+# ops.layer_normalization / BatchNormalization.call compute in result_type(x, float32), verified by
+# tracing: Mean, SquaredDifference, Rsqrt run in float32), casting the result back.
+FLOAT32_INSIDE = frozenset(
+    {"BatchNormalization", "LayerNormalization", "GroupNormalization", "RMSNormalization"}
+)
+
+
+def is_16bit(dtype: object) -> bool:
+    """Whether a dtype (name, or anything whose ``.name``/``str()`` is one) is a 16-bit float.
+
+    >>> is_16bit("bfloat16"), is_16bit("float32"), is_16bit(None)
+    (True, False, False)
+    """
+    name = getattr(dtype, "name", None) or str(dtype)
+    return name.replace("mixed_", "") in SIXTEEN_BIT
+
+
 # Keras' LossScaleOptimizer starts at 2**15 and grows x2 every 2000 finite steps.
 KERAS_INITIAL_SCALE = 2.0**15
 KERAS_GROWTH_INTERVAL = 2000

@@ -49,6 +49,9 @@ from typing import Any
 
 import pandas as pd
 
+from mpwatch.formats import FLOAT32_INSIDE, is_16bit
+from mpwatch.layers import layer_path, sublayers
+
 TOOL = "framework_op_stats"
 
 # Op types TensorFlow's automatic mixed precision graph rewrite keeps in float32 (its "deny list"
@@ -87,12 +90,6 @@ ALWAYS_32BIT_OPS = frozenset(
         "OptionalHasValue",
     }
 )
-# Layers whose compute dtype says float16/bfloat16 but that compute in float32 inside (Keras 3
-# upcasts).
-FLOAT32_INSIDE_LAYERS = frozenset(
-    {"BatchNormalization", "LayerNormalization", "GroupNormalization", "RMSNormalization"}
-)
-SIXTEEN_BIT = frozenset({"float16", "bfloat16", "half"})
 # Rows the converter adds that are no ops.
 NON_OP_TYPES = frozenset({"IDLE"})
 
@@ -283,23 +280,16 @@ class LayerInfo:
     @property
     def bits(self) -> int:
         """Bits the layer's ops compute in (16 or 32)."""
-        if self.cls in FLOAT32_INSIDE_LAYERS and not self.dtype_given:
+        if self.cls in FLOAT32_INSIDE and not self.dtype_given:
             return 32
-        return 16 if str(self.compute_dtype) in SIXTEEN_BIT else 32
-
-
-def _child_layers(layer: Any) -> list[Any]:
-    try:
-        return list(layer._flatten_layers(include_self=False, recursive=False))
-    except (AttributeError, TypeError):
-        return list(getattr(layer, "layers", []) or [])
+        return 16 if is_16bit(self.compute_dtype) else 32
 
 
 def describe_model(model: Any) -> LayerInfo:
     """The model as a tree of :class:`LayerInfo` (names, paths, classes, compute dtypes)."""
 
     def visit(layer: Any, prefix: str) -> LayerInfo:
-        path = f"{prefix}/{layer.name}" if prefix else layer.name
+        path = layer_path(prefix, layer.name)
         try:
             trainable = int(sum(math.prod(w.shape) for w in layer.trainable_weights))
         except Exception:  # noqa: BLE001 - unbuilt layers
@@ -311,7 +301,7 @@ def describe_model(model: Any) -> LayerInfo:
             compute_dtype=str(getattr(layer, "compute_dtype", "float32")),
             trainable_params=trainable,
         )
-        info.children = [visit(c, path) for c in _child_layers(layer)]
+        info.children = [visit(c, path) for c in sublayers(layer)]
         return info
 
     return visit(model, "")

@@ -25,10 +25,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from mpwatch import contract
+from mpwatch.contract import json_safe
+from mpwatch.formats import FLOAT16, SIXTEEN_BIT
 from mpwatch.read.run import Run, load_run, load_runs
 
 __all__ = ["Finding", "Rule", "RULES", "diagnose", "diagnose_runs", "SEVERITIES"]
@@ -36,8 +37,7 @@ __all__ = ["Finding", "Rule", "RULES", "diagnose", "diagnose_runs", "SEVERITIES"
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
-FLOAT16_MAX = 65504.0
-SIXTEEN_BIT = ("float16", "bfloat16")
+FLOAT16_MAX = FLOAT16.max
 MODEL_CLASSES = ("Sequential", "Functional", "Model")
 
 # --- thresholds (documented in RULES) ----------------------------------------------------------
@@ -107,22 +107,10 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (non-finite numbers become None)."""
-        return _jsonable(asdict(self))
+        return json_safe(asdict(self))
 
     def at_least(self, severity: str) -> bool:
         return _RANK[self.severity] >= _RANK[severity]
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (np.generic,)):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 @dataclass(frozen=True)

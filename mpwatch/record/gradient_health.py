@@ -17,7 +17,7 @@ def variable_layer(path: str) -> str:
 def variable_layer_paths(model: Any) -> dict[str, str]:
     """Variable path -> the layer-table path of the innermost layer owning it (Keras' variable
     paths omit outer models: "inner/dense/kernel" belongs to layer "outer/inner/dense")."""
-    from mpwatch.record.layer_dtypes import walk
+    from mpwatch.layers import walk
 
     out: dict[str, str] = {}
     for layer, path, _ in sorted(walk(model), key=lambda t: t[2]):  # deeper layers win

@@ -5,44 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from mpwatch import contract
+from mpwatch.formats import FLOAT32_INSIDE, is_16bit
+from mpwatch.layers import sublayers, walk
 from mpwatch.record.base import RecordingCallback
 
 COLUMNS = contract.LAYERS_COLUMNS
-
-# Layers whose policy says float16/bfloat16 but that normalise in float32 inside (Keras 3 upcasts:
-# ops.layer_normalization / BatchNormalization.call compute in result_type(x, float32), verified by
-# tracing: Mean, SquaredDifference, Rsqrt run in float32), casting the result back.
-FLOAT32_INSIDE = {
-    "LayerNormalization",
-    "BatchNormalization",
-    "GroupNormalization",
-    "RMSNormalization",
-}
-
-
-def sublayers(layer: Any) -> list[Any]:
-    """Direct sub-layers (nested models, layers held by a subclassed layer); no InputLayer."""
-    try:
-        subs = layer._flatten_layers(include_self=False, recursive=False)
-    except Exception:  # noqa: BLE001
-        subs = list(getattr(layer, "layers", []) or [])
-    return [s for s in subs if type(s).__name__ != "InputLayer"]
-
-
-def walk(model: Any) -> list[tuple[Any, str, int]]:
-    """(layer, path, depth) for every layer under ``model``, depth-first, paths like
-    "outer/inner/dense"."""
-    out: list[tuple[Any, str, int]] = []
-
-    def rec(layer: Any, prefix: str, depth: int) -> None:
-        for sub in sublayers(layer):
-            path = f"{prefix}/{sub.name}"
-            out.append((sub, path, depth))
-            rec(sub, path, depth + 1)
-
-    rec(model, model.name, 1)
-    return out
-
 
 def tc_dims(layer: Any) -> dict[str, int]:
     """The dimensions that decide Tensor Core eligibility of a layer's matmul/convolution."""
@@ -116,7 +83,7 @@ def layer_rows(model: Any, traced: dict[int, str] | None = None) -> list[list[An
         variable = str(getattr(layer, "variable_dtype", None))
         output = traced.get(id(layer)) or _symbolic_output_dtype(layer)
         effective, note = compute, None
-        if cls in FLOAT32_INSIDE and compute in ("float16", "bfloat16"):
+        if cls in FLOAT32_INSIDE and is_16bit(compute):
             effective = "float32"
             note = (
                 f"policy {pname} but {cls} normalises in float32 inside (Keras upcasts the "

@@ -28,7 +28,8 @@ import numpy as np
 
 from mpwatch import contract
 from mpwatch._version import __version__
-from mpwatch.judge.advisor import SEVERITIES, Finding, _jsonable
+from mpwatch.contract import json_safe
+from mpwatch.judge import SEVERITIES, Finding
 from mpwatch.read.run import Run
 
 __all__ = [
@@ -318,7 +319,7 @@ def to_json(
         "findings": [f.to_dict() for f in findings],
         "counts": {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES},
     }
-    return _jsonable(doc)
+    return json_safe(doc)
 
 
 # --- text ----------------------------------------------------------------------------------------

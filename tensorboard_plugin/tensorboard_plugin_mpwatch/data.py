@@ -11,7 +11,6 @@ the CLI and the tab.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +19,7 @@ import pandas as pd
 from tensorboard.data import provider as tb_provider
 
 from mpwatch import contract
+from mpwatch.contract import json_safe
 from mpwatch.read.run import later_writes_win
 
 SCALARS_PLUGIN = "scalars"
@@ -41,21 +41,6 @@ class RunRecords:
     def latest(self, kind: str) -> dict[str, Any] | None:
         items = self.records.get(kind)
         return items[-1][1] if items else None
-
-
-def json_safe(value: Any) -> Any:
-    """Plain JSON: NaN and infinities become ``None``; numpy values become Python values."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return json_safe(value.tolist())
-    if isinstance(value, np.generic):
-        return json_safe(value.item())
-    return value
 
 
 def _floats(arr: np.ndarray) -> list[float | None]:

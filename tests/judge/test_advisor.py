@@ -41,7 +41,7 @@ def make_run(name="run", policy="mixed_float16", layers=None, scalars=None, prob
             for r in layer_rows_:
                 rows.append([step, *r])
             models.append({"step": step, **model})
-        run.probes = pd.DataFrame(rows, columns=["step", *PROBE_LAYER_COLUMNS])
+        run.probe_layers = pd.DataFrame(rows, columns=["step", *PROBE_LAYER_COLUMNS])
         run.probe_model = pd.DataFrame(models)
         run.records[contract.KIND_PROBE] = [(s, {}) for s in probes]
     run.profile = profile

@@ -252,7 +252,7 @@ def test_plugin_run_is_the_readers_run(synthetic_logdir):
     mp = [c for c in direct.scalars.columns if c.startswith(contract.PREFIX)]
     pd.testing.assert_frame_equal(model.scalars[mp], direct.scalars[mp], check_dtype=False)
     pd.testing.assert_frame_equal(model.layers, direct.layers)
-    pd.testing.assert_frame_equal(model.probes, direct.probes)
+    pd.testing.assert_frame_equal(model.probe_layers, direct.probe_layers)
     assert model.info == direct.info
     assert sorted(model.histograms) == sorted(direct.histograms)
 

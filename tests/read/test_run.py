@@ -59,8 +59,8 @@ def test_records_become_tables(mixed_logdir):
     assert len(run.layer_history) == 1 and run.layer_history[0][0] == 1
     # probes: one row per probe step x layer
     steps = truth["steps"]
-    assert sorted(set(run.probes["step"])) == [steps // 2, steps]
-    assert len(run.probes) == 8 and "output_rel_error" in run.probes
+    assert sorted(set(run.probe_layers["step"])) == [steps // 2, steps]
+    assert len(run.probe_layers) == 8 and "output_rel_error" in run.probe_layers
     assert len(run.probe_variables) == 4
     pm = run.probe_model
     assert list(pm["step"]) == [steps // 2, steps]
@@ -82,7 +82,7 @@ def test_fast_path_equals_protobuf_path(mixed_logdir):
     fast = reader.load_run(path)
     slow = reader.load_run(path, verify="all")  # every record through event_pb2, crc checked
     pd.testing.assert_frame_equal(fast.scalars, slow.scalars)
-    pd.testing.assert_frame_equal(fast.probes, slow.probes)
+    pd.testing.assert_frame_equal(fast.probe_layers, slow.probe_layers)
 
 
 def test_truncated_last_record_is_skipped_with_a_warning(tmp_path):
@@ -239,7 +239,7 @@ def test_split_probe_parts_are_joined(tmp_path):
     w.close()
     run = reader.load_run(str(tmp_path))
     assert run.probe_variables["variable"].tolist() == ["v1", "v2"]
-    assert run.probes["layer"].tolist() == ["a"]
+    assert run.probe_layers["layer"].tolist() == ["a"]
     assert run.probe_model["underflow_fraction"].tolist() == [0.5]
 
 
@@ -281,6 +281,6 @@ def test_run_from_records_matches_load_run(mixed_logdir):
     scalars = {t: (run.scalar(t).index.tolist(), run.scalar(t).tolist()) for t in run.scalars}
     again = reader.run_from_records(".", scalars=scalars, records=run.records)
     pd.testing.assert_frame_equal(again.scalars, run.scalars)
-    pd.testing.assert_frame_equal(again.probes, run.probes)
+    pd.testing.assert_frame_equal(again.probe_layers, run.probe_layers)
     pd.testing.assert_frame_equal(again.layers, run.layers)
     assert again.info == run.info and again.profile == run.profile

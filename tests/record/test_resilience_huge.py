@@ -172,7 +172,7 @@ def test_huge_model_gradient_tables_cover_every_trainable_variable(huge_fit):
         assert dict(zip(rows["variable"], rows["size"])) == truth, step
         assert dict(zip(rows["variable"], rows["layer"])) == owner
     names = {ly.name for ly in _model_layers(model)}
-    for step, rows in run.probes.groupby("step"):
+    for step, rows in run.probe_layers.groupby("step"):
         assert len(rows) == LAYERS and set(rows["layer"]) == names, step
 
 
@@ -321,7 +321,7 @@ def test_long_run_reads_every_step_and_value_exactly(long_run):
     assert run.layers["name"].tolist() == [f"dense_{i}" for i in range(LAYERS)]
     assert [s for s, _ in run.records["probe"]] == list(PROBE_STEPS)
     assert [p for _, p in run.records["probe"]] == [long_run.probes[s] for s in PROBE_STEPS]
-    assert len(run.probes) == len(PROBE_STEPS) * LAYERS
+    assert len(run.probe_layers) == len(PROBE_STEPS) * LAYERS
     assert len(run.probe_variables) == len(PROBE_STEPS) * 2 * LAYERS
 
 
