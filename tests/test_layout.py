@@ -1,0 +1,182 @@
+"""The layout tells the data flow: record -> contract -> read -> judge -> show, and has no circle.
+
+The import graph is read from the source with :mod:`ast` (every ``import`` statement, also those
+inside functions), not by importing, so a lazy import cannot hide an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = {"mpwatch": ROOT / "mpwatch", "tensorboard_plugin_mpwatch": ROOT / "tensorboard_plugin"}
+
+# stage -> the mpwatch stages it may import (shared facts: contract, formats, layers, profile)
+SHARED = ("mpwatch", "mpwatch._version", "mpwatch.contract", "mpwatch.formats", "mpwatch.layers")
+ALLOWED = {
+    "mpwatch.record": (*SHARED, "mpwatch.profile", "mpwatch.record"),
+    "mpwatch.read": (*SHARED, "mpwatch.read"),
+    "mpwatch.judge": (*SHARED, "mpwatch.read", "mpwatch.judge"),
+    "mpwatch.show": (*SHARED, "mpwatch.read", "mpwatch.judge", "mpwatch.show"),
+    "mpwatch.contract": (),
+    "mpwatch.formats": (),
+    "mpwatch.layers": (),
+    "mpwatch.profile": ("mpwatch.contract", "mpwatch.formats", "mpwatch.layers"),
+    "tensorboard_plugin_mpwatch": (
+        *SHARED,
+        "mpwatch.read",
+        "mpwatch.judge",
+        "tensorboard_plugin_mpwatch",
+    ),
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for top, base in SOURCES.items():
+        pkg_root = base / top if top != "mpwatch" else base
+        for path in sorted(pkg_root.rglob("*.py")):
+            rel = path.relative_to(pkg_root).with_suffix("")
+            parts = [top, *rel.parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The mpwatch modules ``name`` imports (a ``from pkg import x`` names module ``pkg.x`` when
+    that is a module, else ``pkg``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in MODULES else base)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _stage(module: str) -> str | None:
+    for stage in sorted(ALLOWED, key=len, reverse=True):
+        if module == stage or module.startswith(stage + "."):
+            return stage
+    return None
+
+
+def test_the_stages_are_packages_of_their_own():
+    for pkg in ("mpwatch.record", "mpwatch.read", "mpwatch.judge", "mpwatch.show"):
+        assert pkg in MODULES, pkg
+    flat = sorted(n for n in MODULES if n.count(".") == 1 and n.startswith("mpwatch."))
+    assert flat == [
+        "mpwatch.__main__",
+        "mpwatch._legacy",
+        "mpwatch._version",
+        "mpwatch.contract",
+        "mpwatch.formats",
+        "mpwatch.judge",
+        "mpwatch.layers",
+        "mpwatch.profile",
+        "mpwatch.read",
+        "mpwatch.record",
+        "mpwatch.show",
+    ]
+
+
+def test_no_import_circle():
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                circle = stack[stack.index(nxt) :] + [nxt]
+                pytest.fail("import circle: " + " -> ".join(circle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _stage(m)))
+def test_each_stage_imports_only_what_comes_before_it(module):
+    stage = _stage(module)
+    allowed = ALLOWED[stage]
+    wrong = sorted(
+        m for m in GRAPH[module] if not any(m == a or m.startswith(a + ".") for a in allowed)
+        and m not in allowed
+    )
+    # the package root is allowed only as itself (its lazy exports reach every stage)
+    assert not wrong, f"{module} ({stage}) imports {wrong}; it may import {allowed}"
+
+
+def test_record_never_imports_read_even_lazily():
+    record = [m for m in MODULES if m.startswith("mpwatch.record")]
+    assert record
+    for m in record:
+        assert not {x for x in GRAPH[m] if x.startswith("mpwatch.read")}, m
+
+
+def test_importing_the_recorder_loads_no_read_module():
+    code = (
+        "import sys, mpwatch.record.monitor, mpwatch.record.loop; "
+        "bad = sorted(m for m in sys.modules if m.startswith(('mpwatch.read', 'mpwatch.judge', "
+        "'mpwatch.show'))); print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+def test_old_module_paths_are_the_new_modules():
+    from mpwatch import _legacy
+
+    for old, new in _legacy.ALIASES.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+        assert importlib.import_module(new).__spec__.name == new  # the alias left it intact
+    from mpwatch.advisor import diagnose
+    from mpwatch.callbacks.monitor import MixedPrecisionMonitor
+    from mpwatch.reader import load_run
+
+    import mpwatch
+
+    assert (diagnose, load_run, MixedPrecisionMonitor) == (
+        mpwatch.diagnose,
+        mpwatch.load_run,
+        mpwatch.MixedPrecisionMonitor,
+    )
+
+
+def test_every_alias_points_at_a_module_that_exists():
+    from mpwatch import _legacy
+
+    for new in _legacy.ALIASES.values():
+        assert new in MODULES, new
