@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from mpwatch import contract  # noqa: E402
-from mpwatch.read.run import _masked_crc32c_rows  # noqa: E402
+from mpwatch.read.tfrecord import _masked_crc32c_rows  # noqa: E402
 
 SCALARS_METADATA = bytes.fromhex("4a0b0a090a077363616c617273")  # plugin_name "scalars"
 
@@ -130,7 +130,7 @@ def record_event(kind: str, step: int, payload: dict, wall: float) -> bytes:
 
 
 def frame(data: bytes) -> bytes:
-    from mpwatch.read.run import _crc32c, _masked
+    from mpwatch.read.tfrecord import _crc32c, _masked
 
     head = struct.pack("<Q", len(data))
     return (
