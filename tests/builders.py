@@ -8,8 +8,10 @@ import math
 import os
 
 import numpy as np
+import pandas as pd
 
 from mpwatch import contract
+from mpwatch.read.run import Run
 from mpwatch.record.writer import RunWriter
 
 # the contract's column names (mpwatch/contract.py)
@@ -129,7 +131,7 @@ def profile_payload() -> dict:
 
 
 def write_mixed_run(path: str, steps: int = 400, step_time: float = 10.0) -> dict:
-    """A mixed_float16 run with the problems the advisor names (see the test_advisor tests)."""
+    """A mixed_float16 run with the problems the judge names (see the tests in tests/judge)."""
     w = RunWriter(path)
     truth: dict = {"steps": steps}
     w.record(contract.KIND_RUN_INFO, 0, run_info())
@@ -201,3 +203,137 @@ def write_plain_scalars(path: str, tag: str = "epoch_loss", n: int = 3) -> None:
 
 def event_files(path: str) -> list[str]:
     return sorted(os.path.join(path, f) for f in os.listdir(path) if "tfevents" in f)
+
+
+# --- constructed Runs for the judge's rule tests (pure pandas: no event files) -------------------
+def make_run(name="run", policy="mixed_float16", layers=None, scalars=None, probes=None,
+             profile=None, info=None, notices=None) -> Run:  # fmt: skip
+    """A Run built in memory: ``scalars`` tag -> {step: value}; ``probes`` step -> (model row,
+    [probe layer rows]) (see :func:`model_row`, :func:`probe_layer`)."""
+    run = Run(name=name, path=f"/logs/{name}")
+    run.info = info if info is not None else run_info(policy)
+    lt = pd.DataFrame(layers if layers is not None else layer_rows(policy), columns=LAYER_COLUMNS)
+    run.layers = lt
+    if scalars:
+        steps = sorted({s for ser in scalars.values() for s in ser})
+        df = pd.DataFrame(index=pd.Index(steps, dtype="int64", name="step"))
+        for tag, ser in scalars.items():
+            df[tag] = pd.Series(ser, dtype="float64")
+        run.scalars = df
+    if probes:
+        rows, models = [], []
+        for step, (model, layer_rows_) in probes.items():
+            for r in layer_rows_:
+                rows.append([step, *r])
+            models.append({"step": step, **model})
+        run.probe_layers = pd.DataFrame(rows, columns=["step", *PROBE_LAYER_COLUMNS])
+        run.probe_model = pd.DataFrame(models)
+        run.records[contract.KIND_PROBE] = [(s, {}) for s in probes]
+    run.profile = profile
+    run.notices = notices or []
+    return run
+
+
+def probe_layer(name, uf=0.0, rel=1e-4, mx=10.0, nonfinite=False) -> list:
+    """One row of a probe's layers table."""
+    head = math.log2(65504 / mx) if mx and math.isfinite(mx) and mx > 0 else float("-inf")
+    return [name, 1000, int(uf * 1000), uf, 1e-3, rel, mx, head, 0.0, nonfinite]
+
+
+def model_row(uf=0.0, scale=32768.0, rec=32768.0, mode="float16", mx=10.0, first=None) -> dict:
+    """A probe's model-wide row."""
+    return {"ref_nonzero": 1000, "underflow_count": int(uf * 1000), "underflow_fraction": uf,
+            "grad_rel_error": 1e-3, "max_abs_activation": mx, "first_nonfinite_layer": first,
+            "loss_scale": scale, "recommended_scale": rec, "mode": mode,
+            "reference": "float32_twin"}  # fmt: skip
+
+
+def healthy_layers() -> list[list]:
+    """layer_rows("mixed_float16") with nothing to advise: predictions computes and outputs in
+    float32, conv2d's filters aligned (its 3 input channels are not the user's to change)."""
+    rows = [
+        r[:7] + ["float32", "float32"] + r[9:] if r[0] == "predictions" else r
+        for r in layer_rows("mixed_float16")
+    ]
+    rows[3][5] = "float32"
+    rows[3][4] = "float32"
+    rows[0][11] = {"filters": 32, "input_channels": 3}
+    rows[0][12] = False
+    return rows
+
+
+def healthy_run(**kw) -> Run:
+    """A mixed_float16 run with nothing to fix (batch 64, scale 2^15, no skips, a clean probe)."""
+    info = run_info("mixed_float16", batch_size=64)
+    steps = range(1, 1001)
+    scalars = {
+        contract.LOSS_SCALE: {s: 32768.0 for s in steps},
+        contract.STEP_SKIPPED: {s: 0.0 for s in steps},
+    }
+    probes = {500: (model_row(0.001), [probe_layer("conv2d"), probe_layer("dense")])}
+    return make_run(layers=healthy_layers(), info=info, scalars=scalars, probes=probes, **kw)
+
+
+def perf_scalars(step_ms, loss_factor, mem) -> dict:
+    """Step time, peak memory and a falling training loss at steps 10..200."""
+    steps = range(10, 201, 10)
+    return {contract.STEP_TIME_MS: {s: step_ms for s in steps},
+            contract.PEAK_MEMORY_MB: {s: mem for s in steps},
+            contract.TRAIN_LOSS: {s: loss_factor / s for s in steps}}  # fmt: skip
+
+
+def findings_of(findings, rule) -> list:
+    """The findings of one rule, in order."""
+    return [f for f in findings if f.rule == rule]
+
+
+def assert_findings(found, expected) -> None:
+    """``found`` (Findings) matches ``expected`` (one dict per finding, in order).
+
+    Keys of an expected dict: a Finding attribute (equal; a bool: identical), ``data`` (a dict:
+    each key equal in ``Finding.data``), ``title_has`` / ``evidence_has`` / ``fix_has`` (a
+    substring, or a tuple of them). Every finding must also carry the rule's why and source.
+    """
+    got = [(f.rule, f.severity, f.layer, f.title) for f in found]
+    assert len(found) == len(expected), f"expected {len(expected)} findings, got {got}"
+    for i, (f, exp) in enumerate(zip(found, expected)):
+        assert f.why and f.source, f"finding {i} lacks why or source: {f}"
+        for key, want in exp.items():
+            if key.endswith("_has"):
+                text = getattr(f, key[: -len("_has")])
+                for part in (want,) if isinstance(want, str) else want:
+                    assert part in text, f"finding {i}: {part!r} not in {key[:-4]} {text!r}"
+            elif key == "data":
+                for k, v in want.items():
+                    ok = f.data.get(k) is v if isinstance(v, bool) else f.data.get(k) == v
+                    assert ok, f"finding {i}: data[{k!r}] = {f.data.get(k)!r}, expected {v!r}"
+            else:
+                have = getattr(f, key)
+                ok = have is want if isinstance(want, bool) else have == want
+                assert ok, f"finding {i}: {key} = {have!r}, expected {want!r}"
+
+
+# --- decoded data for Run accessors (tests/read/test_run_accessors.py): no event files -----------
+def skip_scalars(
+    flags: dict[int, float] | None = None, totals: dict[int, float] | None = None
+) -> dict:
+    """``run_from_records`` scalars: the per-step skip flag and/or the cumulative skip total."""
+    out = {}
+    if flags is not None:
+        out[contract.STEP_SKIPPED] = (list(flags), list(flags.values()))
+    if totals is not None:
+        out[contract.SKIPPED_STEPS_TOTAL] = (list(totals), list(totals.values()))
+    return out
+
+
+def probe_records(steps_modes: list[tuple[int, str]]) -> list[tuple[int, dict]]:
+    """``probe`` records at these (step, mode)s, each told apart by its loss scale (the step) and
+    its variable names (``"s{step}/..."``); bfloat16 probes have no sweep, as the probe writes."""
+    out = []
+    for step, mode in steps_modes:
+        p = probe_payload(step, float(step), mode)
+        p["variables"]["data"] = [[f"s{step}/{r[0]}", *r[1:]] for r in p["variables"]["data"]]
+        if mode == "bfloat16":
+            p["sweep"]["data"], p["loss_scale"], p["recommended_scale"] = [], None, None
+        out.append((step, p))
+    return out

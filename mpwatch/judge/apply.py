@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpwatch.judge.advisor import Finding
+from mpwatch.judge.finding import Finding
 
 __all__ = ["Applied", "apply_recommendations", "float32_layers"]
 

@@ -7,7 +7,7 @@ import pytest
 from repo_scripts import load_script
 
 import mpwatch
-from mpwatch.judge.advisor import Finding
+from mpwatch.judge import Finding
 
 
 def _keep(name, output=False):

@@ -1,0 +1,118 @@
+"""Rule `mixed-vs-float32`: a mixed-precision run compared with a float32 run of the same model.
+
+A rule about two runs: `check_pair(mixed, fp32)` takes the mixed run and the float32 run, and
+`mpwatch.judge.diagnose_runs` pairs them (`compare_all` in `mpwatch/judge/diagnose.py`): every run
+whose policy starts with `mixed_` with the first float32 run of the same model (same model name
+and parameter count, else the same parameter count). The finding belongs to the mixed run.
+
+## What it finds
+The median step time (after the first logged interval), the peak memory and the final training
+loss (mean over the last tenth of the steps both runs logged) of the mixed run against the
+float32 run.
+
+## Why it matters
+The point of mixed precision is speed and memory at the same loss. The speed-up is not
+guaranteed: a small model, or one bound by input or casts, can show none. Measure it.
+
+## Threshold
+Same model in one logdir: step-time ratio (mixed / float32) above {SLOWER_RATIO:g}: warning (no
+speed-up); final training losses differing by more than {LOSS_AGREE_REL:.0%} of the float32 loss:
+warning; otherwise info with the ratios.
+
+## Example evidence
+```text
+'mixed' (mixed_float16) vs 'fp32' (float32): no speed-up, losses differ
+step time 30 ms vs 25 ms (x1.20, speed-up 0.83x); peak memory 400 MiB vs 800 MiB (x0.50); final
+training loss 0.01026 vs 0.005234 (96.1% apart: DIFFER)
+```
+
+## Fix
+```python
+# no speed-up: check Tensor Cores (compute capability >= 7.0), multiples of 8, and the
+# profile's Cast share
+# losses differ: see the underflow and output findings
+```
+
+## References
+- TensorFlow mixed precision guide: the speed-ups to expect, and on which GPUs
+  <https://www.tensorflow.org/guide/mixed_precision>
+- NVIDIA, Train With Mixed Precision: matching float32 accuracy, and measuring the speed-up
+  <https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html>
+- Micikevicius et al. 2017, Mixed Precision Training: mixed and float32 runs reach the same loss
+  <https://arxiv.org/abs/1710.03740>
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpwatch import contract
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.rule import Rule, pct, policy
+from mpwatch.read.run import Run
+
+LOSS_AGREE_REL = 0.05  # final losses of a mixed and a float32 run within 5% agree
+SLOWER_RATIO = 0.95  # mixed step time / float32 step time above this: no speed-up
+
+RULE = Rule(
+    id="mixed-vs-float32",
+    title="Mixed run compared with a float32 run of the same model",
+    severities=("info", "warning"),
+    doc=__doc__,
+    thresholds={"LOSS_AGREE_REL": LOSS_AGREE_REL, "SLOWER_RATIO": SLOWER_RATIO},
+)
+
+
+def check_pair(mixed: Run, fp32: Run) -> list[Finding]:
+    """Step time, memory and loss of a mixed run against a float32 run of the same model."""
+    parts = []
+    data: dict[str, Any] = {"float32_run": fp32.name, "mixed_run": mixed.name}
+    sev = "info"
+    problems = []
+    st_m, st_f = mixed.scalar(contract.STEP_TIME_MS), fp32.scalar(contract.STEP_TIME_MS)
+    if len(st_m) and len(st_f):
+        # skip the first interval (tracing, warm-up)
+        tm = float((st_m.iloc[1:] if len(st_m) > 1 else st_m).median())
+        tf_ = float((st_f.iloc[1:] if len(st_f) > 1 else st_f).median())
+        if tf_ > 0:
+            ratio = tm / tf_
+            data.update({"step_time_ms_mixed": tm, "step_time_ms_float32": tf_,
+                         "step_time_ratio": ratio})  # fmt: skip
+            parts.append(f"step time {tm:.3g} ms vs {tf_:.3g} ms (x{ratio:.2f}, "
+                         f"speed-up {1 / ratio:.2f}x)")  # fmt: skip
+            if ratio > SLOWER_RATIO:
+                sev = "warning"
+                problems.append("no speed-up")
+    mm, mf = mixed.scalar(contract.PEAK_MEMORY_MB), fp32.scalar(contract.PEAK_MEMORY_MB)
+    if len(mm) and len(mf) and float(mf.max()) > 0:
+        r = float(mm.max()) / float(mf.max())
+        data.update({"peak_memory_mb_mixed": float(mm.max()),
+                     "peak_memory_mb_float32": float(mf.max()), "memory_ratio": r})  # fmt: skip
+        parts.append(f"peak memory {float(mm.max()):.4g} MiB vs {float(mf.max()):.4g} MiB "
+                     f"(x{r:.2f})")  # fmt: skip
+    lm, lf = mixed.scalar(contract.TRAIN_LOSS), fp32.scalar(contract.TRAIN_LOSS)
+    if len(lm) and len(lf):
+        common = lm.index.intersection(lf.index)
+        if len(common):
+            k = max(1, len(common) // 10)
+            a = float(lm.loc[common[-k:]].mean())
+            b = float(lf.loc[common[-k:]].mean())
+            rel = abs(a - b) / max(abs(b), 1e-12)
+            agree = rel <= LOSS_AGREE_REL
+            data.update({"final_loss_mixed": a, "final_loss_float32": b, "loss_rel_diff": rel,
+                         "losses_agree": agree, "common_steps": int(len(common))})  # fmt: skip
+            parts.append(f"final training loss {a:.4g} vs {b:.4g} ({pct(rel)} apart: "
+                         f"{'agree' if agree else 'DIFFER'})")  # fmt: skip
+            if not agree:
+                sev = "warning"
+                problems.append("losses differ")
+    if not parts:
+        return []
+    title = f"{mixed.name!r} ({policy(mixed)}) vs {fp32.name!r} (float32)"
+    if problems:
+        title += ": " + ", ".join(problems)
+    fix = "# nothing to change" if sev == "info" else (
+        "# no speed-up: check Tensor Cores (compute capability >= 7.0), multiples of 8, and the "
+        "profile's Cast share\n# losses differ: see the underflow and output findings"
+    )  # fmt: skip
+    return [RULE.finding(sev, title, "; ".join(parts), fix=fix, run=mixed.name, data=data)]

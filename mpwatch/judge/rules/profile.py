@@ -1,0 +1,140 @@
+"""Rule `profile`: where the profiled time goes (casts, 16-bit share, float32 layers).
+
+## What it finds
+From the profile record (a few steps traced by the TensorFlow profiler): the share of time in
+Cast ops, the share of compute time that runs in 16 bits, and the layers under a float32 policy
+that take a large share of the time in float32 ops.
+
+## Why it matters
+Casts between float32 and float16 are pure overhead; float32 layers that could run in 16 bits, or
+a low 16-bit share of compute, explain a missing speed-up.
+
+## Threshold
+Cast share > {CAST_SHARE_WARN:.0%}: warning; 16-bit share of time < {SHARE_16BIT_WARN:.0%} under a
+16-bit policy: warning; a float32 layer (its own policy float32; not an output, not one that
+computes in float32 inside) taking > {FLOAT32_LAYER_SHARE:.0%} of time under a 16-bit policy:
+info.
+
+## Example evidence
+```text
+20.0% of profiled time is spent in Cast ops
+Cast ops 2000 us of 10000 us over steps [5, 8]
+```
+
+## Fix
+```python
+# fewer float32<->float16 boundaries: keep neighbouring layers in one dtype; feed float16 inputs
+# (on CPUs and pre-Volta GPUs 16-bit math is emulated: use float32 there)
+keras.layers.Dense(..., dtype="mixed_float16")  # a float32 layer, if its numerics allow
+```
+
+## References
+- TensorFlow Profiler guide: reading the op and kernel time of a traced step
+  <https://www.tensorflow.org/guide/profiler>
+- TensorFlow mixed precision guide: performance, and why older GPUs and CPUs gain nothing
+  <https://www.tensorflow.org/guide/mixed_precision>
+- NVIDIA, Train With Mixed Precision: which operations run in float16 and which stay in float32
+  <https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html>
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mpwatch.formats import SIXTEEN_BIT
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.rule import (
+    Rule,
+    compute_dtype,
+    effective_float32,
+    finite,
+    fmt,
+    layer_row,
+    pct,
+    policy,
+)
+from mpwatch.read.run import Run
+
+CAST_SHARE_WARN = 0.10
+SHARE_16BIT_WARN = 0.50
+FLOAT32_LAYER_SHARE = 0.10  # a float32 layer taking this share of profiled time
+
+RULE = Rule(
+    id="profile",
+    title="Where the time goes (profiler)",
+    severities=("info", "warning"),
+    doc=__doc__,
+    thresholds={
+        "CAST_SHARE_WARN": CAST_SHARE_WARN,
+        "SHARE_16BIT_WARN": SHARE_16BIT_WARN,
+        "FLOAT32_LAYER_SHARE": FLOAT32_LAYER_SHARE,
+    },
+)
+
+
+def check(run: Run) -> list[Finding]:
+    """Findings of this rule on one run."""
+    prof = run.profile
+    if not prof:
+        return []
+    found = []
+    cast = finite(prof.get("cast_share"))
+    share16 = finite(prof.get("share_16bit"))
+    total = finite(prof.get("total_us"))
+    if cast is not None and cast > CAST_SHARE_WARN:
+        found.append(
+            RULE.finding(
+                "warning",
+                f"{pct(cast)} of profiled time is spent in Cast ops",
+                f"Cast ops {fmt(finite(prof.get('cast_us')))} us of {fmt(total)} us over steps "
+                f"{prof.get('steps')}",
+                fix="# fewer float32<->float16 boundaries: keep neighbouring layers in one dtype; "
+                "feed float16 inputs\n"
+                "# (on CPUs and pre-Volta GPUs 16-bit math is emulated: use float32 there)",
+                data={"cast_share": cast},
+            )
+        )
+    mixed = compute_dtype(run) in SIXTEEN_BIT
+    if mixed and share16 is not None and share16 < SHARE_16BIT_WARN:
+        found.append(
+            RULE.finding(
+                "warning",
+                f"Only {pct(share16)} of compute time runs in 16 bits",
+                f"16-bit share of profiled op time {fmt(share16)} under policy {policy(run)}",
+                fix="# see the per-layer time table: move the heaviest float32 layers to the "
+                "mixed policy",
+                data={"share_16bit": share16},
+            )
+        )
+    pl = pd.DataFrame()
+    t = prof.get("layers")
+    if isinstance(t, dict) and "columns" in t:
+        pl = pd.DataFrame(t.get("data") or [], columns=t["columns"])
+    if mixed and len(pl) and total and "time_32bit_us" in pl:
+        inside = effective_float32(run)
+        outputs = set()
+        if len(run.layers) and "is_output" in run.layers:
+            outputs = set(
+                run.layers.loc[run.layers["is_output"].fillna(False).astype(bool), "name"]
+            )
+        for _, r in pl.iterrows():
+            name = str(r.get("layer"))
+            t32 = finite(r.get("time_32bit_us")) or 0.0
+            if t32 / total <= FLOAT32_LAYER_SHARE or name in inside or name in outputs:
+                continue
+            row = layer_row(run, name) or {}
+            if str(row.get("compute_dtype")) != "float32":
+                continue  # already under a 16-bit policy: its float32 time is Keras' own choice
+            found.append(
+                RULE.finding(
+                    "info",
+                    f"Layer {name!r} spends {pct(t32 / total)} of profiled time in float32",
+                    f"{fmt(t32)} us in 32-bit ops of {fmt(total)} us total; policy "
+                    f"{row.get('policy')}",
+                    fix=f"keras.layers.{row.get('class') or 'Layer'}(..., "
+                    f'dtype="{policy(run) or "mixed_float16"}")  # if its numerics allow',
+                    layer=name,
+                    data={"time_32bit_us": t32, "share": t32 / total},
+                )
+            )
+    return found

@@ -1,0 +1,125 @@
+"""Rule `skipped-steps`: many optimizer steps skipped for non-finite gradients.
+
+## What it finds
+The updates the loss-scale optimizer dropped because a gradient was inf or NaN (from the per-step
+flag, or from the rises of the cumulative count when only that was recorded): those within the
+first {WARMUP_STEPS} steps, and the rate after them.
+
+## Why it matters
+A skipped step is a batch thrown away: the update is dropped and the scale halves. A few at the
+start (the scale coming down from 2^15) and one per 2000 steps (a failed doubling) are normal;
+more means overflow in the model, not the scale.
+
+## Threshold
+Skipped steps after the first {WARMUP_STEPS} steps, per step: > {SKIP_RATE_WARN:g} warning, >
+{SKIP_RATE_ERROR:g} error; within the first {WARMUP_STEPS}: more than {WARMUP_SKIP_ALLOWANCE}
+warning, more than {WARMUP_SKIP_ERROR} (the scale fell below 1) error: a NaN storm at the start
+is no warm-up. The steps after warm-up are the recorded per-step flags after step
+{WARMUP_STEPS}, or, with only the cumulative count, the steps from {WARMUP_STEPS} to its last
+record.
+
+## Example evidence
+```text
+2.00% of steps skipped for non-finite gradients
+32 steps skipped in all: 12 at or before step 100 (the scale's descent from 2^15 explains up to
+10), 20 of 1000 after it; the dynamic scale expects about 1 per 2000
+```
+
+## Fix
+```python
+# a model that overflows at any scale: find the layer (activation-overflow) and keep it float32
+keras.layers.Dense(..., dtype="float32")
+```
+
+## References
+- Keras LossScaleOptimizer: a step whose gradients are not finite is skipped and the scale
+  halved; the scale doubles after 2000 finite steps
+  <https://keras.io/api/optimizers/loss_scale_optimizer/>
+- NVIDIA, Train With Mixed Precision: dynamic loss scaling skips the updates that overflow
+  <https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html>
+"""
+
+from __future__ import annotations
+
+from mpwatch import contract
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.rule import Rule, pct
+from mpwatch.read.run import Run
+
+SKIP_RATE_WARN = 0.01  # skipped steps after warm-up, per step
+SKIP_RATE_ERROR = 0.10
+WARMUP_STEPS = 100  # the scale starts at 2**15 and halves down: early skips are expected
+WARMUP_SKIP_ALLOWANCE = 10  # ...but no more than 10 of them (the scale down to 2**5) in warm-up
+WARMUP_SKIP_ERROR = 15  # more than 15 and the scale fell below 1: it protects nothing
+
+RULE = Rule(
+    id="skipped-steps",
+    title="Many steps skipped for non-finite gradients",
+    severities=("warning", "error"),
+    doc=__doc__,
+    thresholds={
+        "SKIP_RATE_WARN": SKIP_RATE_WARN,
+        "SKIP_RATE_ERROR": SKIP_RATE_ERROR,
+        "WARMUP_STEPS": WARMUP_STEPS,
+        "WARMUP_SKIP_ALLOWANCE": WARMUP_SKIP_ALLOWANCE,
+        "WARMUP_SKIP_ERROR": WARMUP_SKIP_ERROR,
+    },
+)
+
+
+def _steps_after_warmup(run: Run) -> int | None:
+    """How many steps after WARMUP_STEPS the run recorded; None when it recorded no skips at all.
+
+    With the per-step flag: its records after warm-up (one per step). With only the cumulative
+    count (sampled every few steps): the steps from WARMUP_STEPS to its last record.
+    """
+    flags = run.scalar(contract.STEP_SKIPPED)
+    if len(flags):
+        return int((flags.index > WARMUP_STEPS).sum())
+    totals = run.scalar(contract.SKIPPED_STEPS_TOTAL)
+    if len(totals):
+        return max(0, int(totals.index[-1]) - WARMUP_STEPS)
+    return None
+
+
+def check(run: Run) -> list[Finding]:
+    """Findings of this rule on one run."""
+    n_steps = _steps_after_warmup(run)
+    if n_steps is None:
+        return []
+    skipped = run.skipped_steps()
+    n_skip = int(skipped[skipped.index > WARMUP_STEPS].sum())
+    total = int(skipped.sum())
+    rate = n_skip / n_steps if n_steps > 0 else 0.0
+    early = total - n_skip  # skipped at or before step WARMUP_STEPS
+    sev_rate = None
+    if n_steps > 0 and rate > SKIP_RATE_WARN:
+        sev_rate = "error" if rate > SKIP_RATE_ERROR else "warning"
+    sev_early = None
+    if early > WARMUP_SKIP_ALLOWANCE:
+        sev_early = "error" if early > WARMUP_SKIP_ERROR else "warning"
+    if sev_rate is None and sev_early is None:
+        return []
+    severity = "error" if "error" in (sev_rate, sev_early) else "warning"
+    if sev_rate is not None:
+        title = f"{pct(rate)} of steps skipped for non-finite gradients"
+    else:
+        title = f"{early} steps skipped for non-finite gradients in the first {WARMUP_STEPS}"
+    return [
+        RULE.finding(
+            severity,
+            title,
+            f"{total} steps skipped in all: {early} at or before step {WARMUP_STEPS} (the "
+            f"scale's descent from 2^15 explains up to {WARMUP_SKIP_ALLOWANCE}), {n_skip} of "
+            f"{max(n_steps, 0)} after it; the dynamic scale expects about 1 per 2000",
+            fix="# a model that overflows at any scale: find the layer (activation-overflow) and "
+            'keep it float32\nkeras.layers.Dense(..., dtype="float32")',
+            data={
+                "skipped": n_skip,
+                "steps": n_steps,
+                "rate": rate,
+                "total": total,
+                "early": early,
+            },
+        )
+    ]

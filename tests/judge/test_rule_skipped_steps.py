@@ -1,0 +1,62 @@
+"""Rule ``skipped-steps`` (mpwatch/judge/rules/skipped_steps.py) on constructed Runs."""
+
+from __future__ import annotations
+
+import pytest
+from builders import assert_findings, findings_of, make_run
+
+from mpwatch import contract
+from mpwatch.judge import diagnose
+
+RULE = "skipped-steps"
+
+
+def _every(every):
+    """Steps 1..1100: the first 10 skipped (the scale's descent), then every ``every``-th."""
+    sk = {s: 1.0 if (s <= 10 or s % every == 0) else 0.0 for s in range(1, 1101)}
+    return make_run(scalars={contract.STEP_SKIPPED: sk})
+
+
+def _after(every):
+    return sum(1 for s in range(1, 1101) if s > 100 and s % every == 0)
+
+
+def _early(early):
+    """Steps 1..300: the first ``early`` skipped, none after."""
+    sk = {s: 1.0 if s <= early else 0.0 for s in range(1, 301)}
+    return make_run(scalars={contract.STEP_SKIPPED: sk})
+
+
+# only the cumulative count, every 10 steps: 10 skips in warm-up, then one every 10 steps
+_TOTALS = {s: float(10 + (s - 100) // 10) if s > 100 else 10.0 for s in range(10, 1101, 10)}
+
+CASES = [
+    pytest.param(_every(200), [], id="rate-0.5%-is-fine"),
+    pytest.param(
+        _every(50),
+        [{"severity": "warning", "data": {"skipped": _after(50), "steps": 1000}}],
+        id="rate-2%-warning",
+    ),
+    pytest.param(
+        _every(5),
+        [{"severity": "error", "data": {"skipped": _after(5), "steps": 1000}}],
+        id="rate-20%-error",
+    ),
+    pytest.param(
+        make_run(scalars={contract.SKIPPED_STEPS_TOTAL: _TOTALS}),
+        [{"data": {"skipped": 100, "steps": 1000}}],
+        id="from-totals-without-per-step-flag",
+    ),
+    pytest.param(_early(10), [], id="10-in-warm-up-is-the-scales-descent"),
+    pytest.param(
+        _early(12), [{"severity": "warning", "data": {"early": 12}}], id="12-in-warm-up-warning"
+    ),
+    pytest.param(
+        _early(16), [{"severity": "error", "data": {"early": 16}}], id="16-in-warm-up-error"
+    ),
+]
+
+
+@pytest.mark.parametrize(("run", "expected"), CASES)
+def test_skipped_steps(run, expected):
+    assert_findings(findings_of(diagnose(run), RULE), expected)
