@@ -27,11 +27,21 @@ Time is the op's *self* time (time in the op minus time in ops nested inside it)
 up to the time of the captured steps without double counting. With a GPU the table holds the device
 rows (GPU kernels grouped by TensorFlow op); on a CPU the host rows.
 
+GPU kernels (:func:`kernel_table`, :func:`kernel_time`): xprof's ``kernel_stats`` tool gives one
+row per GPU kernel (name, op name, duration, launch shape, xprof's Tensor Core flags). Each kernel
+is classified by its name (:mod:`mpwatch.kernels`: precision and Tensor Core use; xprof's own
+"Kernel uses TensorCore" misses most Ampere/Hopper kernel names) and joined to a layer through its
+op name: TensorFlow scopes as above, JAX names ``jit(train_step)/jvp(conv2d_1)/...`` (forward) and
+``jit(train_step)/transpose(jvp(conv2d_1))/...`` (backward), which works for traces of Keras' JAX
+backend too.
+
 Example (needs TensorFlow and xprof):
     >>> from mpwatch import profile  # doctest: +SKIP
     >>> ops = profile.op_table("logs/run1")  # doctest: +SKIP
     >>> result = profile.layer_time(ops, model)  # doctest: +SKIP
     >>> result.layers.sort_values("time_us", ascending=False).head()  # doctest: +SKIP
+    >>> gpu = profile.kernel_time(profile.kernel_table("logs/run1"), model)  # doctest: +SKIP
+    >>> gpu.summary["tensor_core_share"], gpu.summary["xprof_tensor_core_share"]  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from typing import Any
 import pandas as pd
 
 from mpwatch.formats import FLOAT32_INSIDE, is_16bit
+from mpwatch.kernels import PRECISIONS, SIXTEEN_BIT_PRECISIONS, classify
 from mpwatch.layers import layer_path, sublayers
 
 TOOL = "framework_op_stats"
@@ -632,4 +643,545 @@ def summarize(
     """Trace (file, run directory or logdir) + model → the ``profile`` record payload."""
     traces = find_traces(trace)
     result = layer_time(op_table(traces), model, dtype_overrides)
+    return result.payload(steps=steps, trace_dir=os.path.dirname(traces[0]))
+
+
+# --- GPU kernels: xprof's kernel_stats, classified by name, joined to layers ----------------------
+KERNEL_TOOL = "kernel_stats"
+
+KERNEL_COLUMNS = [
+    "kernel_name",
+    "op_name",
+    "total_duration_us",
+    "occurrences",
+    "avg_duration_us",
+    "min_duration_us",
+    "max_duration_us",
+    "xprof_tensor_core_eligible",
+    "xprof_tensor_core",
+    "grid_dim",
+    "block_dim",
+    "registers_per_thread",
+    "shmem_bytes",
+    "occupancy_pct",
+]
+# xprof's column id -> ours
+_KERNEL_SOURCE_COLUMNS = {
+    "kernel_name": "kernel_name",
+    "op_name": "op_name",
+    "total_duration_us": "total_duration_us",
+    "occurrences": "occurrences",
+    "avg_duration_us": "avg_duration_us",
+    "min_duration_us": "min_duration_us",
+    "max_duration_us": "max_duration_us",
+    "is_op_tensor_core_eligible": "xprof_tensor_core_eligible",
+    "is_kernel_using_tensor_core": "xprof_tensor_core",
+    "grid_dim": "grid_dim",
+    "block_dim": "block_dim",
+    "registers_per_thread": "registers_per_thread",
+    "shmem_bytes": "shmem_bytes",
+    "occupancy_pct": "occupancy_pct",
+}
+_KERNEL_NUMERIC = (
+    "total_duration_us",
+    "avg_duration_us",
+    "min_duration_us",
+    "max_duration_us",
+    "registers_per_thread",
+    "shmem_bytes",
+    "occupancy_pct",
+)
+
+# Op names of matrix multiplications and convolutions (the last op name component): TensorFlow op
+# types (node names repeat them, maybe with _N) and JAX primitives. Tensor Cores can run these.
+_MATMUL_CONV_OP = re.compile(
+    r"^(?:Conv[123]D\w*|DepthwiseConv2dNative\w*|MatMul\w*|BatchMatMul\w*|Einsum\w*|XlaDot\w*|"
+    r"XlaConv\w*|_FusedConv2D|_FusedMatMul|conv_general_dilated|dot_general|dot|ragged_dot)"
+    r"(?:_\d+)?$"
+)
+# JAX transformations that wrap a name scope: jvp(conv2d), transpose(jvp(conv2d)), vmap(...);
+# function wrappers (jit(train_step), pjit(...)) name functions, not layers
+_JAX_FUNCTION_WRAPPERS = frozenset({"jit", "pjit", "xla_pmap", "pmap", "shard_map", "xla_call"})
+_JAX_MARK = re.compile(r"(?:^|/)(?:jit|pjit|xla_pmap|pmap)\(|(?:^|/)(?:transpose|jvp|vmap)\(")
+_WRAPPED = re.compile(r"^([A-Za-z_][\w.]*)\((.*)\)$", re.S)
+
+DIRECTIONS = ("forward", "backward", "unknown")
+
+
+def kernel_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
+    """The GPU kernel table of a trace (xprof's ``kernel_stats`` tool): one row per kernel and op.
+
+    Columns (:data:`KERNEL_COLUMNS`): ``kernel_name, op_name, total_duration_us, occurrences,
+    avg_duration_us, min_duration_us, max_duration_us, xprof_tensor_core_eligible`` (xprof's "Op is
+    TensorCore eligible"), ``xprof_tensor_core`` (xprof's "Kernel uses TensorCore"), ``grid_dim,
+    block_dim, registers_per_thread, shmem_bytes, occupancy_pct``. Columns xprof does not give are
+    empty. A trace without GPU kernels gives an empty table. Like :func:`op_table` the converter
+    runs on a copy of the trace (it writes cache files beside its input).
+    """
+    traces = list(path) if isinstance(path, (list, tuple)) else find_traces(path)
+    data = convert(traces, KERNEL_TOOL)
+    tables = data if isinstance(data, list) else [data]
+    tables = [t for t in tables if isinstance(t, Mapping) and "rows" in t]
+    if not tables:
+        raise ProfileError(f"xprof's {KERNEL_TOOL} output for {traces[0]} has no table")
+    frames = [_datatable_frame(t) for t in tables]
+    frame = next((f for f in frames if "kernel_name" in f.columns), frames[0])
+    if len(frame) and not {"kernel_name", "total_duration_us"} <= set(frame.columns):
+        raise ProfileError(
+            f"xprof's {KERNEL_TOOL} table lacks columns "
+            f"{sorted({'kernel_name', 'total_duration_us'} - set(frame.columns))}"
+        )
+    out = pd.DataFrame(index=range(len(frame)))
+    for src, dst in _KERNEL_SOURCE_COLUMNS.items():
+        out[dst] = frame[src].values if src in frame.columns else None
+    for col in _KERNEL_NUMERIC:
+        out[col] = pd.to_numeric(out[col], errors="coerce").astype(float)
+    out["occurrences"] = pd.to_numeric(out["occurrences"], errors="coerce").fillna(0)
+    out["occurrences"] = out["occurrences"].astype("int64")
+    for col in ("kernel_name", "op_name", "grid_dim", "block_dim"):
+        out[col] = out[col].fillna("").astype(str)
+    for col in ("xprof_tensor_core_eligible", "xprof_tensor_core"):
+        out[col] = out[col].map(_flag)
+    out = out[KERNEL_COLUMNS]
+    out.attrs["tool"] = KERNEL_TOOL
+    out.attrs["trace"] = traces[0]
+    return out
+
+
+def _flag(value: Any) -> bool | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def _split_top(op_name: str) -> list[str]:
+    """``op_name`` split at the ``/`` outside parentheses."""
+    parts, depth, cur = [], 0, []
+    for ch in op_name:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        if ch == "/" and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def is_jax_op_name(op_name: str) -> bool:
+    """Whether an op name has JAX's form (``jit(f)/...``, ``jvp(...)``, ``transpose(...)``)."""
+    return bool(_JAX_MARK.search(op_name or ""))
+
+
+def jax_scopes(op_name: str) -> list[tuple[str, bool, bool]]:
+    """The name scopes of a JAX op name, outermost first: ``(scope, backward, differentiated)``.
+
+    ``backward``: the scope sits inside a ``transpose(...)`` (the backward pass);
+    ``differentiated``: inside ``jvp(...)`` or ``transpose(...)`` (the model's forward or backward,
+    not the optimizer).
+    The first component (``jit(train_step)``) names the function and the last the primitive; they
+    are no scopes.
+
+    >>> jax_scopes("jit(train_step)/jvp(conv2d_1)/conv_general_dilated")
+    [('conv2d_1', False, True)]
+    >>> jax_scopes("jit(train_step)/transpose(jvp(conv2d_1))/conv_general_dilated")
+    [('conv2d_1', True, True)]
+    >>> jax_scopes("jit(train_step)/transpose(jvp(functional/block))/jvp(dense)/dot_general")
+    [('functional', True, True), ('block', True, True), ('dense', True, True)]
+    """
+    parts = _split_top(op_name or "")
+    if len(parts) < 2:
+        return []
+    middle = parts[:-1]
+    out: list[tuple[str, bool, bool]] = []
+    backward = differentiated = False
+    for i, comp in enumerate(middle):
+        wrappers: list[str] = []
+        text = comp
+        while True:
+            m = _WRAPPED.match(text)
+            if not m:
+                break
+            wrappers.append(m.group(1))
+            text = m.group(2)
+        if "transpose" in wrappers:
+            backward = True
+        if "transpose" in wrappers or "jvp" in wrappers:
+            differentiated = True
+        if i == 0 and wrappers and wrappers[0] in _JAX_FUNCTION_WRAPPERS:
+            continue  # jit(train_step): the function
+        if wrappers and set(wrappers) <= _JAX_FUNCTION_WRAPPERS:
+            continue  # a nested jit(...) call: a function, not a scope
+        for scope in text.split("/"):
+            if scope:
+                out.append((scope, backward, differentiated))
+    return out
+
+
+def op_name_direction(op_name: str) -> str:
+    """``forward``, ``backward`` or ``unknown`` for an op name.
+
+    JAX: ``transpose(...)`` is the backward pass, ``jvp(...)`` or a plain scope the forward.
+    TensorFlow: ``gradient_tape`` or ``gradients`` scopes are the backward pass. Names without a
+    scope (``XlaModule``: XLA fusions xprof could not map to an op) are ``unknown``.
+
+    >>> op_name_direction("jit(train_step)/transpose(jvp(conv2d))/conv_general_dilated")
+    'backward'
+    >>> op_name_direction("model/conv2d/Conv2D")
+    'forward'
+    >>> op_name_direction("XlaModule")
+    'unknown'
+    """
+    op_name = op_name or ""
+    if is_jax_op_name(op_name):
+        return "backward" if "transpose(" in op_name else "forward"
+    parts = op_name.split("/")
+    if len(parts) < 2:
+        return "unknown"
+    if any(p == "gradient_tape" or p.startswith("gradients") for p in parts):
+        return "backward"
+    return "forward"
+
+
+def is_matmul_or_conv(op_name: str) -> bool:
+    """Whether an op name's last component is a matmul or convolution (TensorFlow or JAX).
+
+    >>> is_matmul_or_conv("jit(train_step)/jvp(conv2d)/conv_general_dilated")
+    True
+    >>> is_matmul_or_conv("sequential/dense/MatMul_1")
+    True
+    >>> is_matmul_or_conv("jit(train_step)/jvp(conv2d)/add")
+    False
+    """
+    last = _split_top(op_name or "")[-1]
+    return bool(_MATMUL_CONV_OP.match(last))
+
+
+def _layer_resolver(model: Any) -> tuple[LayerInfo | None, dict[str, LayerInfo], set[str]]:
+    """(root, name -> LayerInfo for unique names, all names) of ``model``."""
+    if model is None:
+        return None, {}, set()
+    if isinstance(model, LayerInfo):
+        root = model
+    elif isinstance(model, str):
+        return None, {}, {model}
+    elif not (hasattr(model, "layers") or hasattr(model, "_flatten_layers")):
+        return None, {}, {str(n) for n in model}
+    else:
+        root = describe_model(model)
+    infos = list(iter_layers(root))
+    count: dict[str, int] = {}
+    for info in infos:
+        count[info.name] = count.get(info.name, 0) + 1
+    by_name = {info.name: info for info in infos if count[info.name] == 1}
+    return root, by_name, {info.name for info in infos}
+
+
+def attribute_kernels(
+    op_names: Iterable[str], model: Any = None
+) -> dict[str, tuple[str | None, str | None, str]]:
+    """For each op name: ``(layer, path, direction)``; layer and path None outside every layer.
+
+    JAX names: the innermost scope that is a layer of ``model`` (a Keras model, a
+    :class:`LayerInfo` tree or an iterable of layer names); without a model, the innermost scope
+    inside ``jvp``/``transpose`` (else the innermost scope). TensorFlow names: the scope matching of
+    :func:`attribute_ops` (needs a model tree). ``direction``: :func:`op_name_direction`, taken from
+    the layer's own scope for JAX names.
+    """
+    root, by_name, names = _layer_resolver(model)
+    unique = list(dict.fromkeys(str(n) for n in op_names))
+    tf_names = [n for n in unique if not is_jax_op_name(n)]
+    tf_owner = attribute_ops(tf_names, root) if (root is not None and tf_names) else {}
+    out: dict[str, tuple[str | None, str | None, str]] = {}
+    for n in unique:
+        direction = op_name_direction(n)
+        if is_jax_op_name(n):
+            scopes = jax_scopes(n)
+            pick = None
+            if names:
+                pick = next((s for s in reversed(scopes) if s[0] in names), None)
+            elif scopes:
+                diff = [s for s in scopes if s[2]]
+                pick = (diff or scopes)[-1]
+            if pick is None:
+                out[n] = (None, None, direction)
+                continue
+            scope, backward, _ = pick
+            info = by_name.get(scope)
+            out[n] = (
+                scope,
+                info.path if info is not None else scope,
+                "backward" if backward else "forward",
+            )
+        else:
+            info = tf_owner.get(n)
+            if info is None:
+                out[n] = (None, None, direction)
+            else:
+                key = info.name if by_name.get(info.name) is info else info.path
+                out[n] = (key, info.path, direction)
+    return out
+
+
+def classify_kernels(kernels: pd.DataFrame, model: Any = None) -> pd.DataFrame:
+    """A :func:`kernel_table` with the classification and the layer join added.
+
+    Added columns: ``precision, tensor_core, pattern, kind, evidence, precision_from`` (from
+    :func:`mpwatch.kernels.classify`, xprof's flag included), ``is_16bit`` (float16 or bfloat16;
+    never for an unknown precision), ``eligible`` (xprof marks the op TensorCore-eligible, or its
+    name is a matmul/convolution), ``eligible_not_tensor_core`` (eligible, and the kernel is a
+    float32 or CUDA-core matmul/convolution kernel: ``tensor_core == "no"`` and precision float32
+    or kind gemm/conv), ``layer, path, direction``.
+    """
+    df = kernels.copy()
+    flags = df["xprof_tensor_core"] if "xprof_tensor_core" in df else [None] * len(df)
+    classes = [classify(k, f, o) for k, f, o in zip(df["kernel_name"], flags, df["op_name"])]
+    df["precision"] = [c.precision for c in classes]
+    df["tensor_core"] = [c.tensor_core for c in classes]
+    df["pattern"] = [c.pattern for c in classes]
+    df["kind"] = [c.kind for c in classes]
+    df["evidence"] = [c.evidence for c in classes]
+    df["precision_from"] = [c.precision_from for c in classes]
+    df["is_16bit"] = df["precision"].isin(SIXTEEN_BIT_PRECISIONS)
+    xprof_eligible = (
+        df["xprof_tensor_core_eligible"].map(lambda v: _flag(v) is True)
+        if "xprof_tensor_core_eligible" in df
+        else pd.Series(False, index=df.index)
+    )
+    df["eligible"] = xprof_eligible | df["op_name"].map(is_matmul_or_conv)
+    df["eligible_not_tensor_core"] = (
+        df["eligible"]
+        & df["tensor_core"].eq("no")
+        & (df["precision"].eq("float32") | df["kind"].isin(["gemm", "conv"]))
+    )
+    owners = attribute_kernels(df["op_name"], model)
+    df["layer"] = df["op_name"].map(lambda n: owners[str(n)][0])
+    df["path"] = df["op_name"].map(lambda n: owners[str(n)][1])
+    df["direction"] = df["op_name"].map(lambda n: owners[str(n)][2])
+    return df
+
+
+def _share(part: float, total: float) -> float:
+    return part / total if total > 0 else float("nan")
+
+
+def _time_block(df: pd.DataFrame) -> dict[str, float]:
+    """Time sums of a group of classified kernels (the per-layer and run columns)."""
+    t = df["total_duration_us"]
+    tc_yes = df["tensor_core"].eq("yes")
+    out = {"time_us": float(t.sum())}
+    out["forward_us"] = float(t[df["direction"].eq("forward")].sum())
+    out["backward_us"] = float(t[df["direction"].eq("backward")].sum())
+    for p in PRECISIONS:
+        out[f"{p}_us"] = float(t[df["precision"].eq(p)].sum())
+    out["tensor_core_us"] = float(t[tc_yes].sum())
+    out["tensor_core_unknown_us"] = float(t[df["tensor_core"].eq("unknown")].sum())
+    out["xprof_tensor_core_us"] = float(
+        t[df["xprof_tensor_core"].map(lambda v: _flag(v) is True)].sum()
+    )
+    out["eligible_us"] = float(t[df["eligible"]].sum())
+    out["eligible_not_tensor_core_us"] = float(t[df["eligible_not_tensor_core"]].sum())
+    out["eligible_tensor_core_unknown_us"] = float(
+        t[df["eligible"] & df["tensor_core"].eq("unknown")].sum()
+    )
+    return out
+
+
+LAYER_KERNEL_COLUMNS = [
+    "layer",
+    "time_us",
+    "forward_us",
+    "backward_us",
+    "share",
+    *[f"{p}_us" for p in PRECISIONS],
+    "tensor_core_us",
+    "tensor_core_share",
+    "tensor_core_unknown_us",
+    "xprof_tensor_core_us",
+    "eligible_us",
+    "eligible_not_tensor_core_us",
+    "eligible_tensor_core_unknown_us",
+    "kernels",
+    "path",
+    "class",
+    "compute_dtype",
+]
+
+
+@dataclass
+class KernelProfile:
+    """GPU kernels classified and joined to layers: ``kernels``, ``layers``, ``summary``.
+
+    ``kernels``: :func:`classify_kernels`' table. ``layers``: one row per layer that got device
+    time (:data:`LAYER_KERNEL_COLUMNS`: time forward/backward, by precision, on Tensor Cores by
+    mpwatch's reading and by xprof's flag, eligible-but-not-Tensor-Core time). ``summary``: the run
+    totals and shares (see :func:`kernel_time`). ``payload()``: the JSON-able record.
+    """
+
+    kernels: pd.DataFrame
+    layers: pd.DataFrame
+    summary: dict[str, Any]
+
+    @property
+    def total_us(self) -> float:
+        return float(self.summary.get("total_us", 0.0))
+
+    def payload(self, steps: Sequence[int] | None = None, trace_dir: str = "") -> dict[str, Any]:
+        """A JSON-able dict: the summary, the layer and kernel tables in the split layout.
+
+        The kernel table is trimmed (longest kernels kept; ``kernels_dropped`` says how many went)
+        so that the payload stays under the record size limit; the summary covers every kernel.
+        """
+        from mpwatch import contract
+
+        def split(df: pd.DataFrame) -> dict[str, Any]:
+            clean = df.astype(object).where(df.notna(), None)
+            return contract.json_safe(
+                contract.table(list(df.columns), clean.values.tolist()), nonfinite="keep"
+            )
+
+        kernel_cols = [
+            "kernel_name",
+            "op_name",
+            "layer",
+            "direction",
+            "total_duration_us",
+            "occurrences",
+            "precision",
+            "tensor_core",
+            "pattern",
+            "kind",
+            "evidence",
+            "eligible",
+            "eligible_not_tensor_core",
+            "xprof_tensor_core",
+            "xprof_tensor_core_eligible",
+            "grid_dim",
+            "block_dim",
+        ]
+        kernels = self.kernels.sort_values("total_duration_us", ascending=False, kind="stable")
+        kernels = kernels[[c for c in kernel_cols if c in kernels.columns]]
+        payload: dict[str, Any] = {
+            "steps": [int(s) for s in steps] if steps else None,
+            "tool": KERNEL_TOOL,
+            "device": "GPU",
+            "trace_dir": trace_dir,
+            "summary": contract.json_safe(self.summary, nonfinite="keep"),
+            "layers": split(self.layers),
+            "kernels": split(kernels),
+            "kernels_dropped": 0,
+            "precisions": list(PRECISIONS),
+            "rules": (
+                "precision and tensor_core from the kernel name (mpwatch.kernels; unknown when the "
+                "name says nothing); xprof's 'uses TensorCore' True counts as yes, False overrides "
+                "nothing; eligible = xprof's 'Op is TensorCore eligible' or a matmul/convolution "
+                "op name; eligible_not_tensor_core = eligible kernels that are float32 or "
+                "CUDA-core matmul/convolution kernels"
+            ),
+        }
+        keep = len(kernels)
+        while keep > 1 and len(contract.encode_payload(payload)) > contract.MAX_RECORD_BYTES * 0.9:
+            keep = keep // 2
+            payload["kernels"] = split(kernels.head(keep))
+            payload["kernels_dropped"] = int(len(kernels) - keep)
+        return payload
+
+
+def kernel_time(kernels: pd.DataFrame, model: Any = None) -> KernelProfile:
+    """Classify a :func:`kernel_table` and sum its device time per layer and for the run.
+
+    ``model``: a Keras model, a :class:`LayerInfo` tree, an iterable of layer names, or None (JAX
+    scopes are then taken as they are; TensorFlow kernels stay unattributed).
+
+    ``summary`` keys: ``total_us``, ``kernels`` (rows), ``by_precision_us`` and
+    ``by_precision_share`` (every value of :data:`mpwatch.kernels.PRECISIONS`),
+    ``tensor_core_by_precision_us``, ``share_16bit`` (float16 + bfloat16; unknown never counts),
+    ``unknown_share`` (precision unknown), ``tensor_core_share`` (mpwatch's reading),
+    ``tensor_core_unknown_share``, ``xprof_tensor_core_share`` (xprof's "Kernel uses TensorCore"),
+    ``tensor_core_missed_by_xprof_share`` (mpwatch yes, xprof no: why the two differ),
+    ``xprof_eligible_share``, ``eligible_share``, ``eligible_not_tensor_core_us`` and ``_share``,
+    ``eligible_tensor_core_unknown_us``, ``attributed_us``, ``unattributed_us``, ``forward_us``,
+    ``backward_us``, ``direction_unknown_us``, ``unknown_kernels`` (names of the longest kernels
+    no pattern knows, up to 10).
+    """
+    df = classify_kernels(kernels, model)
+    root, by_name, _ = _layer_resolver(model)
+    total = float(df["total_duration_us"].sum())
+    t = df["total_duration_us"]
+
+    rows = []
+    owned = df[df["layer"].notna()]
+    info_by_path = {i.path: i for i in iter_layers(root)} if root is not None else {}
+    for layer, group in owned.groupby("layer", sort=False):
+        block = _time_block(group)
+        path = str(group["path"].iloc[0])
+        info = info_by_path.get(path) or by_name.get(str(layer))
+        rows.append(
+            {
+                "layer": str(layer),
+                **block,
+                "share": _share(block["time_us"], total),
+                "tensor_core_share": _share(block["tensor_core_us"], block["time_us"]),
+                "kernels": int(len(group)),
+                "path": info.path if info is not None else path,
+                "class": info.cls if info is not None else "",
+                "compute_dtype": info.compute_dtype if info is not None else "",
+            }
+        )
+    layers = pd.DataFrame(rows, columns=LAYER_KERNEL_COLUMNS)
+    layers = layers.sort_values("time_us", ascending=False, kind="stable").reset_index(drop=True)
+
+    run = _time_block(df)
+    xprof_yes = df["xprof_tensor_core"].map(lambda v: _flag(v) is True)
+    xprof_eligible = df["xprof_tensor_core_eligible"].map(lambda v: _flag(v) is True)
+    no_pattern = df[df["pattern"].eq("")].sort_values("total_duration_us", ascending=False)
+    summary: dict[str, Any] = {
+        "total_us": total,
+        "kernels": int(len(df)),
+        "by_precision_us": {p: run[f"{p}_us"] for p in PRECISIONS},
+        "by_precision_share": {p: _share(run[f"{p}_us"], total) for p in PRECISIONS},
+        "tensor_core_by_precision_us": {
+            p: float(t[df["tensor_core"].eq("yes") & df["precision"].eq(p)].sum())
+            for p in PRECISIONS
+        },
+        "share_16bit": _share(float(t[df["is_16bit"]].sum()), total),
+        "unknown_share": _share(run["unknown_us"], total),
+        "tensor_core_us": run["tensor_core_us"],
+        "tensor_core_share": _share(run["tensor_core_us"], total),
+        "tensor_core_unknown_share": _share(run["tensor_core_unknown_us"], total),
+        "xprof_tensor_core_us": run["xprof_tensor_core_us"],
+        "xprof_tensor_core_share": _share(run["xprof_tensor_core_us"], total),
+        "tensor_core_missed_by_xprof_share": _share(
+            float(t[df["tensor_core"].eq("yes") & ~xprof_yes].sum()), total
+        ),
+        "xprof_eligible_share": _share(float(t[xprof_eligible].sum()), total),
+        "eligible_us": run["eligible_us"],
+        "eligible_share": _share(run["eligible_us"], total),
+        "eligible_not_tensor_core_us": run["eligible_not_tensor_core_us"],
+        "eligible_not_tensor_core_share": _share(run["eligible_not_tensor_core_us"], total),
+        "eligible_tensor_core_unknown_us": run["eligible_tensor_core_unknown_us"],
+        "attributed_us": float(t[df["layer"].notna()].sum()),
+        "unattributed_us": float(t[df["layer"].isna()].sum()),
+        "forward_us": run["forward_us"],
+        "backward_us": run["backward_us"],
+        "direction_unknown_us": float(t[df["direction"].eq("unknown")].sum()),
+        "unknown_kernels": [str(n) for n in no_pattern["kernel_name"].head(10)],
+    }
+    return KernelProfile(kernels=df, layers=layers, summary=summary)
+
+
+def summarize_kernels(
+    trace: str | os.PathLike,
+    model: Any = None,
+    steps: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Trace (file, run directory or logdir) [+ model] → the GPU kernel payload (see
+    :meth:`KernelProfile.payload`)."""
+    traces = find_traces(trace)
+    result = kernel_time(kernel_table(traces), model)
     return result.payload(steps=steps, trace_dir=os.path.dirname(traces[0]))
