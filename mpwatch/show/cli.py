@@ -93,7 +93,7 @@ def _use_color(args: argparse.Namespace, out: TextIO) -> bool:
 
 
 def diagnose_command(args: argparse.Namespace) -> int:
-    from mpwatch.judge import advisor
+    import mpwatch.judge as advisor
     from mpwatch.read import run as reader
     from mpwatch.show import report
 

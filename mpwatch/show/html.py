@@ -14,7 +14,7 @@ import pandas as pd
 
 from mpwatch import contract
 from mpwatch._version import __version__
-from mpwatch.judge.advisor import SEVERITIES, Finding
+from mpwatch.judge import SEVERITIES, Finding
 from mpwatch.read.run import Run
 from mpwatch.show.charts_svg import histogram_chart, line_chart
 from mpwatch.show.report import NO_DATA, _profile_lines, _steps, profile_summary, run_summary

@@ -183,7 +183,7 @@ FINDING_KEYS = ("severity", "layer", "rule", "title", "evidence", "fix", "why")
 
 def findings(model: Any) -> tuple[list[dict[str, Any]], str | None]:
     """The advisor's findings as dicts, and why there are none when the advisor failed."""
-    from mpwatch.judge import advisor
+    import mpwatch.judge as advisor
 
     try:
         diagnosed = advisor.diagnose(model)

@@ -10,7 +10,7 @@ import pytest
 from builders import write_float32_run, write_mixed_run, write_plain_scalars
 
 from mpwatch import contract
-from mpwatch.judge.advisor import diagnose_runs
+from mpwatch.judge import diagnose_runs
 from mpwatch.read import run as reader
 from mpwatch.record.writer import RunWriter
 from mpwatch.show import report
