@@ -3,9 +3,17 @@
     mpwatch diagnose LOGDIR [--run NAME] [--format text|markdown|json|html] [-o FILE]
                             [--fail-on warning|error]
 
-Exit codes: 0 done (no finding at or above ``--fail-on``); 1 a finding reached ``--fail-on``;
-2 usage error, or a logdir that cannot be read. A logdir without mpwatch data is no error: the
-report says so plainly, and exits 0 (there is no finding to fail on).
+Exit codes of ``mpwatch diagnose`` (also in ``mpwatch diagnose --help``), for CI:
+
+- 0 (:data:`EXIT_OK`): the diagnosis ran; no finding reached ``--fail-on`` (or none was given).
+- 1 (:data:`EXIT_FINDINGS`): a finding reached ``--fail-on``.
+- 2 (:data:`EXIT_USAGE`): a usage error, a logdir (or ``--run``) that is missing or cannot be
+  read, or a report that cannot be written.
+- 3 (:data:`EXIT_NO_DATA`): the logdir exists but holds no mpwatch data: no event file, or event
+  files without any ``mpwatch/`` scalar or ``mpwatch/record/`` record (a run recorded without
+  mpwatch's callbacks, or the wrong directory). The report still says so (on stdout, or in ``-o``),
+  and stderr names what was looked for and where. A CI job that expects a run fails on it instead
+  of passing on a diagnosis of nothing.
 
 Reading shows a progress bar on stderr when it takes more than a second and stderr is a terminal
 (``MPWATCH_PROGRESS=1`` forces it).
@@ -17,11 +25,37 @@ import argparse
 import os
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from mpwatch._version import __version__
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:  # pragma: no cover
+    from mpwatch.read import Run
+
+__all__ = [
+    "EXIT_FINDINGS",
+    "EXIT_NO_DATA",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "build_parser",
+    "diagnose_command",
+    "main",
+]
+
+EXIT_OK = 0  # no finding reached --fail-on
+EXIT_FINDINGS = 1  # a finding reached --fail-on
+EXIT_USAGE = 2  # usage error, unreadable logdir or run, unwritable report
+EXIT_NO_DATA = 3  # the logdir holds no mpwatch data
+
+EXIT_CODES_HELP = f"""\
+exit codes:
+  {EXIT_OK}  no finding reached --fail-on (or --fail-on not given)
+  {EXIT_FINDINGS}  a finding reached --fail-on
+  {EXIT_USAGE}  usage error, a LOGDIR (or --run) that is missing or cannot be read, or a report
+     that cannot be written
+  {EXIT_NO_DATA}  LOGDIR exists but holds no mpwatch data: no event file, or no event file with an
+     mpwatch/ scalar or record (the report still says so; stderr says what was looked for)
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mpwatch",
         description="Watch Keras mixed-precision training: loss scale, skipped steps, gradient "
         "underflow, per-layer dtypes, speed.",
+        epilog="mpwatch diagnose --help lists the exit codes.",
     )
     parser.add_argument("--version", action="version", version=f"mpwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -36,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         "diagnose",
         help="diagnose a finished (or running) run from its logdir",
         description="Read LOGDIR's event files and print what is wrong with mixed precision and "
-        "what to change. Exit 0, or 1 when a finding reaches --fail-on; 2 for usage errors or an "
-        "unreadable logdir.",
+        "what to change.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d.add_argument("logdir", metavar="LOGDIR", help="the log directory (one run or several)")
     d.add_argument("--run", metavar="NAME", help="only this run (its path relative to LOGDIR)")
@@ -92,36 +128,57 @@ def _use_color(args: argparse.Namespace, out: TextIO) -> bool:
     return hasattr(out, "isatty") and out.isatty()
 
 
+def _no_data_message(logdir: str, runs: dict[str, Run], run_option: str | None) -> str:
+    """What was looked for, and where, when no run holds mpwatch data."""
+    where = os.path.join(logdir, run_option) if run_option else logdir
+    looked = (
+        "looked for TensorFlow event files (events.out.tfevents.*) holding an 'mpwatch/' scalar "
+        "or an 'mpwatch/record/' record"
+    )
+    if not runs:
+        found = "found no event file"
+    else:
+        other = sorted({str(t) for r in runs.values() for t in r.scalars.columns})
+        found = f"found event files in {len(runs)} run(s) ({', '.join(sorted(runs)[:5])}"
+        found += ", ..." if len(runs) > 5 else ""
+        found += "), none with mpwatch data"
+        if other:
+            found += f"; their scalar tags: {', '.join(other[:8])}" + (
+                ", ..." if len(other) > 8 else ""
+            )
+        skipped = sum(len(r.warnings) for r in runs.values())
+        if skipped:
+            found += f"; the reader skipped {skipped} damaged record(s) or file(s)"
+    return (
+        f"mpwatch diagnose: no mpwatch data in {where!r}: {looked} in it and its subdirectories; "
+        f"{found}. Record a run with mpwatch.MixedPrecisionMonitor(log_dir=...) in model.fit's "
+        f"callbacks. Exit {EXIT_NO_DATA}."
+    )
+
+
 def diagnose_command(args: argparse.Namespace) -> int:
-    import mpwatch.judge as advisor
-    from mpwatch.read import run as reader
-    from mpwatch.show import report
+    from mpwatch.judge import diagnose_runs
+    from mpwatch.read import ReadError, Run, load_run, load_runs
+    from mpwatch.show.report import render
 
     err = sys.stderr
     progress = _Progress(err, force=os.environ.get("MPWATCH_PROGRESS") == "1")
     try:
         if args.run is not None:
-            run = reader.load_run(args.logdir, args.run, progress=progress, warn=False)
+            run = load_run(args.logdir, args.run, progress=progress, warn=False)
             runs = {run.name: run}
         else:
-            runs = reader.load_runs(args.logdir, progress=progress)
-    except reader.ReadError as e:
-        progress.close()
-        print(f"mpwatch diagnose: {e}", file=err)
-        return EXIT_USAGE
-    except ValueError as e:
+            runs = load_runs(args.logdir, progress=progress)
+    except (ReadError, ValueError) as e:
         progress.close()
         print(f"mpwatch diagnose: {e}", file=err)
         return EXIT_USAGE
     progress.close()
-    findings = advisor.diagnose_runs(runs)
+    findings = diagnose_runs(runs)
     logdir = os.fspath(args.logdir)
-    if not runs:
-        # no event file at all: still a report (and the plain message)
-        runs = {".": reader.Run(name=".", path=logdir)}
-    text = report.render(
-        runs, findings, args.format, logdir=logdir, color=_use_color(args, sys.stdout)
-    )
+    has_data = any(r.has_data for r in runs.values())
+    shown = runs or {".": Run(name=".", path=logdir)}  # no event file at all: still a report
+    text = render(shown, findings, args.format, logdir=logdir, color=_use_color(args, sys.stdout))
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
@@ -138,8 +195,9 @@ def diagnose_command(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
-    if args.output and not any(r.has_data for r in runs.values()):
-        print(report.NO_DATA.format(where=logdir), file=err)
+    if not has_data:
+        print(_no_data_message(logdir, runs, args.run), file=err)
+        return EXIT_NO_DATA
     if args.fail_on and any(f.at_least(args.fail_on) for f in findings):
         return EXIT_FINDINGS
     return EXIT_OK

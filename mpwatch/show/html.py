@@ -1,6 +1,9 @@
 """The self-contained HTML report: one file, inline CSS and SVG, no JavaScript, nothing fetched.
 
 Every user-controlled string (run, layer and tag names, messages) goes through :func:`html.escape`.
+Numbers come from the :class:`mpwatch.read.Run`'s accessors and :mod:`mpwatch.show.summary`; this
+module does not import :mod:`mpwatch.show.report` (``render(..., "html")`` calls
+:func:`render_html`).
 """
 
 from __future__ import annotations
@@ -15,9 +18,15 @@ import pandas as pd
 from mpwatch import contract
 from mpwatch._version import __version__
 from mpwatch.judge import SEVERITIES, Finding
-from mpwatch.read.run import Run
+from mpwatch.read import Run
 from mpwatch.show.charts_svg import histogram_chart, line_chart
-from mpwatch.show.report import NO_DATA, _profile_lines, _steps, profile_summary, run_summary
+from mpwatch.show.summary import (
+    NO_DATA,
+    profile_lines,
+    profile_summary,
+    run_summary,
+    step_range,
+)
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;
@@ -89,8 +98,9 @@ def _layer_table(run: Run, findings: Sequence[Finding]) -> str:
                  if c in lt]  # fmt: skip
     table = lt[base_cols].copy()
     probe_cols: list[str] = []
-    if len(run.probes) and "layer" in run.probes:
-        last = run.probes[run.probes["step"] == run.probes["step"].max()]
+    probe = run.latest_probe()
+    if probe is not None and len(probe.layers) and "layer" in probe.layers:
+        last = probe.layers
         probe_cols = [c for c in ("underflow_fraction", "output_rel_error", "max_abs_activation",
                                   "activation_headroom_bits") if c in last]  # fmt: skip
         table = table.merge(
@@ -130,8 +140,7 @@ def _layer_table(run: Run, findings: Sequence[Finding]) -> str:
 def _charts(run: Run, idx: int) -> str:
     charts = []
     ls = run.scalar(contract.LOSS_SCALE)
-    sk = run.scalar(contract.STEP_SKIPPED)
-    marks = list(sk.index[sk > 0.5]) if len(sk) else []
+    marks = run.skipped_steps().index.tolist()
     charts.append(
         line_chart(
             f"loss-scale-{idx}",
@@ -161,13 +170,13 @@ def _charts(run: Run, idx: int) -> str:
             y_from_zero=True,
         )
     )
-    if run.histograms:
-        step = max(run.histograms)
-        h = run.histograms[step]
+    probe = run.latest_probe()
+    if probe is not None and probe.histogram is not None:
+        h = probe.histogram
         charts.append(
             histogram_chart(
                 f"histogram-{idx}",
-                f"log2 |reference gradient| at step {step}, float16 window at the scale used",
+                f"log2 |reference gradient| at step {probe.step}, float16 window at the scale used",
                 h.get("edges_log2") or [],
                 h.get("counts") or [],
                 h.get("window_log2"),
@@ -200,7 +209,7 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
     for i, r in enumerate(runs):
         if not r.has_data:
             continue
-        st, sm = _steps(r), run_summary(r)
+        st, sm = step_range(r), run_summary(r)
         body.append(f'<section class="run" id="run-{i}"><h2>Run {escape(r.name)}</h2>')
         facts = {
             "policy": r.info.get("policy"),
@@ -230,7 +239,7 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
         body.append(_charts(r, i))
         ps = profile_summary(r)
         if ps is not None:
-            first, *rest = _profile_lines(ps)
+            first, *rest = profile_lines(ps)
             body.append('<section class="profile"><h3>Profile</h3>')
             body.append(f"<p>{escape(first)}</p><ul>")
             body += [f"<li>{escape(x)}</li>" for x in rest]

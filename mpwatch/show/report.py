@@ -10,6 +10,10 @@
   skipped steps marked, underflow over time, the log2 gradient histogram with the float16 window),
   the per-layer table and the findings (see :mod:`mpwatch.show.html`).
 
+The numbers come from :mod:`mpwatch.show.summary` (shared with the HTML page), which reads them from
+the :class:`mpwatch.read.Run` and its accessors. Imports go one way: ``report`` -> ``html`` ->
+``summary`` and ``charts_svg``; ``html`` never imports ``report``.
+
 Example:
     >>> from mpwatch import load_runs, diagnose  # doctest: +SKIP
     >>> from mpwatch.show.report import render  # doctest: +SKIP
@@ -20,21 +24,27 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from mpwatch import contract
 from mpwatch._version import __version__
 from mpwatch.contract import json_safe
 from mpwatch.judge import SEVERITIES, Finding
-from mpwatch.read.run import Run
+from mpwatch.read import Run
+from mpwatch.show.html import render_html
+from mpwatch.show.summary import (
+    NO_DATA,
+    profile_lines,
+    profile_summary,
+    run_summary,
+    runs_list,
+    step_range,
+)
 
 __all__ = [
     "FORMATS",
     "JSON_SCHEMA",
+    "NO_DATA",
     "SCHEMA_ID",
     "render",
     "to_json",
@@ -44,10 +54,6 @@ __all__ = [
 
 FORMATS = ("text", "markdown", "json", "html")
 SCHEMA_ID = "mpwatch.diagnosis/1"
-NO_DATA = (
-    "no mpwatch data in {where}: no event file holds an mpwatch/ scalar or record. Record a run "
-    "with mpwatch.MixedPrecisionMonitor(log_dir=...) in model.fit's callbacks."
-)
 
 _FINDING_SCHEMA = {
     "type": "object",
@@ -65,7 +71,7 @@ _FINDING_SCHEMA = {
         "data",
     ],  # fmt: skip
     "properties": {
-        "rule": {"type": "string", "description": "rule id (see mpwatch.judge.advisor.RULES)"},
+        "rule": {"type": "string", "description": "rule id (see mpwatch.judge.RULES)"},
         "severity": {"enum": list(SEVERITIES)},
         "title": {"type": "string"},
         "evidence": {"type": "string", "description": "the numbers that triggered it"},
@@ -134,8 +140,13 @@ JSON_SCHEMA: dict[str, Any] = {
                     "profile": {
                         "type": ["object", "null"],
                         "description": "where the profiled time went; null when not profiled",
-                        "required": ["steps", "total_ms", "share_16bit", "cast_share",
-                                     "top_layers"],  # fmt: skip
+                        "required": [
+                            "steps",
+                            "total_ms",
+                            "share_16bit",
+                            "cast_share",
+                            "top_layers",
+                        ],
                         "properties": {
                             "steps": {"type": "array", "items": {"type": ["integer", "null"]}},
                             "device": {"type": ["string", "null"]},
@@ -172,131 +183,13 @@ JSON_SCHEMA: dict[str, Any] = {
 }
 
 
-def _runs_list(runs: Run | Mapping[str, Run] | Sequence[Run]) -> list[Run]:
-    if isinstance(runs, Run):
-        return [runs]
-    if isinstance(runs, Mapping):
-        return list(runs.values())
-    return list(runs)
-
-
-def _last(run: Run, tag: str) -> float | None:
-    s = run.scalar(tag)
-    if not len(s):
-        return None
-    v = float(s.iloc[-1])
-    return v if math.isfinite(v) else None
-
-
-def run_summary(run: Run) -> dict[str, Any]:
-    """The headline numbers of a run (the JSON ``runs[].summary``)."""
-    skipped = run.scalar(contract.STEP_SKIPPED)
-    if len(skipped):
-        n_skipped: int | None = int((skipped > 0.5).sum())
-    else:
-        tot = _last(run, contract.SKIPPED_STEPS_TOTAL)
-        n_skipped = int(round(tot)) if tot is not None else None
-    pm = run.probe_model
-    uf = rec = None
-    if len(pm):
-        last = pm.sort_values("step").iloc[-1]
-        uf = _f(last.get("underflow_fraction"))
-        rec = _f(last.get("recommended_scale"))
-    st = run.scalar(contract.STEP_TIME_MS)
-    mem = run.scalar(contract.PEAK_MEMORY_MB)
-    return {
-        "final_loss_scale": _last(run, contract.LOSS_SCALE),
-        "skipped_steps": n_skipped,
-        "probes": int(len(pm)),
-        "layers": int(len(run.layers)),
-        "underflow_fraction": uf,
-        "recommended_scale": rec,
-        "step_time_ms": float(st.median()) if len(st) else None,
-        "peak_memory_mb": float(mem.max()) if len(mem) else None,
-    }
-
-
-def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
-    """The profile section (the JSON ``runs[].profile``): where the profiled time went, from the
-    latest ``profile`` record; None when the run was not profiled."""
-    prof = run.profile
-    if not prof:
-        return None
-    total = _f(prof.get("total_us"))
-    layers: list[dict[str, Any]] = []
-    tbl = prof.get("layers")
-    if isinstance(tbl, Mapping) and "columns" in tbl:
-        cols = list(tbl["columns"])
-        rows = [dict(zip(cols, r)) for r in tbl.get("data") or []]
-        rows.sort(key=lambda r: -(_f(r.get("time_us")) or 0.0))
-        for r in rows[:top]:
-            t = _f(r.get("time_us")) or 0.0
-            t16 = _f(r.get("time_16bit_us")) or 0.0
-            layers.append(
-                {
-                    "layer": str(r.get("layer")),
-                    "time_ms": t / 1000.0,
-                    "share": t / total if total else None,
-                    "share_16bit": t16 / t if t else None,
-                }
-            )
-    steps = prof.get("steps") or [None, None]
-    return {
-        "steps": [int(x) if isinstance(x, (int, float)) else None for x in list(steps)[:2]],
-        "device": prof.get("device"),
-        "total_ms": total / 1000.0 if total is not None else None,
-        "share_16bit": _f(prof.get("share_16bit")),
-        "cast_share": _f(prof.get("cast_share")),
-        "unattributed_share": (
-            (_f(prof.get("unattributed_us")) or 0.0) / total if total else None
-        ),
-        "top_layers": layers,
-    }
-
-
-def _profile_lines(ps: dict[str, Any]) -> list[str]:
-    """The profile section as plain lines (text and markdown share them)."""
-    first, last = (ps["steps"] + [None, None])[:2]
-    head = f"profiled steps {first}-{last}" if first is not None else "profiled"
-    bits = [head]
-    if ps["total_ms"] is not None:
-        bits.append(f"{ps['total_ms']:.3g} ms of op time")
-    if ps["share_16bit"] is not None:
-        bits.append(f"{ps['share_16bit']:.1%} in 16-bit")
-    if ps["cast_share"] is not None:
-        bits.append(f"{ps['cast_share']:.1%} in Cast ops")
-    if ps["unattributed_share"] is not None:
-        bits.append(f"{ps['unattributed_share']:.1%} outside layers")
-    lines = [", ".join(bits)]
-    for lay in ps["top_layers"]:
-        share = "" if lay["share"] is None else f" ({lay['share']:.1%})"
-        s16 = "" if lay["share_16bit"] is None else f", {lay['share_16bit']:.0%} 16-bit"
-        lines.append(f"{lay['layer']}: {lay['time_ms']:.3g} ms{share}{s16}")
-    return lines
-
-
-def _f(v: Any) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def _steps(run: Run) -> dict[str, Any]:
-    idx = run.scalars.index
-    if not len(idx):
-        return {"first": None, "last": None, "count": 0}
-    return {"first": int(idx[0]), "last": int(idx[-1]), "count": int(len(idx))}
-
-
 def to_json(
     runs: Run | Mapping[str, Run] | Sequence[Run],
     findings: Sequence[Finding],
     logdir: str | None = None,
 ) -> dict[str, Any]:
     """The diagnosis as a JSON-able dict following :data:`JSON_SCHEMA`."""
-    rl = _runs_list(runs)
+    rl = runs_list(runs)
     doc = {
         "schema": SCHEMA_ID,
         "mpwatch_version": __version__,
@@ -309,7 +202,7 @@ def to_json(
                 "has_data": r.has_data,
                 "policy": r.info.get("policy"),
                 "device": r.info.get("device"),
-                "steps": _steps(r),
+                "steps": step_range(r),
                 "summary": run_summary(r),
                 "profile": profile_summary(r),
                 "warnings": list(r.warnings),
@@ -328,7 +221,7 @@ _BOLD, _DIM, _RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 
 
 def _run_header(r: Run) -> str:
-    st = _steps(r)
+    st = step_range(r)
     sm = run_summary(r)
     bits = [str(r.info.get("policy") or "policy unknown")]
     if st["count"]:
@@ -371,7 +264,7 @@ def _text(rl: list[Run], findings: Sequence[Finding], logdir: str | None, color:
             lines.append(paint(f"  reader: {w}", _DIM))
         ps = profile_summary(r)
         if ps is not None:
-            first, *rest = _profile_lines(ps)
+            first, *rest = profile_lines(ps)
             lines.append(f"  profile: {first}")
             lines += [f"           {x}" for x in rest]
         mine = [f for f in findings if f.run == r.name]
@@ -407,7 +300,7 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
     out += ["| run | policy | steps | final loss scale | skipped | probes | ms/step |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rl:
-        st, sm = _steps(r), run_summary(r)
+        st, sm = step_range(r), run_summary(r)
         fls = sm["final_loss_scale"]
         out.append(
             f"| {_md_escape(r.name)} | {_md_escape(r.info.get('policy') or '')} | "
@@ -419,7 +312,7 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
     for r in rl:
         ps = profile_summary(r)
         if ps is not None:
-            first, *rest = _profile_lines(ps)
+            first, *rest = profile_lines(ps)
             out += ["", f"**Profile of run `{_md_escape(r.name)}`:** {_md_escape(first)}", ""]
             out += [f"- {_md_escape(x)}" for x in rest]
     out += ["", f"**{_counts_line(findings)}**", ""]
@@ -453,7 +346,7 @@ def render(
     color: bool = False,
 ) -> str:
     """The diagnosis in one of :data:`FORMATS`."""
-    rl = _runs_list(runs)
+    rl = runs_list(runs)
     if fmt == "text":
         return _text(rl, findings, logdir, color)
     if fmt == "markdown":
@@ -461,13 +354,5 @@ def render(
     if fmt == "json":
         return json.dumps(to_json(rl, findings, logdir), indent=2, allow_nan=False) + "\n"
     if fmt == "html":
-        from mpwatch.show.html import render_html
-
         return render_html(rl, findings, logdir)
     raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-
-
-def _np_default(o: Any) -> Any:  # pragma: no cover - safety net for json.dumps
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(type(o))

@@ -1,9 +1,27 @@
-"""From TensorBoard's data provider to mpwatch records, and from records to the tab's JSON views.
+"""From TensorBoard's data provider to a :class:`mpwatch.read.Run`, and from the Run to the tab's
+JSON views.
 
 Nothing here touches the file system: every value comes from ``context.data_provider``. Records are
-decoded with :mod:`mpwatch.contract` (the on-disk contract); the run model and the findings come
-from :mod:`mpwatch.read` and :mod:`mpwatch.judge` so a finding is computed in one place for
-the CLI and the tab.
+decoded with :mod:`mpwatch.contract`; :func:`build_model` turns them into the same
+:class:`mpwatch.read.Run` that ``mpwatch.load_run`` builds from event files (same tables, joining of
+split records, purges), and every view reads its numbers from that Run and its accessors
+(``latest_probe``, ``skipped_steps``, ``probe_layers``, ...), so the tab, the CLI and the advisor
+see one run. The only numbers not taken from the Run are the scalar series' points themselves: the
+Run's scalar table uses NaN for "not recorded at this step", and a recorded NaN (a loss gone NaN)
+must reach the chart as a gap at its step.
+
+What TensorBoard serves (and what it does not):
+
+- **Scalars** are a sample: TensorBoard keeps ``--samples_per_plugin scalars=N`` points per tag
+  (1,000 by default), the last one always. A series' ``count`` in :func:`scalars_view` is the
+  number of steps the tag was recorded at: exact when TensorBoard served the whole series
+  (``count_exact``), else counted on the series' cadence between its first and last served steps.
+- **Records** are kept whole (the loader sets ``mpwatch=0``). A record split into parts at one
+  step (a probe over ``contract.MAX_RECORD_BYTES``) reaches the tab whole under TensorBoard's
+  Python loader (``--load_fast=false``); TensorBoard's data server (``--load_fast=auto``, the
+  default where the ``tensorboard-data-server`` binary runs) keeps one value per tag and step, so
+  only the last part arrives. :func:`read_run` notices a split record with missing parts, leaves a
+  fragment without its first part out of the Run, and says so in the run's errors.
 
 >>> json_safe({"a": float("nan"), "b": [1.0, float("inf")]})
 {'a': None, 'b': [1.0, None]}
@@ -11,6 +29,8 @@ the CLI and the tab.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,27 +40,54 @@ from tensorboard.data import provider as tb_provider
 
 from mpwatch import contract
 from mpwatch.contract import json_safe
+from mpwatch.read import ProbeResult, Run, run_from_records
 from mpwatch.read.run import later_writes_win
+
+__all__ = [
+    "RunRecords",
+    "build_model",
+    "findings",
+    "info_view",
+    "json_safe",
+    "layers_view",
+    "list_mpwatch_runs",
+    "probes_view",
+    "profile_view",
+    "read_run",
+    "scalar_sample_limit",
+    "scalars_view",
+]
 
 SCALARS_PLUGIN = "scalars"
 # Scalars are read at most this many points per tag from the data provider; TensorBoard's own
 # reservoir keeps 1,000 per tag unless --samples_per_plugin says otherwise.
 READ_SCALARS = 100_000
+TB_SCALAR_SAMPLES = 1000  # TensorBoard's default sample per scalar tag (both loaders)
 READ_TENSORS = 1_000_000  # records: keep all (the loader sets mpwatch=0)
 
 
 @dataclass
 class RunRecords:
-    """Everything mpwatch wrote into one run, as the data provider serves it."""
+    """Everything mpwatch wrote into one run, as the data provider serves it.
+
+    Attributes:
+        name: the run.
+        scalars: tag -> (steps, values) after "later writes win", in step order.
+        served: tag -> how many points TensorBoard served (its sample, before "later writes win").
+        sampled: tag -> whether TensorBoard (or :data:`READ_SCALARS`) served only a sample.
+        records: kind -> [(step, payload)] in step order, parts of a split record in write order.
+        errors: records that could not be decoded, split records with missing parts.
+        fingerprint: a digest of every point and record served: it changes whenever a scalar or a
+            record is added or replaced, even at an existing step and wall time.
+    """
 
     name: str
     scalars: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    served: dict[str, int] = field(default_factory=dict)
+    sampled: dict[str, bool] = field(default_factory=dict)
     records: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-
-    def latest(self, kind: str) -> dict[str, Any] | None:
-        items = self.records.get(kind)
-        return items[-1][1] if items else None
+    fingerprint: str = ""
 
 
 def _floats(arr: np.ndarray) -> list[float | None]:
@@ -53,16 +100,37 @@ def _floats(arr: np.ndarray) -> list[float | None]:
     return out
 
 
+def scalar_sample_limit(sampling_hints: Any) -> int:
+    """How many points per scalar tag the tab can be served: TensorBoard's sample size
+    (``--samples_per_plugin scalars=N``; 0 keeps all) capped by :data:`READ_SCALARS`.
+
+    >>> scalar_sample_limit(None), scalar_sample_limit({"scalars": 0}), scalar_sample_limit({})
+    (1000, 100000, 1000)
+    """
+    hint = (sampling_hints or {}).get(SCALARS_PLUGIN)
+    if hint is None:
+        return TB_SCALAR_SAMPLES
+    return READ_SCALARS if int(hint) == 0 else min(int(hint), READ_SCALARS)
+
+
 # --- reading from the data provider ---------------------------------------------------------------
 def list_mpwatch_runs(provider: Any, ctx: Any, experiment_id: str) -> dict[str, dict[str, Any]]:
-    """Runs holding mpwatch data -> {max_step, max_wall_time, version}; the version changes when a
-    run still being written gains data."""
-    out: dict[str, dict[str, Any]] = {}
+    """Runs holding mpwatch data -> {max_step, max_wall_time, records, version}.
 
-    def note(run: str, series: Any) -> None:
+    ``version`` is a digest of every mpwatch tag's (max step, max wall time): cheap, and it changes
+    as a run being written gains steps. It cannot see a record added at a tag's last step and wall
+    time; the tab's cache compares :attr:`RunRecords.fingerprint` (the content) instead.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    marks: dict[str, list[str]] = {}
+
+    def note(run: str, tag: str, series: Any) -> None:
         entry = out.setdefault(run, {"max_step": 0, "max_wall_time": 0.0, "records": 0})
         entry["max_step"] = max(entry["max_step"], int(series.max_step))
         entry["max_wall_time"] = max(entry["max_wall_time"], float(series.max_wall_time))
+        marks.setdefault(run, []).append(
+            f"{tag}\x00{int(series.max_step)}\x00{float(series.max_wall_time)!r}"
+        )
 
     tensors = provider.list_tensors(
         ctx, experiment_id=experiment_id, plugin_name=contract.PLUGIN_NAME
@@ -70,16 +138,59 @@ def list_mpwatch_runs(provider: Any, ctx: Any, experiment_id: str) -> dict[str, 
     for run, tags in tensors.items():
         for tag, series in tags.items():
             if contract.kind_of_tag(tag) is not None:
-                note(run, series)
+                note(run, tag, series)
                 out[run]["records"] += 1
     scalars = provider.list_scalars(ctx, experiment_id=experiment_id, plugin_name=SCALARS_PLUGIN)
     for run, tags in scalars.items():
         for tag, series in tags.items():
             if tag.startswith(contract.PREFIX):
-                note(run, series)
-    for entry in out.values():
-        entry["version"] = f"{entry['max_step']}:{entry['max_wall_time']:.6f}"
+                note(run, tag, series)
+    for run, entry in out.items():
+        digest = hashlib.blake2b("\x01".join(sorted(marks[run])).encode(), digest_size=8)
+        entry["version"] = f"{entry['max_step']}:{digest.hexdigest()}"
     return out
+
+
+def _blob(datum: Any) -> bytes:
+    value = datum.numpy
+    value = value.item() if hasattr(value, "item") else value
+    if not isinstance(value, bytes):
+        raise TypeError(f"expected a string tensor, got {type(value).__name__}")
+    return value
+
+
+def _check_parts(
+    tag: str, items: list[tuple[int, dict[str, Any]]], errors: list[str]
+) -> list[tuple[int, dict[str, Any]]]:
+    """Split records (``"parts": n`` in each part, ``"part": i >= 1`` in all but the first) with
+    missing parts: say so, and leave out a step whose first part is missing (a fragment holds no
+    model row, no layer table, no histogram: it would stand in for the whole record)."""
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for step, payload in items:
+        by_step.setdefault(step, []).append(payload)
+    dropped: set[int] = set()
+    for step, payloads in by_step.items():
+        split = [p for p in payloads if isinstance(p.get("parts"), int) and p["parts"] > 1]
+        if not split:
+            continue
+        n = max(p["parts"] for p in split)
+        seen = {p.get("part", 0) if isinstance(p.get("part", 0), int) else -1 for p in split}
+        if seen >= set(range(n)):
+            continue
+        got = len(seen & set(range(n)))
+        if 0 not in seen:
+            dropped.add(step)
+            what = "left out (its first part, with the model row and layer table, is missing)"
+        else:
+            what = "incomplete (its tables hold only the parts that arrived)"
+        errors.append(
+            f"{tag} at step {step}: {got} of {n} parts of a split record reached the tab, so the "
+            f"record is {what}. TensorBoard's data server keeps one value per tag and step; "
+            "`mpwatch diagnose` reads every part, and so does TensorBoard with --load_fast=false."
+        )
+    if not dropped:
+        return items
+    return [(s, p) for s, p in items if s not in dropped]
 
 
 def read_run(
@@ -87,15 +198,20 @@ def read_run(
     ctx: Any,
     experiment_id: str,
     run: str,
-    decoded: dict[tuple[str, int, float], Any] | None = None,
+    decoded: dict[Any, Any] | None = None,
+    scalar_limit: int = TB_SCALAR_SAMPLES,
 ) -> RunRecords:
     """Read and decode every mpwatch scalar and record of ``run``.
 
-    ``decoded`` maps (tag, step, wall time) to a record's decoded payload (or its error) and is
-    updated: pass the previous read's to decode only the new records of a run still being written.
+    ``decoded`` maps a record's content digest to its decoded payload (or its error) and is updated
+    in place (entries of records no longer served are dropped): pass the previous read's to decode
+    only the new records of a run still being written. ``scalar_limit`` is the number of points per
+    scalar tag the provider serves at most (:func:`scalar_sample_limit`): a tag served that many
+    is a sample.
     """
     decoded = {} if decoded is None else decoded
     result = RunRecords(name=run)
+    fp = hashlib.blake2b(digest_size=16)
     listing = provider.list_scalars(
         ctx,
         experiment_id=experiment_id,
@@ -108,14 +224,22 @@ def read_run(
             ctx,
             experiment_id=experiment_id,
             plugin_name=SCALARS_PLUGIN,
-            downsample=READ_SCALARS,
+            downsample=min(scalar_limit, READ_SCALARS),
             run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=tags),
         ).get(run, {})
-        for tag, points in data.items():
-            steps = np.fromiter((p.step for p in points), dtype=np.int64, count=len(points))
-            values = np.fromiter((p.value for p in points), dtype=np.float64, count=len(points))
+        for tag, points in sorted(data.items()):
+            n = len(points)
+            steps = np.fromiter((p.step for p in points), dtype=np.int64, count=n)
+            values = np.fromiter((p.value for p in points), dtype=np.float64, count=n)
+            walls = np.fromiter((p.wall_time for p in points), dtype=np.float64, count=n)
+            fp.update(f"s\x00{tag}\x00{n}\x00".encode())
+            fp.update(steps.tobytes())
+            fp.update(values.tobytes())
+            fp.update(walls.tobytes())
+            result.served[tag] = n
+            result.sampled[tag] = n >= min(scalar_limit, READ_SCALARS)
             # points come in write order (files in name order): a resumed run's later writes win
-            keep = later_writes_win(np.arange(len(steps)), steps)
+            keep = later_writes_win(np.arange(n), steps)
             steps, values = steps[keep], values[keep]
             order = np.argsort(steps, kind="stable")
             result.scalars[tag] = (steps[order], values[order])
@@ -137,6 +261,7 @@ def read_run(
             result.errors.append(f"{tag}: {e}")
             continue
         kinds[tag] = meta.get("kind", kind)
+    seen: set[Any] = set()
     if kinds:
         data = provider.read_tensors(
             ctx,
@@ -145,15 +270,27 @@ def read_run(
             downsample=READ_TENSORS,
             run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=sorted(kinds)),
         ).get(run, {})
-        for tag, points in data.items():
-            items = result.records.setdefault(kinds[tag], [])
+        for tag, points in sorted(data.items()):
+            fp.update(f"r\x00{tag}\x00{len(points)}\x00".encode())
+            digests: list[Any] = []
+            for p in points:
+                try:
+                    blob = _blob(p)
+                    key: Any = (tag, hashlib.blake2b(blob, digest_size=16).digest())
+                except (TypeError, ValueError) as e:
+                    blob, key = b"", (tag, "undecodable", int(p.step), float(p.wall_time))
+                    decoded.setdefault(key, ValueError(f"{tag} at step {p.step}: {e}"))
+                fp.update(f"{int(p.step)}\x00{float(p.wall_time)!r}\x00".encode())
+                fp.update(key[1] if isinstance(key[1], bytes) else repr(key).encode())
+                digests.append((key, blob))
             steps = np.fromiter((p.step for p in points), dtype=np.int64, count=len(points))
             kept = later_writes_win(np.arange(len(steps)), steps, strict=True).tolist()
-            for p in (points[i] for i in kept):
-                key = (tag, int(p.step), float(p.wall_time))
+            items: list[tuple[int, dict[str, Any]]] = []
+            for i in kept:
+                p, (key, blob) = points[i], digests[i]
+                seen.add(key)
                 if key not in decoded:
                     try:
-                        blob = p.numpy.item() if hasattr(p.numpy, "item") else p.numpy
                         decoded[key] = contract.decode_payload(blob)
                     except (ValueError, TypeError) as e:
                         decoded[key] = ValueError(f"{tag} at step {p.step}: {e}")
@@ -163,17 +300,20 @@ def read_run(
                 else:
                     items.append((int(p.step), value))
             items.sort(key=lambda item: item[0])
+            items = _check_parts(tag, items, result.errors)
+            result.records.setdefault(kinds[tag], []).extend(items)
+    for key in [k for k in decoded if k not in seen]:
+        del decoded[key]
+    result.fingerprint = fp.hexdigest()
     return result
 
 
 # --- the run model and the findings (mpwatch.read / mpwatch.judge) ---------------------------
-def build_model(records: RunRecords) -> Any:
-    """The :class:`mpwatch.read.run.Run` of decoded records: the model ``mpwatch.load_run`` builds
-    from event files (same tables, part merging and purges), so the advisor sees the same run in the
+def build_model(records: RunRecords) -> Run:
+    """The :class:`mpwatch.read.Run` of decoded records: the Run ``mpwatch.load_run`` builds from
+    event files (same tables, part merging and purges), so the advisor sees the same run in the
     tab and in the CLI."""
-    from mpwatch.read import run as reader
-
-    return reader.run_from_records(
+    return run_from_records(
         records.name, scalars=records.scalars, records=records.records, warnings=records.errors
     )
 
@@ -181,12 +321,12 @@ def build_model(records: RunRecords) -> Any:
 FINDING_KEYS = ("severity", "layer", "rule", "title", "evidence", "fix", "why")
 
 
-def findings(model: Any) -> tuple[list[dict[str, Any]], str | None]:
+def findings(model: Run) -> tuple[list[dict[str, Any]], str | None]:
     """The advisor's findings as dicts, and why there are none when the advisor failed."""
-    import mpwatch.judge as advisor
+    from mpwatch.judge import diagnose
 
     try:
-        diagnosed = advisor.diagnose(model)
+        diagnosed = diagnose(model)
     except Exception as e:  # a run still being written may be incomplete: say so, keep the tab
         return [], f"the advisor failed on this run: {type(e).__name__}: {e}"
     out = []
@@ -203,6 +343,22 @@ def _table(tbl: Any) -> list[dict[str, Any]]:
         return []
     cols = tbl.get("columns") or []
     return [dict(zip(cols, row)) for row in tbl.get("data") or []]
+
+
+def _rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """A Run table as row dicts, missing values (NaN) as None."""
+    if not len(df):
+        return []
+    return df.astype(object).where(pd.notna(df), None).to_dict("records")
+
+
+def _split(df: pd.DataFrame, drop: tuple[str, ...] = ("step",)) -> dict[str, Any] | None:
+    """A Run table back in the record layout (``{"columns", "data"}``), None when empty."""
+    if not len(df.columns):
+        return None
+    df = df.drop(columns=[c for c in drop if c in df.columns])
+    rows = df.astype(object).where(pd.notna(df), None).values.tolist()
+    return contract.table([str(c) for c in df.columns], rows)
 
 
 def downsample(steps: np.ndarray, values: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -238,48 +394,77 @@ def downsample(steps: np.ndarray, values: np.ndarray, points: int) -> tuple[np.n
     return steps[idx], values[idx]
 
 
+def recorded_steps(steps: np.ndarray, sampled: bool) -> tuple[int, bool]:
+    """How many steps a scalar tag was recorded at, and whether that count is exact.
+
+    The whole series served: its length, exact. A sample: the steps on the series' cadence (the
+    greatest common divisor of the gaps between served steps: 1 for a per-step tag, ``log_every``
+    for an interval tag) from the first served step to the last (always served): exact for
+    mpwatch's regular tags when TensorBoard kept the first point.
+
+    >>> recorded_steps(np.array([3, 7, 10]), sampled=False)
+    (3, True)
+    >>> recorded_steps(np.array([10, 40, 50, 90]), sampled=True)  # every 10 steps, 10 to 90
+    (9, False)
+    """
+    n = len(steps)
+    if not sampled or n < 2:
+        return n, not sampled
+    gaps = np.diff(steps)
+    gaps = gaps[gaps > 0]
+    cadence = int(np.gcd.reduce(gaps)) if len(gaps) else 1
+    return int((int(steps[-1]) - int(steps[0])) // max(cadence, 1) + 1), False
+
+
 SKIPPED_LIMIT = 10_000
 
 
-def skipped_steps(scalars: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[list[int], int]:
-    """Steps to mark as skipped, and how many steps were skipped in all.
+def skipped_view(model: Run, records: RunRecords) -> dict[str, Any]:
+    """The skipped-step markers and total, from :meth:`Run.skipped_steps`.
 
-    TensorBoard keeps a sample of each scalar tag (1,000 by default), so the per-step flag may miss
-    skipped steps of a long run; the cumulative count does not: a rise of the count between two kept
-    points marks the later one. The total is the last cumulative count when it was recorded.
+    Markers are exactly the skipped steps the Run knows of (never a step whose update was applied).
+    When TensorBoard served only a sample of ``mpwatch/step_skipped``, some skipped steps are not
+    in it: the total then comes from the cumulative ``mpwatch/skipped_steps_total`` (its last point
+    is always served), and ``skipped_marked_all`` is false.
     """
-    marks: list[np.ndarray] = []
-    total = 0
-    for tag in (contract.STEP_SKIPPED, contract.SKIPPED_STEPS):
-        if tag in scalars:
-            steps, values = scalars[tag]
-            marks.append(steps[values > 0])
-            total = max(total, int(np.nansum(values[np.isfinite(values)])))
-    if contract.SKIPPED_STEPS_TOTAL in scalars:
-        steps, values = scalars[contract.SKIPPED_STEPS_TOTAL]
-        finite = np.isfinite(values)
-        steps, values = steps[finite], values[finite]
-        if len(values):
-            rise = np.diff(values, prepend=0.0) > 0
-            marks.append(steps[rise])
-            total = int(values[-1])
-    if not marks:
-        return [], total
-    return np.unique(np.concatenate(marks))[:SKIPPED_LIMIT].tolist(), total
+    per_step = model.skipped_steps()
+    steps = per_step.index.to_numpy(dtype=np.int64)
+    total = int(per_step.sum())
+    flag = contract.STEP_SKIPPED
+    complete = not (flag in model.scalars.columns and records.sampled.get(flag, False))
+    if not complete:
+        cumulative = model.scalar(contract.SKIPPED_STEPS_TOTAL)
+        cumulative = cumulative[np.isfinite(cumulative)]
+        if len(cumulative):
+            total = max(total, int(round(float(cumulative.iloc[-1]))))
+        complete = total == int(per_step.sum())
+    return {
+        "skipped_steps": steps[:SKIPPED_LIMIT].tolist(),
+        "skipped_total": total,
+        "skipped_marked_all": bool(complete and len(steps) <= SKIPPED_LIMIT),
+    }
 
 
-def scalars_view(records: RunRecords, points: int) -> dict[str, Any]:
+def scalars_view(records: RunRecords, model: Run, points: int) -> dict[str, Any]:
+    """Every mpwatch scalar series, downsampled to at most ``points`` points, and the skipped steps.
+
+    Per series: ``steps`` and ``values`` (the points drawn), ``count`` (how many steps the tag was
+    recorded at, see :func:`recorded_steps`), ``count_exact`` (false when TensorBoard served only a
+    sample and ``count`` is counted on the series' cadence), ``served`` (how many points
+    TensorBoard served: its sample).
+    """
     series = {}
     for tag, (steps, values) in sorted(records.scalars.items()):
         s, v = downsample(steps, values, points)
-        series[tag] = {"steps": s.tolist(), "values": _floats(v), "count": int(len(steps))}
-    skipped, total = skipped_steps(records.scalars)
-    return {
-        "run": records.name,
-        "series": series,
-        "skipped_steps": skipped,
-        "skipped_total": total,
-    }
+        count, exact = recorded_steps(steps, records.sampled.get(tag, False))
+        series[tag] = {
+            "steps": s.tolist(),
+            "values": _floats(v),
+            "count": count,
+            "count_exact": exact,
+            "served": int(records.served.get(tag, len(steps))),
+        }
+    return {"run": model.name, "series": series, **skipped_view(model, records)}
 
 
 LAYER_COLUMNS = (
@@ -301,15 +486,15 @@ LAYER_COLUMNS = (
 )
 
 
-def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, Any]:
-    """The per-layer table: dtypes from the layers record, numerics from the latest probe, time
-    share from the profile, findings per layer."""
-    layers: list[dict[str, Any]] = []
-    for _, payload in records.records.get(contract.KIND_LAYERS, []):
-        layers = _table(payload.get("layers"))  # the latest layer table wins
-    probe = records.latest(contract.KIND_PROBE) or {}
-    by_layer_probe = {row.get("layer"): row for row in _table(probe.get("layers"))}
-    profile = records.latest(contract.KIND_PROFILE) or {}
+def layers_view(model: Run, found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-layer table: dtypes from the Run's layer table, numerics from its latest probe
+    (:meth:`Run.latest_probe`), time share from its profile, findings per layer."""
+    layers = _rows(model.layers) if "name" in model.layers.columns else []
+    probe = model.latest_probe()
+    by_layer_probe: dict[Any, dict[str, Any]] = {}
+    if probe is not None and "layer" in probe.layers.columns:
+        by_layer_probe = {row.get("layer"): row for row in _rows(probe.layers)}
+    profile = model.profile or {}
     by_layer_time = {row.get("layer"): row for row in _table(profile.get("layers"))}
     badges: dict[str, list[dict[str, str]]] = {}
     for f in found:
@@ -318,7 +503,7 @@ def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, A
                 {"severity": f["severity"], "rule": f["rule"], "title": f["title"]}
             )
     rows = []
-    names = [row.get("name") for row in layers]
+    names = {row.get("name") for row in layers}
     for name in list(by_layer_probe):  # layers seen by the probe but missing from the table
         if name not in names and name is not None:
             layers.append({"name": name})
@@ -347,13 +532,11 @@ def layers_view(records: RunRecords, found: list[dict[str, Any]]) -> dict[str, A
         )
     return json_safe(
         {
-            "run": records.name,
+            "run": model.name,
             "columns": list(LAYER_COLUMNS),
             "rows": rows,
             "badges": badges,
-            "probe_step": records.records[contract.KIND_PROBE][-1][0]
-            if records.records.get(contract.KIND_PROBE)
-            else None,
+            "probe_step": probe.step if probe is not None else None,
             "profiled": bool(profile),
         }
     )
@@ -385,59 +568,67 @@ def _heatmap(probes: pd.DataFrame) -> dict[str, Any]:
     return {"layers": list(layers), "steps": steps.tolist(), "values": values}
 
 
-def probes_view(records: RunRecords, model: Any, step: int | None) -> dict[str, Any]:
-    """Probe steps and the probe at ``step``; without ``step``: the latest probe and the layer ×
-    probe-step underflow heatmap."""
-    probes = records.records.get(contract.KIND_PROBE, [])
-    steps = [s for s, _ in probes]
-    chosen: tuple[int, dict[str, Any]] | None = probes[-1] if probes else None
-    if step is not None:
-        matches = [item for item in probes if item[0] == step]
-        if not matches:
+# the probe_model columns that are the record's top-level keys, not its "model" dict
+_PROBE_TOP_KEYS = ("step", "loss_scale", "recommended_scale", "mode", "reference", "reference_note")
+
+
+def _probe_at(model: Run, step: int) -> ProbeResult | None:
+    """The probe at ``step``: :meth:`Run.latest_probe` of the Run seen up to that probe."""
+    pm = model.probe_model
+    return dataclasses.replace(model, probe_model=pm[pm["step"] == step]).latest_probe()
+
+
+def _probe_json(probe: ProbeResult) -> dict[str, Any]:
+    row = probe.model
+    return {
+        "step": probe.step,
+        "mode": row.get("mode"),
+        "loss_scale": row.get("loss_scale"),
+        "reference": row.get("reference"),
+        "reference_note": row.get("reference_note"),
+        "model": {k: v for k, v in row.items() if k not in _PROBE_TOP_KEYS},
+        "histogram": probe.histogram,
+        "sweep": _split(probe.sweep),
+        "recommended_scale": row.get("recommended_scale"),
+    }
+
+
+def probes_view(model: Run, step: int | None) -> dict[str, Any]:
+    """Probe steps and the probe at ``step`` (KeyError when there is none); without ``step``: the
+    latest probe and the layer × probe-step underflow heatmap."""
+    pm = model.probe_model
+    steps = sorted({int(s) for s in pm["step"]}) if len(pm) else []
+    if step is None:
+        probe = model.latest_probe()
+        heatmap = _heatmap(model.probe_layers)
+    else:  # a step picks a histogram: no heatmap
+        if step not in steps:
             raise KeyError(step)
-        chosen = matches[-1]
-    heatmap = None
-    if step is None:  # the heatmap comes with the default view only (a step picks a histogram)
-        heatmap = _heatmap(model.probes)
-    probe = None
-    if chosen is not None:
-        s, payload = chosen
-        probe = {
-            "step": s,
-            "mode": payload.get("mode"),
-            "loss_scale": payload.get("loss_scale"),
-            "reference": payload.get("reference"),
-            "reference_note": payload.get("reference_note"),
-            "model": payload.get("model"),
-            "histogram": payload.get("histogram"),
-            "sweep": payload.get("sweep"),
-            "recommended_scale": payload.get("recommended_scale"),
-        }
+        probe, heatmap = _probe_at(model, step), None
     return json_safe(
         {
-            "run": records.name,
+            "run": model.name,
             "steps": steps,
             "heatmap": heatmap,
-            "probe": probe,
+            "probe": _probe_json(probe) if probe is not None else None,
         }
     )
 
 
-def profile_view(records: RunRecords) -> dict[str, Any]:
-    items = records.records.get(contract.KIND_PROFILE, [])
+def profile_view(model: Run) -> dict[str, Any]:
+    items = model.records.get(contract.KIND_PROFILE) or []
     return json_safe(
         {
-            "run": records.name,
+            "run": model.name,
             "step": items[-1][0] if items else None,
-            "profile": items[-1][1] if items else None,
+            "profile": model.profile,
         }
     )
 
 
-def info_view(records: RunRecords) -> dict[str, Any]:
-    notices = [payload for _, payload in records.records.get(contract.KIND_NOTICE, [])]
+def info_view(model: Run) -> dict[str, Any]:
     return {
-        "info": records.latest(contract.KIND_RUN_INFO),
-        "notices": notices,
-        "errors": records.errors,
+        "info": model.info or None,
+        "notices": list(model.notices),
+        "errors": list(model.warnings),
     }

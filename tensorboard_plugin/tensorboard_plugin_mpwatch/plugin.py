@@ -5,11 +5,18 @@ Routes (under ``/data/plugin/mpwatch/``), all ``application/json``:
 - ``runs``: the runs holding mpwatch data (others are not listed), with a version that changes
   while a run is being written.
 - ``scalars?run=R[&points=N]``: every ``mpwatch/...`` scalar, downsampled on the server to at most N
-  points (default 1,500) per tag, min and max kept; every skipped step.
+  points (default 1,500) per tag, min and max kept, with ``count`` (the steps the tag was recorded
+  at; see :func:`tensorboard_plugin_mpwatch.data.scalars_view`); the skipped steps.
 - ``layers?run=R``: the per-layer table with findings as badges.
 - ``probes?run=R[&step=S]``: probe steps, the layer × probe-step underflow heatmap, the probe at S.
 - ``findings?run=R``: the advisor's findings, run facts and notices.
 - ``profile?run=R``: the profile summary, or null.
+
+Every view is built from the run's :class:`mpwatch.read.Run` (``data.build_model``), once per
+content of the run: a run's entry (its Run, findings and views) is reused while a fresh read of the
+run through the data provider has the same fingerprint (every scalar point and record served), so
+a record added late, even at an existing step and wall time, is served at the next request after
+:data:`CHECK_TTL_S`.
 
 Parameters are validated; an unknown run is a 404 JSON error. Nothing reads the file system with a
 request parameter: static files are loaded once, by name, at start.
@@ -47,6 +54,9 @@ MAX_RUN_LENGTH = 4096
 # The run listing (two data-provider calls) is reused for this long: the tab's parallel requests
 # share one, and TensorBoard itself reloads data every --reload_interval (5 s by default).
 LISTING_TTL_S = 1.0
+# A run's data is read again (and its fingerprint compared) at most this often: the tab's parallel
+# requests after a reload share one read.
+CHECK_TTL_S = 1.0
 MAX_CACHED_RUNS = 32  # runs whose Run and views stay in memory
 
 
@@ -72,16 +82,32 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
 
 
 class _Entry:
-    __slots__ = ("version", "records", "model", "findings", "findings_note", "views", "decoded")
+    """One run's records, Run, findings and views, for one content of the run (its fingerprint)."""
 
-    def __init__(self, version: str, records: data.RunRecords) -> None:
-        self.version = version
+    __slots__ = (
+        "records",
+        "model",
+        "findings",
+        "findings_note",
+        "views",
+        "decoded",
+        "checked",
+        "listed",
+    )
+
+    def __init__(self, records: data.RunRecords, decoded: dict[Any, Any], listed: str) -> None:
         self.records = records
-        self.model: Any = None
+        self.model = data.build_model(records)
         self.findings: list[dict[str, Any]] | None = None
         self.findings_note: str | None = None
         self.views: dict[Any, Any] = {}
-        self.decoded: dict[tuple[str, int, float], Any] = {}  # kept across versions of the run
+        self.decoded = decoded  # content digest -> payload, kept across contents of the run
+        self.checked = time.monotonic()  # when the run was last read and fingerprinted
+        self.listed = listed  # the run listing's version then
+
+    @property
+    def fingerprint(self) -> str:
+        return self.records.fingerprint
 
 
 class MpwatchPlugin(base_plugin.TBPlugin):
@@ -91,6 +117,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._provider = context.data_provider
+        self._scalar_limit = data.scalar_sample_limit(getattr(context, "sampling_hints", None))
         self._static = _load_static()
         self._cache: dict[tuple[str, str], _Entry] = {}
         self._listing: dict[str, tuple[float, dict[str, dict[str, Any]]]] = {}
@@ -152,19 +179,28 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         runs = self._list_runs(ctx, eid)
         if run not in runs:
             raise BadRequest("unknown run (or no mpwatch data in it)", code=404)
-        version = runs[run]["version"]
+        listed = runs[run]["version"]
         key = (eid, run)
         with self._lock:
             entry = self._cache.get(key)
-            if entry is None or entry.version != version:
-                decoded = entry.decoded if entry is not None else {}
-                entry = _Entry(version, data.read_run(self._provider, ctx, eid, run, decoded))
-                entry.decoded = decoded
-                entry.model = data.build_model(entry.records)
-                self._cache.pop(key, None)
-                self._cache[key] = entry
-                while len(self._cache) > MAX_CACHED_RUNS:  # drop the least recently built
-                    self._cache.pop(next(iter(self._cache)))
+            if (
+                entry is not None
+                and entry.listed == listed
+                and time.monotonic() - entry.checked < CHECK_TTL_S
+            ):
+                return entry
+            decoded = entry.decoded if entry is not None else {}
+            records = data.read_run(
+                self._provider, ctx, eid, run, decoded, scalar_limit=self._scalar_limit
+            )
+            if entry is not None and entry.fingerprint == records.fingerprint:
+                entry.checked, entry.listed = time.monotonic(), listed  # same content: keep it
+                return entry
+            entry = _Entry(records, decoded, listed)
+            self._cache.pop(key, None)
+            self._cache[key] = entry
+            while len(self._cache) > MAX_CACHED_RUNS:  # drop the least recently built
+                self._cache.pop(next(iter(self._cache)))
         return entry
 
     def _entry_findings(self, entry: _Entry) -> list[dict[str, Any]]:
@@ -219,22 +255,22 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         points = self._int_arg(request, "points", DEFAULT_POINTS, 10, MAX_POINTS)
         entry = self._entry(request)
         if points != DEFAULT_POINTS:  # cache the tab's own request only
-            return _dumps(data.scalars_view(entry.records, points))
-        return self._view(entry, "scalars", lambda: data.scalars_view(entry.records, points))
+            return _dumps(data.scalars_view(entry.records, entry.model, points))
+        return self._view(
+            entry, "scalars", lambda: data.scalars_view(entry.records, entry.model, points)
+        )
 
     def _layers(self, request: wrappers.Request) -> str:
         entry = self._entry(request)
         return self._view(
-            entry, "layers", lambda: data.layers_view(entry.records, self._entry_findings(entry))
+            entry, "layers", lambda: data.layers_view(entry.model, self._entry_findings(entry))
         )
 
     def _probes(self, request: wrappers.Request) -> str:
         step = self._int_arg(request, "step", None, 0, 2**62)
         entry = self._entry(request)
         try:  # keys: None and the run's probe steps (a bad step raises before caching)
-            return self._view(
-                entry, ("probes", step), lambda: data.probes_view(entry.records, entry.model, step)
-            )
+            return self._view(entry, ("probes", step), lambda: data.probes_view(entry.model, step))
         except KeyError:
             raise BadRequest(f"no probe at step {step}", code=404) from None
 
@@ -243,14 +279,14 @@ class MpwatchPlugin(base_plugin.TBPlugin):
 
         def build() -> dict[str, Any]:
             return {
-                "run": entry.records.name,
+                "run": entry.model.name,
                 "findings": self._entry_findings(entry),
                 "note": entry.findings_note,
-                **data.info_view(entry.records),
+                **data.info_view(entry.model),
             }
 
         return self._view(entry, "findings", build)
 
     def _profile(self, request: wrappers.Request) -> str:
         entry = self._entry(request)
-        return self._view(entry, "profile", lambda: data.profile_view(entry.records))
+        return self._view(entry, "profile", lambda: data.profile_view(entry.model))

@@ -7,11 +7,14 @@ reader's own :func:`mpwatch.load_run` of the same event files (the tab and the C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -20,6 +23,7 @@ from tensorboard.context import RequestContext
 
 from mpwatch import contract
 from mpwatch.contract import table
+from mpwatch.read import load_run
 from mpwatch.record.writer import RunWriter
 
 CTX = RequestContext()
@@ -119,6 +123,8 @@ def write_synthetic_run(
                 contract.GRAD_NONFINITE_COUNT: math.inf if skipped else 0.0,
             },
         )
+        if s % 10 == 0:  # the interval counter: skipped steps in the 10 steps ending here
+            w.scalars(s, {contract.SKIPPED_STEPS: float(sum(s - 10 < k <= s for k in skips))})
         if s % probe_every == 0:
             w.record(contract.KIND_PROBE, s, probe_payload(s, layers, scale))
     if profile:
@@ -205,18 +211,21 @@ def test_loader_is_import_safe():
 
 
 # --- the data layer over an in-process data provider ---------------------------------------------
-def _provider(logdir: str):
+def _provider(logdir: str, scalars: int = 1000, multiplexer: list | None = None):
+    """TensorBoard's Python loader (``--load_fast=false``) over ``logdir``, keeping ``scalars``
+    points per scalar tag (TensorBoard's default 1,000) and every mpwatch record (the loader's
+    ``mpwatch=0``). ``multiplexer``, a list, receives the multiplexer (to ``Reload()`` it)."""
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
     from tensorboard_plugin_mpwatch.loader import MpwatchLoader
 
-    flags = argparse.Namespace(samples_per_plugin={})
+    flags = argparse.Namespace(samples_per_plugin={"scalars": scalars})
     MpwatchLoader().fix_flags(flags)
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(
-        tensor_size_guidance=flags.samples_per_plugin
-    )
-    multiplexer.AddRunsFromDirectory(logdir)
-    multiplexer.Reload()
-    return data_provider.MultiplexerDataProvider(multiplexer, logdir)
+    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance=flags.samples_per_plugin)
+    mux.AddRunsFromDirectory(logdir)
+    mux.Reload()
+    if multiplexer is not None:
+        multiplexer.append(mux)
+    return data_provider.MultiplexerDataProvider(mux, logdir)
 
 
 @pytest.fixture(scope="module")
@@ -280,53 +289,88 @@ def test_views_are_plain_json(synthetic_logdir):
     from tensorboard_plugin_mpwatch import data
 
     records = data.read_run(_provider(synthetic_logdir), CTX, "", "run_b")
+    model = data.build_model(records)
     for view in (
-        data.scalars_view(records, 100),
-        data.layers_view(records, []),
-        data.probes_view(records, data.build_model(records), None),
-        data.profile_view(records),
+        data.scalars_view(records, model, 100),
+        data.layers_view(model, []),
+        data.probes_view(model, None),
+        data.profile_view(model),
+        data.info_view(model),
     ):
         json.dumps(view, allow_nan=False)  # raises on NaN/Infinity
-    scalars = data.scalars_view(records, 100)
+    scalars = data.scalars_view(records, model, 100)
     assert scalars["skipped_steps"] == [7, 8]
     assert scalars["series"][contract.LOSS_SCALE]["values"][-1] == 32768.0 / 4
     nonfinite = scalars["series"][contract.GRAD_NONFINITE_COUNT]["values"]
     assert nonfinite[6] is None and nonfinite[0] == 0.0  # inf -> null
-    layers = data.layers_view(records, [])
+    layers = data.layers_view(model, [])
     names = [r[0] for r in layers["rows"]]
     assert names == ["dense_1", XSS_LAYER, "out"]
     share = layers["columns"].index("time_share")
-    assert layers["profiled"] is True
+    assert layers["profiled"] is True and layers["probe_step"] == 60
     assert [r[share] for r in layers["rows"]] == pytest.approx([1 / 6, 2 / 6, 3 / 6])
-    assert data.profile_view(records)["profile"]["share_16bit"] == 0.9
-    model = data.build_model(records)
-    probes = data.probes_view(records, model, 30)
-    assert probes["probe"]["step"] == 30
+    underflow = layers["columns"].index("underflow_fraction")
+    assert [r[underflow] for r in layers["rows"]] == [0.0, 0.01, 0.02]  # the probe at step 60
+    assert data.profile_view(model)["profile"]["share_16bit"] == 0.9
+    assert data.profile_view(model)["step"] == 60
+    probes = data.probes_view(model, 30)
+    assert probes["probe"]["step"] == 30 and probes["heatmap"] is None
     assert probes["probe"]["model"]["grad_rel_error"] is None
-    latest = data.probes_view(records, model, None)
+    assert probes["probe"]["model"]["underflow_fraction"] == 0.03
+    assert probes["probe"]["loss_scale"] == 32768.0 / 4 and probes["probe"]["mode"] == "float16"
+    assert probes["probe"]["histogram"]["zeros"] == 5
+    assert probes["probe"]["sweep"]["columns"][0] == "scale_log2"
+    assert len(probes["probe"]["sweep"]["data"]) == 7
+    latest = data.probes_view(model, None)
+    assert latest["steps"] == [10, 20, 30, 40, 50, 60]
     assert latest["probe"]["step"] == 60
     assert latest["heatmap"]["layers"] == names
     assert latest["heatmap"]["steps"] == [10, 20, 30, 40, 50, 60]
     assert latest["heatmap"]["values"][1] == [0.01] * 6  # layer i has underflow (i % 7) / 100
     with pytest.raises(KeyError):
-        data.probes_view(records, model, 31)
+        data.probes_view(model, 31)
+    info = data.info_view(model)
+    assert info["info"]["policy"] == "mixed_float16" and info["errors"] == []
 
 
-def test_skipped_steps_survive_tensorboards_scalar_sampling():
-    """TensorBoard keeps 1,000 points per scalar tag: the flag's sample may miss a skipped step, the
-    cumulative count's rise still marks it."""
-    from tensorboard_plugin_mpwatch.data import skipped_steps
+def test_skip_markers_are_exactly_the_skipped_steps(synthetic_logdir):
+    """Steps 7 and 8 were skipped; the interval counter mpwatch/skipped_steps says 2 at step 10 (the
+    two skips of steps 1-10): step 10 was not skipped and gets no marker."""
+    from tensorboard_plugin_mpwatch import data
 
-    flag_steps = np.array([1, 10, 20, 30])  # the sample kept none of the skipped steps 12 and 25
-    total_steps = np.array([1, 11, 21, 31])
-    scalars = {
-        contract.STEP_SKIPPED: (flag_steps, np.zeros(4)),
-        contract.SKIPPED_STEPS_TOTAL: (total_steps, np.array([0.0, 0.0, 1.0, 2.0])),
-    }
-    assert skipped_steps(scalars) == ([21, 31], 2)
-    scalars[contract.STEP_SKIPPED] = (np.array([12, 25]), np.array([1.0, 1.0]))
-    assert skipped_steps(scalars) == ([12, 21, 25, 31], 2)
-    assert skipped_steps({}) == ([], 0)
+    records = data.read_run(_provider(synthetic_logdir), CTX, "", "run_a")
+    assert records.scalars[contract.SKIPPED_STEPS][1].tolist()[0] == 2.0  # at step 10
+    view = data.scalars_view(records, data.build_model(records), 100)
+    assert view["skipped_steps"] == [7, 8]
+    assert view["skipped_total"] == 2 and view["skipped_marked_all"] is True
+
+
+def test_counts_are_recorded_steps_not_tensorboards_sample(synthetic_logdir):
+    """run_a records the loss scale at each of its 120 steps and the interval counter every 10.
+    With TensorBoard's whole series, ``count`` is exact; with a 20-point sample it is counted on
+    the series' cadence, ``served`` says how many points TensorBoard kept, and the skip total still
+    comes out right (the cumulative counter's last point is always kept)."""
+    from tensorboard_plugin_mpwatch import data
+
+    whole = data.read_run(_provider(synthetic_logdir), CTX, "", "run_a")
+    view = data.scalars_view(whole, data.build_model(whole), 50)
+    ls = view["series"][contract.LOSS_SCALE]
+    assert (ls["count"], ls["count_exact"], ls["served"]) == (120, True, 120)
+    assert len(ls["steps"]) <= 52  # the points drawn: downsampled, count is not their number
+    interval = view["series"][contract.SKIPPED_STEPS]
+    assert (interval["count"], interval["count_exact"]) == (12, True)
+
+    sample = data.read_run(_provider(synthetic_logdir, scalars=20), CTX, "", "run_a", None, 20)
+    assert sample.sampled[contract.LOSS_SCALE] and sample.served[contract.LOSS_SCALE] == 20
+    view = data.scalars_view(sample, data.build_model(sample), 50)
+    ls = view["series"][contract.LOSS_SCALE]
+    first = ls["steps"][0]
+    assert ls["served"] == 20 and ls["count_exact"] is False and ls["steps"][-1] == 120
+    assert ls["count"] == 120 - first + 1  # per-step cadence from the first kept step
+    assert view["series"][contract.SKIPPED_STEPS]["count_exact"] is True  # 12 points: all served
+    assert view["skipped_total"] == 2
+    assert set(view["skipped_steps"]) <= {7, 8}  # markers only where a step was skipped
+    assert view["skipped_marked_all"] is (len(view["skipped_steps"]) == 2)
 
 
 def test_a_new_version_of_a_run_decodes_only_new_records(synthetic_logdir, monkeypatch):
@@ -336,9 +380,200 @@ def test_a_new_version_of_a_run_decodes_only_new_records(synthetic_logdir, monke
     decoded: dict = {}
     first = data.read_run(provider, CTX, "", "run_a", decoded)
     n_records = sum(len(v) for v in first.records.values())
-    assert len(decoded) == n_records == 1 + 1 + 24  # run_info, layers, 24 probes
+    assert n_records == 1 + 1 + 24  # run_info, layers, 24 probes
+    # decoded once per content: the synthetic probes repeat (two loss scales -> two contents)
+    assert len(decoded) == 1 + 1 + 2
     calls = []
-    monkeypatch.setattr(data.summary, "decode_payload", lambda blob: calls.append(blob))
+    monkeypatch.setattr(data.contract, "decode_payload", lambda blob: calls.append(blob))
     again = data.read_run(provider, CTX, "", "run_a", decoded)
     assert calls == []
     assert again.records == first.records
+
+
+# --- split records: a probe written in parts at one step ------------------------------------------
+SPLIT_LAYERS = ["conv2d", "dense", "softmax"]
+SPLIT_VARIABLES = 300
+
+
+def write_split_probe_run(logdir: str) -> dict:
+    """Probes at steps 15 and 20; the one at 20 holds 300 variables and is written by
+    ``RunWriter.record`` under a record size limit lowered so that it splits into parts at one step,
+    as a large model's probe does over ``contract.MAX_RECORD_BYTES``."""
+    rng = np.random.default_rng(1)
+    w = write_synthetic_run(logdir, steps=20, layers=SPLIT_LAYERS, probe_every=15, close=False)
+    payload = probe_payload(20, SPLIT_LAYERS, 8192.0)
+    rows = [
+        [f"{SPLIT_LAYERS[i % 3]}/v{i}", SPLIT_LAYERS[i % 3], 100 + i, 90, int(k), k / 90, float(e)]
+        for i, (k, e) in enumerate(zip(rng.integers(0, 90, SPLIT_VARIABLES), rng.random(300)))
+    ]
+    payload["variables"] = table(contract.PROBE_VARIABLE_COLUMNS, rows)
+    head = dict(payload, variables=table(contract.PROBE_VARIABLE_COLUMNS, []), parts=99)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(contract, "MAX_RECORD_BYTES", len(contract.encode_payload(head)) + 256)
+        w.record(contract.KIND_PROBE, 20, payload)
+    w.close()
+    return {"variables": [r[0] for r in rows]}
+
+
+@contextlib.contextmanager
+def data_server_provider(logdir: str, run: str, max_step: int):
+    """TensorBoard's data server (``--load_fast=auto``, TensorBoard's default where its binary
+    runs) over ``logdir``, with the loader's ``mpwatch=0``; skips when the binary is missing."""
+    from tensorboard.data import provider as tb_provider
+    from tensorboard.data import server_ingester
+    from tensorboard.util import grpc_util
+
+    try:
+        binary = server_ingester.get_server_binary()
+    except server_ingester.NoDataServerError as e:
+        pytest.skip(f"no TensorBoard data server: {e}")
+    ingester = server_ingester.SubprocessServerDataIngester(
+        binary,
+        logdir,
+        reload_interval=1,
+        channel_creds_type=grpc_util.ChannelCredsType.LOCAL,
+        samples_per_plugin={"mpwatch": 0},
+    )
+    ingester.start()
+    try:
+        provider = ingester.data_provider
+        deadline = time.monotonic() + 60
+        while True:  # the server loads the logdir in the background
+            listed = provider.list_tensors(
+                CTX,
+                experiment_id="",
+                plugin_name=contract.PLUGIN_NAME,
+                run_tag_filter=tb_provider.RunTagFilter(runs=[run]),
+            ).get(run, {})
+            if listed.get(contract.record_tag(contract.KIND_PROBE)) is not None and (
+                listed[contract.record_tag(contract.KIND_PROBE)].max_step >= max_step
+            ):
+                break
+            assert time.monotonic() < deadline, "the data server never loaded the run"
+            time.sleep(0.25)
+        yield provider
+    finally:
+        ingester._stdin_handle.close()  # the server runs with --die-after-stdin
+
+
+def test_a_split_record_reaches_the_tab_whole(tmp_path, read_events):
+    """Under TensorBoard's Python loader every part of the split probe is served: the tab's Run
+    joins them as the reader does, and the views show the probe at step 20."""
+    from tensorboard_plugin_mpwatch import data
+
+    truth = write_split_probe_run(str(tmp_path / "split"))
+    _, raw = read_events(str(tmp_path / "split"))
+    parts = [p for s, p in raw[contract.KIND_PROBE] if s == 20]
+    assert len(parts) >= 3 and parts[0]["parts"] == len(parts)  # really written in parts
+    assert [p.get("part", 0) for p in parts] == list(range(len(parts)))
+
+    records = data.read_run(_provider(str(tmp_path)), CTX, "", "split")
+    assert records.errors == []
+    assert len([s for s, _ in records.records[contract.KIND_PROBE] if s == 20]) == len(parts)
+    model = data.build_model(records)
+    direct = load_run(str(tmp_path / "split"))
+    pd.testing.assert_frame_equal(model.probe_variables, direct.probe_variables)
+    latest = model.latest_probe()
+    assert latest.step == 20 and latest.variables["variable"].tolist() == truth["variables"]
+    assert latest.histogram is not None and latest.model["underflow_fraction"] == 0.03
+    assert data.layers_view(model, [])["probe_step"] == 20
+    view = data.probes_view(model, None)
+    assert view["steps"] == [15, 20] and view["probe"]["step"] == 20
+    assert view["probe"]["model"]["underflow_fraction"] == 0.03
+    assert view["heatmap"]["steps"] == [15, 20]
+
+
+def test_a_split_record_under_tensorboards_data_server_is_reported(tmp_path):
+    """TensorBoard's data server keeps one value per tag and step: only the last part of the split
+    probe arrives. The tab says so and does not let the fragment stand in for the probe: the
+    latest probe it shows is the complete one at step 15."""
+    from tensorboard_plugin_mpwatch import data
+
+    write_split_probe_run(str(tmp_path / "split"))
+    with data_server_provider(str(tmp_path), "split", 20) as provider:
+        records = data.read_run(provider, CTX, "", "split")
+    at_20 = [p for s, p in records.records.get(contract.KIND_PROBE, []) if s == 20]
+    assert at_20 == []  # the fragment is left out
+    assert len(records.errors) == 1 and "parts of a split record" in records.errors[0]
+    assert "step 20" in records.errors[0] and "--load_fast=false" in records.errors[0]
+    model = data.build_model(records)
+    assert model.latest_probe().step == 15
+    assert data.probes_view(model, None)["steps"] == [15]
+    assert data.layers_view(model, [])["probe_step"] == 15
+    assert data.info_view(model)["errors"] == records.errors  # the tab shows them
+
+
+# --- the tab's cache ----------------------------------------------------------------------------
+def _write_record_event(run_dir: str, kind: str, step: int, wall_time: float, payload: dict):
+    """One mpwatch record event with a given wall time (TensorBoard's own event writer)."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    from tensorboard.util import tensor_util
+
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name=contract.PLUGIN_NAME, content=contract.metadata_content(kind)
+        ),
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+    )
+    value = summary_pb2.Summary.Value(
+        tag=contract.record_tag(kind),
+        metadata=metadata,
+        tensor=tensor_util.make_tensor_proto(np.array(contract.encode_payload(payload))),
+    )
+    writer = EventFileWriter(run_dir)
+    writer.add_event(
+        event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=[value]))
+    )
+    writer.close()
+
+
+def test_a_late_record_at_the_same_step_and_wall_time_is_served(tmp_path, monkeypatch):
+    """The tab's cache follows the run's content, not its last step and wall time: a record added
+    at the step and wall time of the run's last record changes nothing TensorBoard lists, and is
+    still served."""
+    from tensorboard.data import provider as tb_provider
+    from tensorboard.plugins import base_plugin
+    from tensorboard_plugin_mpwatch import plugin as plugin_module
+    from werkzeug.test import Client
+
+    monkeypatch.setattr(plugin_module, "CHECK_TTL_S", 0.0)
+    monkeypatch.setattr(plugin_module, "LISTING_TTL_S", 0.0)
+    run_dir = str(tmp_path / "live")
+    w = write_synthetic_run(run_dir, steps=5, close=False)
+    w.record(contract.KIND_NOTICE, 5, {"part": "probe", "level": "info", "message": "first"})
+    w.close()
+    muxes: list = []
+    provider = _provider(str(tmp_path), multiplexer=muxes)
+    tab = plugin_module.MpwatchPlugin(base_plugin.TBContext(data_provider=provider))
+    apps = tab.get_plugin_apps()
+
+    def get(route, **params):
+        response = Client(apps[f"/{route}"]).get("/", query_string=params)
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return json.loads(response.get_data(as_text=True))
+
+    before = get("findings", run="live")
+    assert [n["message"] for n in before["notices"]] == ["first"]
+    version = get("runs")["runs"][0]["version"]
+    served = provider.read_tensors(
+        CTX,
+        experiment_id="",
+        plugin_name=contract.PLUGIN_NAME,
+        downsample=100,
+        run_tag_filter=tb_provider.RunTagFilter(tags=[contract.record_tag(contract.KIND_NOTICE)]),
+    )["live"][contract.record_tag(contract.KIND_NOTICE)]
+    step, wall = served[-1].step, served[-1].wall_time
+    time.sleep(1.1)  # event file names start with the second: the new file sorts after the first
+    late = {"part": "probe", "level": "error", "message": "late"}
+    _write_record_event(run_dir, contract.KIND_NOTICE, step, wall, late)
+    muxes[0].Reload()
+    assert len(os.listdir(run_dir)) == 2
+    assert get("runs")["runs"][0]["version"] == version  # TensorBoard's listing did not change
+    after = get("findings", run="live")
+    assert [n["message"] for n in after["notices"]] == ["first", "late"]
+    assert [n["step"] for n in after["notices"]] == [5, 5]
+    again = get("findings", run="live")
+    assert again == after
+    entry = next(iter(tab._cache.values()))
+    assert get("layers", run="live")["run"] == "live" and "layers" in entry.views  # reused

@@ -3,7 +3,7 @@
 One ``tensorboard --logdir X --host 127.0.0.1 --port P`` subprocess per module over a logdir
 holding: the real mixed_float16 fit of ``quickstart_logdir`` (a small CNN with a float16 softmax); a
 run whose layer is named like an HTML injection; a 1,000-layer run; a run still being written; a
-run without mpwatch data.
+run whose last probe is split into parts at one step; a run without mpwatch data.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import urllib.request
 
 import pytest
 from tensorboard_process import running_tensorboard
-from test_plugin import XSS_LAYER, write_synthetic_run
+from test_plugin import XSS_LAYER, write_split_probe_run, write_synthetic_run
 
 from mpwatch import contract
 
 BOOT_TIMEOUT = 180  # TensorBoard imports TensorFlow: slow on 2 cores
 ROUTES = ("scalars", "layers", "probes", "findings", "profile")
+RUNS = ["big", "fit", "live", "split", "xss"]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -95,6 +96,7 @@ def logdir(tmp_path_factory, quickstart_logdir):
         probe_every=10,
     )
     live = write_synthetic_run(str(root / "live"), steps=20, close=False)
+    write_split_probe_run(str(root / "split"))
     import tensorflow as tf
 
     with tf.summary.create_file_writer(str(root / "plain")).as_default():
@@ -109,7 +111,7 @@ def server(logdir):
         srv = Server(int(base.rsplit(":", 1)[1]), logdir["root"], None)
         status, body = srv.route("runs")
         names = {r["name"] for r in body["runs"]}
-        return status == 200 and {"fit", "xss", "big", "live"} <= names
+        return status == 200 and set(RUNS) <= names
 
     log_path = os.path.join(logdir["root"], "..", "tensorboard.log")
     with running_tensorboard(
@@ -134,10 +136,10 @@ def test_plugins_listing_shows_the_tab_enabled(server):
 def test_runs_lists_only_runs_with_mpwatch_data(server):
     status, body = server.route("runs")
     assert status == 200
-    assert sorted(r["name"] for r in body["runs"]) == ["big", "fit", "live", "xss"]
+    assert sorted(r["name"] for r in body["runs"]) == RUNS
 
 
-@pytest.mark.parametrize("run", ["fit", "xss", "big", "live"])
+@pytest.mark.parametrize("run", RUNS)
 def test_every_route_answers_valid_json(server, run):
     for route in ROUTES:
         status, body = server.route(route, run=run)
@@ -163,6 +165,32 @@ def test_every_probe_record_survives_tensorboard_sampling(server):
     assert body["steps"] == sorted(direct.histograms) or body["steps"] == sorted(
         direct.probe_model["step"].tolist()
     )
+
+
+def test_skip_markers_and_counts_from_a_real_tensorboard(server):
+    """run "big": 120 steps, steps 7 and 8 skipped, the interval counter 2 at step 10."""
+    status, body = server.route("scalars", run="big", points=50)
+    assert body["skipped_steps"] == [7, 8] and body["skipped_total"] == 2
+    assert body["skipped_marked_all"] is True
+    ls = body["series"][contract.LOSS_SCALE]
+    assert (ls["count"], ls["count_exact"], ls["served"]) == (120, True, 120)
+
+
+def test_a_split_record_through_tensorboards_loader(server):
+    """TensorBoard's data server (its default loader where the binary runs) keeps one value per tag
+    and step: the split probe at step 20 arrives as its last part only, and the tab says so and
+    shows the complete probe at step 15. Its Python loader serves every part: the probe is whole."""
+    with open(os.path.join(server.logdir, "..", "tensorboard.log"), encoding="utf-8") as f:
+        data_server = "Using experimental fast data loading" in f.read()
+    _, probes = server.route("probes", run="split")
+    _, findings = server.route("findings", run="split")
+    _, layers = server.route("layers", run="split")
+    if data_server:
+        assert probes["steps"] == [15] and layers["probe_step"] == 15
+        assert any("parts of a split record" in e for e in findings["errors"])
+    else:
+        assert probes["steps"] == [15, 20] and layers["probe_step"] == 20
+        assert findings["errors"] == []
 
 
 @pytest.mark.parametrize(

@@ -101,14 +101,53 @@ def test_unwritable_output_exits_2(logdir, tmp_path, capsys):
     assert "cannot write" in capsys.readouterr().err
 
 
-def test_no_mpwatch_data_says_so(tmp_path, capsys):
-    write_plain_scalars(str(tmp_path / "train"))
-    assert cli.main(["diagnose", str(tmp_path), "--fail-on", "warning"]) == 0
-    assert "no mpwatch data" in capsys.readouterr().out
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert cli.main(["diagnose", str(empty)]) == 0
-    assert "no mpwatch data" in capsys.readouterr().out
+def test_exit_codes_are_constants_and_documented(capsys):
+    assert (cli.EXIT_OK, cli.EXIT_FINDINGS, cli.EXIT_USAGE, cli.EXIT_NO_DATA) == (0, 1, 2, 3)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["diagnose", "--help"])
+    text = capsys.readouterr().out
+    assert "exit codes:" in text
+    for code in range(4):
+        assert f"\n  {code}  " in text
+    assert "no mpwatch data" in text
+    for code in range(4):
+        assert f"- {code} (:data:`EXIT_" in cli.__doc__
+
+
+def test_empty_logdir_exits_3(tmp_path, capsys):
+    assert cli.main(["diagnose", str(tmp_path)]) == cli.EXIT_NO_DATA == 3
+    out, err = capsys.readouterr()
+    assert "no mpwatch data" in out  # the report still says so
+    assert "no mpwatch data in" in err and str(tmp_path) in err
+    assert "events.out.tfevents" in err and "mpwatch/" in err and "found no event file" in err
+    # --fail-on does not turn "nothing to diagnose" into a pass
+    assert cli.main(["diagnose", str(tmp_path), "--fail-on", "warning", "-o", os.devnull]) == 3
+
+
+def test_logdir_with_only_keras_scalars_exits_3(tmp_path, capsys):
+    write_plain_scalars(str(tmp_path / "train"))  # Keras' own epoch_loss, no mpwatch tag
+    assert cli.main(["diagnose", str(tmp_path), "--fail-on", "warning"]) == 3
+    out, err = capsys.readouterr()
+    assert "no mpwatch data" in out
+    assert "1 run(s) (train), none with mpwatch data" in err and "epoch_loss" in err
+    assert cli.main(["diagnose", str(tmp_path), "--run", "train", "--format", "json"]) == 3
+    out, err = capsys.readouterr()
+    assert json.loads(out)["has_data"] is False and "train" in err
+
+
+def test_missing_logdir_exits_2_not_3(tmp_path, capsys):
+    assert cli.main(["diagnose", str(tmp_path / "missing")]) == cli.EXIT_USAGE
+    assert "no mpwatch data" not in capsys.readouterr().err
+
+
+def test_a_logdir_with_data_beside_runs_without_exits_0(logdir, tmp_path, capsys):
+    import shutil
+
+    root = tmp_path / "mixed_and_plain"
+    shutil.copytree(os.path.join(logdir, "fp32"), root / "fp32")
+    write_plain_scalars(str(root / "keras"))
+    assert cli.main(["diagnose", str(root), "-o", os.devnull]) == 0
+    assert "no mpwatch data in" not in capsys.readouterr().err
 
 
 def test_progress_bar_on_stderr_when_slow(logdir, monkeypatch, capsys):

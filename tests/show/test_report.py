@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import jsonschema
 import pytest
@@ -11,9 +12,9 @@ from builders import write_float32_run, write_mixed_run, write_plain_scalars
 
 from mpwatch import contract
 from mpwatch.judge import diagnose_runs
-from mpwatch.read import run as reader
+from mpwatch.read import load_runs
 from mpwatch.record.writer import RunWriter
-from mpwatch.show import report
+from mpwatch.show import report, summary
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -27,7 +28,7 @@ def two_runs(tmp_path_factory):
     w = RunWriter(str(root / "<script>alert(1)</script>"))
     w.scalars(1, {contract.LOSS_SCALE: 2.0})
     w.close()
-    runs = reader.load_runs(str(root))
+    runs = load_runs(str(root))
     return str(root), runs, diagnose_runs(runs)
 
 
@@ -74,7 +75,7 @@ def test_markdown(two_runs):
 
 def test_no_data_is_said_plainly(tmp_path):
     write_plain_scalars(str(tmp_path))
-    runs = reader.load_runs(str(tmp_path))
+    runs = load_runs(str(tmp_path))
     for fmt in ("text", "markdown", "html"):
         out = report.render(runs, [], fmt, logdir=str(tmp_path))
         assert "no mpwatch data" in out
@@ -89,8 +90,9 @@ def test_html_is_self_contained_and_escaped(two_runs):
     assert "<script>alert(1)</script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<script" not in page  # no JavaScript at all
-    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    assert "https://" not in page
+    # nothing fetched: no external resource (a finding's source may cite a URL as text)
+    assert not re.search(r"""(src|href|xlink:href)\s*=\s*["']?(https?:)?//""", page)
+    assert "url(" not in page and "@import" not in page and "<link" not in page
     assert page.count("<svg") >= 6  # 3 charts per run with data
 
 
@@ -172,3 +174,59 @@ def test_profile_section_in_every_format(two_runs):
     assert "**Profile of run `mixed`:**" in md and "- dense: 2.5 ms (25.0%), 80% 16-bit" in md
     html = report.render(runs, findings, "html", logdir=root)
     assert '<section class="profile"><h3>Profile</h3>' in html
+
+
+def test_show_imports_go_one_way():
+    """report -> html -> summary (and charts_svg): html never imports report, summary imports
+    neither; the old paths and names stay importable."""
+    import ast
+    import importlib
+    import pathlib
+
+    show = pathlib.Path(report.__file__).parent
+
+    def imported(name):
+        tree = ast.parse((show / f"{name}.py").read_text(encoding="utf-8"))
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        return found
+
+    assert not {m for m in imported("html") if m.startswith("mpwatch.show.report")}
+    assert not {m for m in imported("summary") if m.startswith(("mpwatch.show.report",
+                                                                "mpwatch.show.html"))}  # fmt: skip
+    assert not {m for m in imported("report") | imported("html") if "advisor" in m}
+    legacy = importlib.import_module("mpwatch.report")
+    assert legacy is report
+    assert legacy.render is report.render and legacy.JSON_SCHEMA is report.JSON_SCHEMA
+    assert report.NO_DATA is summary.NO_DATA and report.run_summary is summary.run_summary
+
+
+def test_summary_reads_the_runs_accessors(two_runs):
+    """Skipped steps from Run.skipped_steps(), the probe numbers from Run.latest_probe()."""
+    _, runs, _ = two_runs
+    mixed = runs["mixed"]
+    sm = summary.run_summary(mixed)
+    assert sm["skipped_steps"] == int(mixed.skipped_steps().sum()) == 25
+    latest = mixed.latest_probe()
+    assert sm["underflow_fraction"] == pytest.approx(latest.model["underflow_fraction"])
+    assert sm["recommended_scale"] == 131072.0 and latest.step == 400
+    assert summary.run_summary(runs["fp32"])["skipped_steps"] is None  # nothing about skips
+    assert summary.step_range(mixed) == {"first": 1, "last": 400, "count": 400}
+    assert summary.finite_float(float("inf")) is None and summary.finite_float("3") == 3.0
+
+
+def test_skipped_steps_from_the_cumulative_count_only(tmp_path):
+    """A run without the per-step flag: the total comes from the cumulative counter's rises."""
+    w = RunWriter(str(tmp_path))
+    w.scalar_series(contract.LOSS_SCALE, [10, 20, 30], [4.0, 2.0, 2.0])
+    w.scalar_series(contract.SKIPPED_STEPS_TOTAL, [10, 20, 30], [1.0, 3.0, 3.0])
+    w.close()
+    run = load_runs(str(tmp_path))["."]
+    assert summary.run_summary(run)["skipped_steps"] == 3
+    page = report.render(run, [], "html")
+    assert page.count('class="mark"') == 2  # steps 10 and 20

@@ -99,6 +99,9 @@ function renderFacts(findings) {
     ui.facts.appendChild(el('div', {class: `mpw-notice mpw-${n.level || 'info'}`,
       text: `${n.part}: ${n.message}`}));
   }
+  for (const e of findings.errors || []) {
+    ui.facts.appendChild(el('div', {class: 'mpw-notice mpw-error mpw-read-error', text: `reading: ${e}`}));
+  }
 }
 
 function renderFindings(view) {
@@ -130,8 +133,11 @@ function renderScalars(view) {
   const ls = series(view, T.lossScale, 'loss scale', COLORS[0]);
   ui.lossScale.appendChild(lineChart(ls ? [ls] : [], {log2: true, title: 'loss scale',
     markers: view.skipped_steps, markerLabel: 'skipped step', format: (v) => fmt(v)}));
+  const marked = view.skipped_marked_all === false
+    ? `; ${fmt(view.skipped_steps.length)} of them marked in red (TensorBoard served a sample)`
+    : ', marked in red';
   ui.lossScale.appendChild(el('div', {class: 'mpw-caption',
-    text: `${fmt(view.skipped_total)} skipped step(s), marked in red` +
+    text: `${fmt(view.skipped_total)} skipped step(s)${marked}` +
       (ls ? `; last loss scale ${fmt(ls.values[ls.values.length - 1])}` : '')}));
   clear(ui.health);
   const parts = [

@@ -1,0 +1,161 @@
+"""The numbers every report shows, read from a :class:`mpwatch.read.Run` through its accessors.
+
+Shared by :mod:`mpwatch.show.report` (text, Markdown, JSON) and :mod:`mpwatch.show.html`; neither
+imports the other's internals, and this module imports neither.
+
+- :func:`run_summary`: the headline numbers (the JSON ``runs[].summary``);
+- :func:`profile_summary` and :func:`profile_lines`: where the profiled time went;
+- :func:`step_range`: the first and last step and how many steps hold a scalar;
+- :data:`NO_DATA`: what every format says about a logdir without mpwatch data.
+
+Example:
+    >>> from mpwatch.read import Run
+    >>> run_summary(Run(name=".", path=""))["skipped_steps"] is None
+    True
+    >>> finite_float("nan") is None, finite_float(2)
+    (True, 2.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mpwatch import contract
+from mpwatch.read import Run
+
+__all__ = [
+    "NO_DATA",
+    "finite_float",
+    "last_value",
+    "profile_lines",
+    "profile_summary",
+    "run_summary",
+    "runs_list",
+    "step_range",
+]
+
+NO_DATA = (
+    "no mpwatch data in {where}: no event file holds an mpwatch/ scalar or record. Record a run "
+    "with mpwatch.MixedPrecisionMonitor(log_dir=...) in model.fit's callbacks."
+)
+
+
+def finite_float(v: Any) -> float | None:
+    """``float(v)`` when it is a finite number, else None (None, text, NaN, infinities)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def runs_list(runs: Run | Mapping[str, Run] | Sequence[Run]) -> list[Run]:
+    """One Run, a name -> Run mapping (``load_runs``) or a sequence of Runs, as a list."""
+    if isinstance(runs, Run):
+        return [runs]
+    if isinstance(runs, Mapping):
+        return list(runs.values())
+    return list(runs)
+
+
+def last_value(run: Run, tag: str) -> float | None:
+    """The scalar's value at its last recorded step, when finite."""
+    s = run.scalar(tag)
+    return finite_float(s.iloc[-1]) if len(s) else None
+
+
+def step_range(run: Run) -> dict[str, Any]:
+    """``{"first", "last", "count"}`` over the steps that hold any scalar (the JSON ``steps``)."""
+    idx = run.scalars.index
+    if not len(idx):
+        return {"first": None, "last": None, "count": 0}
+    return {"first": int(idx[0]), "last": int(idx[-1]), "count": int(len(idx))}
+
+
+def _skipped_total(run: Run) -> int | None:
+    """Skipped updates in the run (``Run.skipped_steps().sum()``), None when nothing about skips
+    was recorded (a run without a loss scale, or recorded without the loss-scale callback)."""
+    if not (
+        len(run.scalar(contract.STEP_SKIPPED)) or len(run.scalar(contract.SKIPPED_STEPS_TOTAL))
+    ):
+        return None
+    return int(run.skipped_steps().sum())
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """The headline numbers of a run (the JSON ``runs[].summary``)."""
+    probe = run.latest_probe()
+    model = probe.model if probe is not None else {}
+    st = run.scalar(contract.STEP_TIME_MS)
+    mem = run.scalar(contract.PEAK_MEMORY_MB)
+    return {
+        "final_loss_scale": last_value(run, contract.LOSS_SCALE),
+        "skipped_steps": _skipped_total(run),
+        "probes": int(len(run.probe_model)),
+        "layers": int(len(run.layers)),
+        "underflow_fraction": finite_float(model.get("underflow_fraction")),
+        "recommended_scale": finite_float(model.get("recommended_scale")),
+        "step_time_ms": float(st.median()) if len(st) else None,
+        "peak_memory_mb": float(mem.max()) if len(mem) else None,
+    }
+
+
+def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
+    """The profile section (the JSON ``runs[].profile``): where the profiled time went, from the
+    latest ``profile`` record; None when the run was not profiled."""
+    prof = run.profile
+    if not prof:
+        return None
+    total = finite_float(prof.get("total_us"))
+    layers: list[dict[str, Any]] = []
+    tbl = prof.get("layers")
+    if isinstance(tbl, Mapping) and "columns" in tbl:
+        cols = list(tbl["columns"])
+        rows = [dict(zip(cols, r)) for r in tbl.get("data") or []]
+        rows.sort(key=lambda r: -(finite_float(r.get("time_us")) or 0.0))
+        for r in rows[:top]:
+            t = finite_float(r.get("time_us")) or 0.0
+            t16 = finite_float(r.get("time_16bit_us")) or 0.0
+            layers.append(
+                {
+                    "layer": str(r.get("layer")),
+                    "time_ms": t / 1000.0,
+                    "share": t / total if total else None,
+                    "share_16bit": t16 / t if t else None,
+                }
+            )
+    steps = prof.get("steps") or [None, None]
+    return {
+        "steps": [int(x) if isinstance(x, (int, float)) else None for x in list(steps)[:2]],
+        "device": prof.get("device"),
+        "total_ms": total / 1000.0 if total is not None else None,
+        "share_16bit": finite_float(prof.get("share_16bit")),
+        "cast_share": finite_float(prof.get("cast_share")),
+        "unattributed_share": (
+            (finite_float(prof.get("unattributed_us")) or 0.0) / total if total else None
+        ),
+        "top_layers": layers,
+    }
+
+
+def profile_lines(ps: dict[str, Any]) -> list[str]:
+    """A :func:`profile_summary` as plain lines (text, Markdown and HTML share them)."""
+    first, last = (ps["steps"] + [None, None])[:2]
+    head = f"profiled steps {first}-{last}" if first is not None else "profiled"
+    bits = [head]
+    if ps["total_ms"] is not None:
+        bits.append(f"{ps['total_ms']:.3g} ms of op time")
+    if ps["share_16bit"] is not None:
+        bits.append(f"{ps['share_16bit']:.1%} in 16-bit")
+    if ps["cast_share"] is not None:
+        bits.append(f"{ps['cast_share']:.1%} in Cast ops")
+    if ps["unattributed_share"] is not None:
+        bits.append(f"{ps['unattributed_share']:.1%} outside layers")
+    lines = [", ".join(bits)]
+    for lay in ps["top_layers"]:
+        share = "" if lay["share"] is None else f" ({lay['share']:.1%})"
+        s16 = "" if lay["share_16bit"] is None else f", {lay['share_16bit']:.0%} 16-bit"
+        lines.append(f"{lay['layer']}: {lay['time_ms']:.3g} ms{share}{s16}")
+    return lines
