@@ -17,8 +17,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"mpwatch": ROOT / "mpwatch", "tensorboard_plugin_mpwatch": ROOT / "tensorboard_plugin"}
 
-# stage -> the mpwatch stages it may import (shared facts: contract, formats, layers, profile)
-SHARED = ("mpwatch", "mpwatch._version", "mpwatch.contract", "mpwatch.formats", "mpwatch.layers")
+# stage -> the mpwatch stages it may import (shared facts: contract, formats, kernels, layers,
+# profile)
+SHARED = (
+    "mpwatch",
+    "mpwatch._version",
+    "mpwatch.contract",
+    "mpwatch.formats",
+    "mpwatch.kernels",
+    "mpwatch.layers",
+)
 ALLOWED = {
     "mpwatch.record": (*SHARED, "mpwatch.profile", "mpwatch.record"),
     "mpwatch.read": (*SHARED, "mpwatch.read"),
@@ -27,7 +35,8 @@ ALLOWED = {
     "mpwatch.contract": (),
     "mpwatch.formats": (),
     "mpwatch.layers": (),
-    "mpwatch.profile": ("mpwatch.contract", "mpwatch.formats", "mpwatch.layers"),
+    "mpwatch.kernels": (),
+    "mpwatch.profile": ("mpwatch.contract", "mpwatch.formats", "mpwatch.kernels", "mpwatch.layers"),
     "tensorboard_plugin_mpwatch": (
         *SHARED,
         "mpwatch.read",
@@ -96,6 +105,7 @@ def test_the_stages_are_packages_of_their_own():
         "mpwatch.contract",
         "mpwatch.formats",
         "mpwatch.judge",
+        "mpwatch.kernels",
         "mpwatch.layers",
         "mpwatch.profile",
         "mpwatch.read",
