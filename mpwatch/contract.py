@@ -16,7 +16,7 @@ browsers turn them into ``null``.
 Tables inside records use pandas' "split" layout: ``{"columns": [...], "data": [[...], ...]}``.
 
 Steps: every value is written at mpwatch's *batch step*: the number of training batches the model
-has run, 1 for the first batch, continued across ``fit`` calls (see ``callbacks/_state.py``). This
+has run, 1 for the first batch, continued across ``fit`` calls (see ``record/state.py``). This
 is not ``optimizer.iterations``, which does not advance on a skipped step.
 
 Example:
@@ -41,31 +41,35 @@ SCHEMA_VERSION = 1
 ENCODING = "json+zlib"
 PREFIX = "mpwatch/"
 
-# A record's compressed payload above this many bytes is refused by the writer: callers split large
-# tables. The probe splits its per-variable table into further ``probe`` records at the same step
-# marked ``part``/``parts`` (callbacks/probe.py: write_probe_record; reader.py joins them). A 1,000-
-# layer model's probe stays far below the limit, so the split is rare; note that TensorBoard's data
-# provider keeps one value per tag and step, so the tab sees only the last part of a split record.
+# No record's compressed payload is larger than this. A payload with tables that would be is
+# written by ``RunWriter.record`` (record/writer.py) as several records of its kind at the same
+# step: the head (``part`` 0, every key, its large tables' rows moved out), then continuation parts
+# (``part`` 1, 2, ..., each with ``parts`` and the next rows of one table, in order); ``parts``
+# counts the records in all. ``mpwatch.read`` joins them back (a part missing is a reader warning).
+# A 1,000-layer model's records stay far below the limit; a model with tens of thousands of
+# variables splits its ``grad_variables`` and probe records. TensorBoard's fast data provider
+# (RustBoard) keeps one value per tag and step (a later write at a step preempts the earlier ones),
+# so the tab, which reads through it, sees only the last part of a split record.
 MAX_RECORD_BYTES = 512 * 1024
 
 # --- scalar tags -------------------------------------------------------------------------------
-# loss scale and skipped steps (callbacks/loss_scale.py)
+# loss scale and skipped steps (record/loss_scale.py)
 LOSS_SCALE = "mpwatch/loss_scale"  # LossScaleOptimizer.dynamic_scale after each step
 STEP_SKIPPED = "mpwatch/step_skipped"  # 1.0 at a step whose update was dropped, else 0.0
 SKIPPED_STEPS = "mpwatch/skipped_steps"  # skipped steps in the log interval ending here
 SKIPPED_STEPS_TOTAL = "mpwatch/skipped_steps_total"  # cumulative, across fit calls
-# gradient health of the real (scaled) training gradients (callbacks/gradient_health.py)
+# gradient health of the real (scaled) training gradients (record/gradient_health.py)
 GRAD_ZERO_FRACTION = "mpwatch/grad/zero_fraction"  # share of elements of g*S exactly 0
 GRAD_SUBNORMAL_FRACTION = "mpwatch/grad/subnormal_fraction"  # 0 < |g*S| < 2**-14
 GRAD_NONFINITE_COUNT = "mpwatch/grad/nonfinite_count"  # elements inf or nan
 GRAD_MAX_ABS = "mpwatch/grad/max_abs"  # max |g*S| over finite elements
 GRAD_HEADROOM_BITS = "mpwatch/grad/headroom_bits"  # log2(65504 / max|g*S|)
-# speed and memory (callbacks/step_time.py)
+# speed and memory (record/step_time.py)
 STEP_TIME_MS = "mpwatch/perf/step_time_ms"  # median step time over the interval, ms per batch
 PEAK_MEMORY_MB = "mpwatch/perf/peak_memory_mb"  # device peak (GPU) or process peak RSS (CPU), MiB
 # training loss as Keras reports it (for comparing a mixed run with a float32 run)
 TRAIN_LOSS = "mpwatch/train/loss"
-# the probe against a float32 reference (callbacks/probe.py)
+# the probe against a float32 reference (record/probe.py)
 PROBE_UNDERFLOW_FRACTION = "mpwatch/probe/underflow_fraction"
 PROBE_GRAD_REL_ERROR = "mpwatch/probe/grad_rel_error"
 PROBE_RECOMMENDED_SCALE = "mpwatch/probe/recommended_scale"
@@ -90,6 +94,33 @@ SCALAR_TAGS = (
     PROBE_ACTIVATION_HEADROOM_BITS,
 )
 
+#: what each scalar tag means. The ``mpwatch/probe/*`` scalars repeat four numbers of the ``probe``
+#: record (model-wide underflow and gradient error, recommended scale, activation headroom) so that
+#: TensorBoard's own Scalars tab can chart them; the judge, the reports and the tab read the record.
+SCALAR_DOCS = {
+    LOSS_SCALE: "`LossScaleOptimizer.dynamic_scale` after each step (mixed_float16 only)",
+    STEP_SKIPPED: "1.0 at a step whose update the optimizer dropped (non-finite gradients), "
+    "else 0.0",
+    SKIPPED_STEPS: "skipped steps in the logging interval ending at this step (a count, not a "
+    "per-step flag)",
+    SKIPPED_STEPS_TOTAL: "skipped steps since the run began, across `fit` calls",
+    GRAD_ZERO_FRACTION: "share of the scaled training gradients' elements that are exactly 0",
+    GRAD_SUBNORMAL_FRACTION: "share with 0 < \\|g·S\\| < 2^-14 (float16 subnormal)",
+    GRAD_NONFINITE_COUNT: "gradient elements that are inf or NaN",
+    GRAD_MAX_ABS: "max \\|g·S\\| over finite elements",
+    GRAD_HEADROOM_BITS: "log2(65504 / max \\|g·S\\|): doublings left before float16 overflows",
+    STEP_TIME_MS: "median step time over the logging interval, ms per batch",
+    PEAK_MEMORY_MB: "peak device memory (GPU) or process peak RSS (CPU), MiB",
+    TRAIN_LOSS: "the training loss as Keras reports it",
+    PROBE_UNDERFLOW_FRACTION: "probe: model-wide underflow fraction at the scale used (also in the "
+    "probe record)",
+    PROBE_GRAD_REL_ERROR: "probe: model-wide gradient relative error against float32 (also in the "
+    "probe record)",
+    PROBE_RECOMMENDED_SCALE: "probe: the recommended loss scale (also in the probe record)",
+    PROBE_ACTIVATION_HEADROOM_BITS: "probe: smallest activation headroom below 65504, in "
+    "doublings (also in the probe record)",
+}
+
 # --- record kinds (tag = "mpwatch/record/" + kind) ------------------------------------------------
 KIND_RUN_INFO = "run_info"  # policy, loss-scale facts, versions, device, strategy (dict)
 KIND_LAYERS = "layers"  # the per-layer dtype table (split table)
@@ -98,52 +129,8 @@ KIND_PROBE = "probe"  # probe results at one step (dict of tables, histogram, sw
 KIND_PROFILE = "profile"  # profiler summary: per-layer time by dtype, op types (dict)
 KIND_NOTICE = "notice"  # a recording part that stopped or is unavailable, and why (dict)
 
-# Payload schemas (schema 1). Writers may add keys; readers ignore keys they do not know. "table"
-# means the split layout of :func:`table`. Non-finite floats are allowed.
-#
-# run_info  {policy, compute_dtype, variable_dtype,
-#            loss_scale: {kind: "dynamic"|"none", reason: str|None, initial: float|None,
-#                         growth_interval: int|None},
-#            model: {name, class, kind: "sequential"|"functional"|"subclassed", params: int},
-#            optimizer: str, strategy: str, num_replicas: int, steps_per_execution: int,
-#            batch_size: int|None, log_every: int, chief: bool,
-#            start: {iterations: int, loss_scale: float|None}  (the optimizer's state before the
-#                   fit's first batch; the record's step is the step before it: how a resumed
-#                   run finds its step, see mpwatch/callbacks/_resume.py),
-#            device: {type: "GPU"|"CPU", name: str, compute_capability: str|None,
-#                     tensor_cores: bool},
-#            versions: {mpwatch, tensorflow, keras}}
-# layers    {layers: table[name, path, class, depth, policy, compute_dtype, variable_dtype,
-#                          output_dtype, effective_dtype, params, trainable_params,
-#                          tc_dims (dict name->int), tc_aligned (bool|None), is_output (bool),
-#                          note (str|None)]}
-#           effective_dtype is what the layer really computes in (LayerNormalization under
-#           mixed_float16 computes in float32 inside: effective_dtype "float32", note says why).
-# grad_variables {loss_scale: float,
-#            variables: table[variable, layer, size, zero_fraction, subnormal_fraction,
-#                             nonfinite_count, max_abs, headroom_bits]}
-# probe     {mode: "float16"|"bfloat16"|"preflight", loss_scale: float|None,
-#            reference: "float32_twin"|"none", reference_note: str|None,
-#            variables: table[variable, layer, size, ref_nonzero, underflow_count,
-#                             underflow_fraction, grad_rel_error],
-#            layers: table[layer, ref_nonzero, underflow_count, underflow_fraction,
-#                          grad_rel_error, output_rel_error, max_abs_activation,
-#                          activation_headroom_bits, act_grad_underflow_fraction, nonfinite],
-#            model: {ref_nonzero, underflow_count, underflow_fraction, grad_rel_error,
-#                    max_abs_activation, first_nonfinite_layer: str|None},
-#            histogram: {edges_log2: [..], counts: [..], zeros: int,
-#                        window_log2: [lo, hi]}   # float16 window shifted by -log2(S)
-#            sweep: table[scale_log2, scale, predicted_underflow_fraction,
-#                         predicted_overflow_fraction],
-#            recommended_scale: float|None}
-# profile   {steps: [first, last], device: str, total_us: float, unattributed_us: float,
-#            cast_us: float, cast_share: float, share_16bit: float,
-#            layers: table[layer, time_us, time_16bit_us, time_32bit_us, ops, share],
-#            op_types: table[op_type, time_us, bits, count, kept_float32_by_amp (bool)],
-#            trace_dir: str}
-# notice    {part: str, level: "error"|"info", message: str}
-
-# Column names of the tables above, in order (writers build rows in this order).
+# Column names of the record tables, in order (writers build rows in this order; the payload
+# schemas below give each column's type).
 LAYERS_COLUMNS = [
     "name",
     "path",
@@ -188,6 +175,39 @@ PROBE_SWEEP_COLUMNS = [
     "predicted_underflow_fraction",
     "predicted_overflow_fraction",
 ]
+GRAD_VARIABLE_COLUMNS = [
+    "variable",
+    "layer",
+    "size",
+    "zero_fraction",
+    "subnormal_fraction",
+    "nonfinite_count",
+    "max_abs",
+    "headroom_bits",
+]
+PROFILE_LAYER_COLUMNS = [
+    "layer",
+    "time_us",
+    "time_16bit_us",
+    "time_32bit_us",
+    "ops",
+    "share",
+    "cast_us",
+    "path",
+    "class",
+    "compute_dtype",
+    "bits",
+    "trainable_params",
+]
+PROFILE_OP_TYPE_COLUMNS = [
+    "op_type",
+    "time_us",
+    "bits",
+    "count",
+    "kept_float32_by_amp",
+    "ops",
+    "share",
+]
 
 RECORD_KINDS = (
     KIND_RUN_INFO,
@@ -213,6 +233,505 @@ def kind_of_tag(tag: str) -> str | None:
         kind = tag[len(RECORD_PREFIX) :]
         return kind if kind in RECORD_KINDS else None
     return None
+
+
+# --- payload schemas (JSON Schema, draft 2020-12) ------------------------------------------------
+# What each writer writes, as data: PAYLOAD_SCHEMAS[kind] validates one record's decoded payload
+# (``jsonschema.validate(payload, PAYLOAD_SCHEMAS[kind])``; jsonschema is a test dependency only,
+# mpwatch never imports it). Rules: every key a writer writes is listed with its type and a
+# description; the keys always written are required (:func:`required_keys`); other keys are
+# allowed (forward compatibility: readers ignore keys they do not know). Numbers may be NaN or
+# +-Infinity (a JSON "number" here; Python's ``json`` reads and writes them). Tables are
+# ``{"columns": <the column list above, exactly>, "data": [[one value per column, typed], ...]}``.
+# A record with tables may be split (see MAX_RECORD_BYTES): its head says ``part`` 0 and
+# ``parts``; a continuation part (``part`` >= 1) holds only ``part``, ``parts`` and the next rows of
+# one of the head's tables, so for those kinds the required keys sit in the schema's first
+# ``allOf`` rule (required unless ``part`` >= 1). ``notice`` records are never split: their
+# ``part`` names the recording part the notice is about.
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def _t(kind: str | list[str], description: str = "", **more: Any) -> dict[str, Any]:
+    """A typed value; ``kind`` a JSON type or a list of them."""
+    out: dict[str, Any] = {"type": kind, **more}
+    if description:
+        out["description"] = description
+    return out
+
+
+def _num(description: str = "", nullable: bool = False) -> dict[str, Any]:
+    return _t(["number", "null"] if nullable else "number", description)
+
+
+def _int(description: str = "", nullable: bool = False) -> dict[str, Any]:
+    return _t(["integer", "null"] if nullable else "integer", description)
+
+
+def _str(description: str = "", nullable: bool = False) -> dict[str, Any]:
+    return _t(["string", "null"] if nullable else "string", description)
+
+
+def _bool(description: str = "", nullable: bool = False) -> dict[str, Any]:
+    return _t(["boolean", "null"] if nullable else "boolean", description)
+
+
+def _enum(values: list[Any], description: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"enum": list(values)}
+    if description:
+        out["description"] = description
+    return out
+
+
+def _obj(
+    properties: dict[str, Any],
+    description: str = "",
+    required: list[str] | None = None,
+    nullable: bool = False,
+) -> dict[str, Any]:
+    """An object with these keys (all required unless ``required`` says which)."""
+    out = _t(["object", "null"] if nullable else "object", description)
+    out.update(
+        properties=properties,
+        required=list(properties) if required is None else required,
+        additionalProperties=True,
+    )
+    return out
+
+
+def _table_schema(columns: list[str], types: dict[str, Any], description: str) -> dict[str, Any]:
+    """A split table with exactly these columns; each row one value of each column's type."""
+    if list(types) != list(columns):
+        raise AssertionError(f"column types {list(types)} do not match columns {columns}")
+    return {
+        "type": "object",
+        "description": description,
+        "properties": {
+            "columns": {"const": list(columns)},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "array",
+                    "prefixItems": [types[c] for c in columns],
+                    "minItems": len(columns),
+                    "maxItems": len(columns),
+                },
+            },
+        },
+        "required": ["columns", "data"],
+        "additionalProperties": True,
+    }
+
+
+def _is_table_schema(schema: Any) -> bool:
+    return isinstance(schema, dict) and "columns" in schema.get("properties", {})
+
+
+_PART = _int("split record: this record's index, 0 for the head", nullable=False)
+_PART["minimum"] = 0
+_PARTS = _int("split record: how many records it was written as")
+_PARTS["minimum"] = 2
+
+
+def _record_schema(
+    kind: str, description: str, properties: dict[str, Any], required: list[str], *rules: Any
+) -> dict[str, Any]:
+    """A record kind's schema; a kind with tables may come split into parts."""
+    schema: dict[str, Any] = {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "$id": f"https://mpwatch/contract/schema-{SCHEMA_VERSION}/{kind}",
+        "title": f"mpwatch {kind} record payload (schema {SCHEMA_VERSION})",
+        "description": description,
+        "type": "object",
+        "properties": dict(properties),
+        "additionalProperties": True,
+    }
+    if not any(_is_table_schema(p) for p in properties.values()):
+        schema["required"] = list(required)
+        if rules:
+            schema["allOf"] = list(rules)
+        return schema
+    schema["properties"].update(part=_PART, parts=_PARTS)
+    continuation = {"required": ["part"], "properties": {"part": {"minimum": 1}}}
+    schema["allOf"] = [
+        {
+            "if": continuation,
+            "then": {"required": ["part", "parts"]},
+            "else": {"required": list(required)},
+        },
+        *rules,
+    ]
+    return schema
+
+
+_DTYPE = "a Keras dtype name: float16, bfloat16, float32, ..."
+_MODEL_KIND = ["sequential", "functional", "subclassed"]
+_NO_REF = " (None without a float32 reference)"
+
+LAYERS_COLUMN_TYPES: dict[str, Any] = {
+    "name": _str("the layer's name"),
+    "path": _str("the layer's path from the root model down: model/outer/inner/dense"),
+    "class": _str("the layer's class name"),
+    "depth": _int("1 for the model's own layers, 2 inside a nested model, ..."),
+    "policy": _str("the layer's dtype policy name"),
+    "compute_dtype": _str(_DTYPE),
+    "variable_dtype": _str(_DTYPE),
+    "output_dtype": _str("the dtype the layer returns (None where unknown)", nullable=True),
+    "effective_dtype": _str("what it really computes in (normalization: float32 inside)"),
+    "params": _int("parameters"),
+    "trainable_params": _int("trainable parameters"),
+    "tc_dims": _t(
+        "object", "dimensions deciding Tensor Core use: name -> size", additionalProperties=_int()
+    ),
+    "tc_aligned": _bool("every tc_dims a multiple of 8 (None without tc_dims)", nullable=True),
+    "is_output": _bool("the layer produces a model output"),
+    "note": _str("why effective_dtype or output_dtype differ from compute_dtype", nullable=True),
+}
+GRAD_VARIABLE_COLUMN_TYPES: dict[str, Any] = {
+    "variable": _str("the variable's path"),
+    "layer": _str("the layer-table path of the layer owning it"),
+    "size": _int("elements"),
+    "zero_fraction": _num("share of the elements of g*S exactly 0 (NaN when empty)"),
+    "subnormal_fraction": _num("share with 0 < |g*S| < 2**-14 (NaN when empty)"),
+    "nonfinite_count": _num("elements inf or nan"),
+    "max_abs": _num("max |g*S| over the finite elements"),
+    "headroom_bits": _num("log2(65504 / max_abs); Infinity when max_abs is 0"),
+}
+PROBE_VARIABLE_COLUMN_TYPES: dict[str, Any] = {
+    "variable": _str("the variable's path"),
+    "layer": _str("the name of the layer owning it"),
+    "size": _int("elements"),
+    "ref_nonzero": _int("elements nonzero in the reference gradient" + _NO_REF, nullable=True),
+    "underflow_count": _int("of those, zero in the mixed gradient" + _NO_REF, nullable=True),
+    "underflow_fraction": _num("underflow_count / ref_nonzero" + _NO_REF, nullable=True),
+    "grad_rel_error": _num("||mixed - reference|| / ||reference||" + _NO_REF, nullable=True),
+}
+PROBE_LAYER_COLUMN_TYPES: dict[str, Any] = {
+    "layer": _str("the layer's name"),
+    "ref_nonzero": _int("over the layer's variables" + _NO_REF, nullable=True),
+    "underflow_count": _int("over the layer's variables" + _NO_REF, nullable=True),
+    "underflow_fraction": _num("over the layer's variables" + _NO_REF, nullable=True),
+    "grad_rel_error": _num("over the layer's variables" + _NO_REF, nullable=True),
+    "output_rel_error": _num("relative error of the layer's output" + _NO_REF, nullable=True),
+    "max_abs_activation": _num("max |output| of the mixed pass (None: not measured)", True),
+    "activation_headroom_bits": _num("log2(format max / max_abs_activation)", nullable=True),
+    "act_grad_underflow_fraction": _num(
+        "underflow of the gradient w.r.t. the layer's output (None: not measured)", nullable=True
+    ),
+    "nonfinite": _int("non-finite activation and gradient elements"),
+}
+PROBE_SWEEP_COLUMN_TYPES: dict[str, Any] = {
+    "scale_log2": _int("log2 of the loss scale"),
+    "scale": _num("the loss scale"),
+    "predicted_underflow_fraction": _num("share of reference gradients that would underflow"),
+    "predicted_overflow_fraction": _num("share that would overflow"),
+}
+PROFILE_LAYER_COLUMN_TYPES: dict[str, Any] = {
+    "layer": _str("the layer's name (its path where two nested layers share a name)"),
+    "time_us": _num("time of the layer's ops, microseconds"),
+    "time_16bit_us": _num("of which in 16-bit ops"),
+    "time_32bit_us": _num("of which in 32-bit ops"),
+    "ops": _int("distinct ops"),
+    "share": _num("of the total time"),
+    "cast_us": _num("time in Cast ops (part of the 32-bit time)"),
+    "path": _str("the layer's path, as in the layers record"),
+    "class": _str("the layer's class name"),
+    "compute_dtype": _str(_DTYPE),
+    "bits": _int("16 or 32: the precision its ops count in"),
+    "trainable_params": _int("trainable parameters"),
+}
+PROFILE_OP_TYPE_COLUMN_TYPES: dict[str, Any] = {
+    "op_type": _str("the op type"),
+    "time_us": _num("microseconds"),
+    "bits": _int("16 or 32"),
+    "count": _int("occurrences"),
+    "kept_float32_by_amp": _bool("an op type mixed precision keeps in float32"),
+    "ops": _int("distinct ops"),
+    "share": _num("of the total time"),
+}
+
+_RUN_INFO = _record_schema(
+    KIND_RUN_INFO,
+    "The run's facts, written when each fit starts (record/monitor.py: run_info).",
+    {
+        "policy": _str("the model's dtype policy: mixed_float16, mixed_bfloat16, float32, ..."),
+        "compute_dtype": _str(_DTYPE),
+        "variable_dtype": _str(_DTYPE),
+        "loss_scale": _obj(
+            {
+                "kind": _enum(["dynamic", "none"]),
+                "reason": _str("why there is none", nullable=True),
+                "initial": _num("the initial scale", nullable=True),
+                "growth_interval": _int("steps between doublings", nullable=True),
+            },
+            "the loss scale's facts",
+        ),
+        "model": _obj(
+            {
+                "name": _str(),
+                "class": _str(),
+                "kind": _enum(_MODEL_KIND),
+                "params": _int("parameters"),
+            },
+            "the model",
+        ),
+        "optimizer": _str('"LossScaleOptimizer(Adam)", or the optimizer\'s class'),
+        "strategy": _str("the tf.distribute strategy's class"),
+        "num_replicas": _int("replicas in sync"),
+        "steps_per_execution": _int("batches per train-function call"),
+        "batch_size": _int("Keras' batch size (None when unknown)", nullable=True),
+        "log_every": _int("interval of the interval scalars and the gradient health, steps"),
+        "chief": _bool("this process writes (the chief under multi-worker training)"),
+        "start": _obj(
+            {
+                "iterations": _int("the optimizer's iterations"),
+                "loss_scale": _num("the loss scale", nullable=True),
+            },
+            "the optimizer's state before the fit's first batch (the record's step is the step "
+            "before it): how a resumed run finds its step (record/resume.py)",
+            nullable=True,
+        ),
+        "device": _obj(
+            {
+                "type": _enum(["GPU", "CPU"]),
+                "name": _str(),
+                "compute_capability": _str('"8.0" (None on a CPU)', nullable=True),
+                "tensor_cores": _bool(),
+            },
+            "the device trained on",
+        ),
+        "versions": _obj(
+            {"mpwatch": _str(), "tensorflow": _str(), "keras": _str()}, "library versions"
+        ),
+    },
+    [
+        "policy",
+        "compute_dtype",
+        "variable_dtype",
+        "loss_scale",
+        "model",
+        "optimizer",
+        "strategy",
+        "num_replicas",
+        "steps_per_execution",
+        "batch_size",
+        "log_every",
+        "chief",
+        "start",
+        "device",
+        "versions",
+    ],
+)
+
+_LAYERS = _record_schema(
+    KIND_LAYERS,
+    "The per-layer dtype table, when training begins and whenever it changes "
+    "(record/layer_dtypes.py).",
+    {"layers": _table_schema(LAYERS_COLUMNS, LAYERS_COLUMN_TYPES, "one row per layer")},
+    ["layers"],
+)
+
+_GRAD_VARIABLES = _record_schema(
+    KIND_GRAD_VARIABLES,
+    "Per-variable health of the scaled training gradients g*S, every log_every steps "
+    "(record/gradient_health.py).",
+    {
+        "loss_scale": _num("S, the scale of these gradients (1.0 without a loss scale)"),
+        "variables": _table_schema(
+            GRAD_VARIABLE_COLUMNS, GRAD_VARIABLE_COLUMN_TYPES, "one row per trainable variable"
+        ),
+    },
+    ["loss_scale", "variables"],
+)
+
+_PROBE_MODEL = _obj(
+    {
+        "ref_nonzero": _int("reference gradient elements nonzero" + _NO_REF, nullable=True),
+        "underflow_count": _int("of those, zero in the mixed gradient" + _NO_REF, nullable=True),
+        "underflow_fraction": _num("underflow_count / ref_nonzero" + _NO_REF, nullable=True),
+        "grad_rel_error": _num("gradient relative error" + _NO_REF, nullable=True),
+        "max_abs_activation": _num("max |activation| (None: none measured)", nullable=True),
+        "first_nonfinite_layer": _str(
+            'the first layer (forward order) with a non-finite output, or "loss"', nullable=True
+        ),
+        "size": _int("gradient elements"),
+        "nonfinite": _int("non-finite gradient elements"),
+        "loss": _num("the mixed model's loss on the probe batch"),
+        "ref_loss": _num("the reference's loss" + _NO_REF, nullable=True),
+        "activation_headroom_bits": _num("log2(format max / max_abs_activation)", nullable=True),
+        "zero_fraction": _num(
+            "written only without a float32 reference: the share of exactly-zero mixed gradient "
+            "elements (an upper bound of underflow that includes genuine zeros)"
+        ),
+        "max_abs_ref_grad": _num(
+            "float16 and pre-flight modes: the max |reference gradient| the recommended scale "
+            "was derived from"
+        ),
+        "margin_bits": _num("float16 and pre-flight modes: the headroom the recommendation keeps"),
+    },
+    "model-wide results",
+    required=[
+        "ref_nonzero",
+        "underflow_count",
+        "underflow_fraction",
+        "grad_rel_error",
+        "max_abs_activation",
+        "first_nonfinite_layer",
+        "size",
+        "nonfinite",
+        "loss",
+        "ref_loss",
+        "activation_headroom_bits",
+    ],
+)
+
+_PROBE = _record_schema(
+    KIND_PROBE,
+    "The probe against a float32 reference at one step (record/probe.py: Probe._payload).",
+    {
+        "mode": _enum(
+            ["float16", "bfloat16", "preflight"],
+            "mixed_float16, mixed_bfloat16, or a float32 model probed as mixed_float16",
+        ),
+        "loss_scale": _num("the scale S the mixed gradients were taken at (None: bfloat16)", True),
+        "reference": _enum(["float32_twin", "none"], "what the mixed gradients are compared to"),
+        "reference_note": _str("how the reference was made, or why there is none", True),
+        "model_kind": _enum(_MODEL_KIND, "how the model was built (a twin needs its config)"),
+        "variables": _table_schema(
+            PROBE_VARIABLE_COLUMNS, PROBE_VARIABLE_COLUMN_TYPES, "one row per trainable variable"
+        ),
+        "layers": _table_schema(PROBE_LAYER_COLUMNS, PROBE_LAYER_COLUMN_TYPES, "one row per layer"),
+        "model": _PROBE_MODEL,
+        "histogram": _obj(
+            {
+                "edges_log2": _t("array", "bin edges, log2 of |gradient|", items=_num()),
+                "counts": _t("array", "elements per bin (len(edges_log2) - 1)", items=_int()),
+                "zeros": _int("elements exactly 0"),
+                "window_log2": _t(
+                    "array",
+                    "the format's window in log2 of the unscaled gradient (shifted by -log2 S)",
+                    items=_num(),
+                    minItems=2,
+                    maxItems=2,
+                ),
+                "source": _enum(
+                    ["reference", "mixed_unscaled"],
+                    "whose gradients: the float32 reference's, or the mixed ones without one",
+                ),
+            },
+            "log2 histogram of the gradients against the format's window",
+        ),
+        "sweep": _table_schema(
+            PROBE_SWEEP_COLUMNS,
+            PROBE_SWEEP_COLUMN_TYPES,
+            "predicted underflow and overflow at each power-of-two scale (empty under bfloat16)",
+        ),
+        "recommended_scale": _num("a loss scale to use (None: bfloat16, or none fits)", True),
+    },
+    [
+        "mode",
+        "loss_scale",
+        "reference",
+        "reference_note",
+        "model_kind",
+        "variables",
+        "layers",
+        "model",
+        "histogram",
+        "sweep",
+        "recommended_scale",
+    ],
+    {  # no reference: model.zero_fraction is what can be measured
+        "if": {"required": ["reference"], "properties": {"reference": {"const": "none"}}},
+        "then": {"properties": {"model": {"required": ["zero_fraction"]}}},
+    },
+    {  # a loss scale to recommend: what it was derived from
+        "if": {"required": ["mode"], "properties": {"mode": {"enum": ["float16", "preflight"]}}},
+        "then": {"properties": {"model": {"required": ["max_abs_ref_grad", "margin_bits"]}}},
+    },
+)
+
+_PROFILE = _record_schema(
+    KIND_PROFILE,
+    "The profiler summary: per-layer time by precision and per-op-type time "
+    "(mpwatch/profile.py: ProfileResult.payload; record/profile_capture.py writes it).",
+    {
+        "steps": _t(
+            ["array", "null"], "first and last profiled step", items=_int(), minItems=2, maxItems=2
+        ),
+        "device": _enum(["GPU", "CPU"], "where the profiled ops ran"),
+        "total_us": _num("profiled time, microseconds"),
+        "unattributed_us": _num("time of ops outside every layer"),
+        "unattributed_by_category": _t(
+            "object",
+            "that time by category (input_pipeline, loss, ...)",
+            additionalProperties=_num(),
+        ),
+        "cast_us": _num("time in Cast ops"),
+        "cast_share": _num("cast_us / total_us"),
+        "share_16bit": _num("share of the time in 16-bit ops"),
+        "layers": _table_schema(
+            PROFILE_LAYER_COLUMNS, PROFILE_LAYER_COLUMN_TYPES, "time per layer, by precision"
+        ),
+        "op_types": _table_schema(
+            PROFILE_OP_TYPE_COLUMNS, PROFILE_OP_TYPE_COLUMN_TYPES, "time per op type"
+        ),
+        "trace_dir": _str("where the trace is (TensorBoard's Profile tab reads it too)"),
+        "side": _str('"device" (GPU ops) or "host"'),
+        "tool": _str("the converter's tool name"),
+        "bits_rule": _str("how an op's precision was decided, in words"),
+        "layers_dropped": _int("layers left out of the table to keep the record small"),
+    },
+    [
+        "steps",
+        "device",
+        "total_us",
+        "unattributed_us",
+        "unattributed_by_category",
+        "cast_us",
+        "cast_share",
+        "share_16bit",
+        "layers",
+        "op_types",
+        "trace_dir",
+        "side",
+        "tool",
+        "bits_rule",
+        "layers_dropped",
+    ],
+)
+
+_NOTICE = _record_schema(
+    KIND_NOTICE,
+    "A recording part that stopped or is unavailable, and why (record/base.py: _notice).",
+    {
+        "part": _str('the recording part: "probe", "loss_scale", "gradient_health", ...'),
+        "level": _enum(["error", "info"], "error: the part stopped; info: it is unavailable"),
+        "message": _str("what happened"),
+    },
+    ["part", "level", "message"],
+)
+
+#: record kind -> JSON Schema (draft 2020-12) of its decoded payload
+PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
+    KIND_RUN_INFO: _RUN_INFO,
+    KIND_LAYERS: _LAYERS,
+    KIND_GRAD_VARIABLES: _GRAD_VARIABLES,
+    KIND_PROBE: _PROBE,
+    KIND_PROFILE: _PROFILE,
+    KIND_NOTICE: _NOTICE,
+}
+
+
+def required_keys(kind: str) -> list[str]:
+    """The keys every (whole, or head) record of ``kind`` has.
+
+    >>> required_keys(KIND_NOTICE)
+    ['part', 'level', 'message']
+    """
+    schema = PAYLOAD_SCHEMAS[kind]
+    if "required" in schema:
+        return list(schema["required"])
+    return list(schema["allOf"][0]["else"]["required"])
 
 
 # --- encoding (pure Python: the reader and the plugin use these without TensorFlow) ---------------
@@ -241,7 +760,13 @@ def parse_metadata_content(content: bytes) -> dict[str, Any]:
 
 def encode_payload(payload: Mapping[str, Any]) -> bytes:
     """JSON + zlib. Numpy scalars and arrays are converted to plain Python first."""
-    text = json.dumps(json_safe(payload, nonfinite="keep"), separators=(",", ":"), allow_nan=True)
+    return encode_plain(json_safe(payload, nonfinite="keep"))
+
+
+def encode_plain(payload: Mapping[str, Any]) -> bytes:
+    """:func:`encode_payload` of a payload that is plain Python already (``json_safe``'d, with
+    ``nonfinite="keep"``): no second walk over a large table."""
+    text = json.dumps(payload, separators=(",", ":"), allow_nan=True)
     return zlib.compress(text.encode("utf-8"), 6)
 
 

@@ -64,3 +64,138 @@ def test_tags_are_namespaced():
         assert tag.startswith(contract.PREFIX)
     for kind in contract.RECORD_KINDS:
         assert contract.kind_of_tag(contract.record_tag(kind)) == kind
+
+
+# --- payload schemas ------------------------------------------------------------------------------
+def _validator(kind):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = contract.PAYLOAD_SCHEMAS[kind]
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_every_kind_has_a_valid_schema_and_every_table_its_column_types():
+    assert set(contract.PAYLOAD_SCHEMAS) == set(contract.RECORD_KINDS)
+    for kind in contract.RECORD_KINDS:
+        _validator(kind)
+    pairs = [
+        (contract.LAYERS_COLUMNS, contract.LAYERS_COLUMN_TYPES),
+        (contract.GRAD_VARIABLE_COLUMNS, contract.GRAD_VARIABLE_COLUMN_TYPES),
+        (contract.PROBE_VARIABLE_COLUMNS, contract.PROBE_VARIABLE_COLUMN_TYPES),
+        (contract.PROBE_LAYER_COLUMNS, contract.PROBE_LAYER_COLUMN_TYPES),
+        (contract.PROBE_SWEEP_COLUMNS, contract.PROBE_SWEEP_COLUMN_TYPES),
+        (contract.PROFILE_LAYER_COLUMNS, contract.PROFILE_LAYER_COLUMN_TYPES),
+        (contract.PROFILE_OP_TYPE_COLUMNS, contract.PROFILE_OP_TYPE_COLUMN_TYPES),
+    ]
+    for columns, types in pairs:
+        assert list(types) == columns
+
+
+def _grad_record(rows=None):
+    rows = rows if rows is not None else [["d/kernel", "d", 4, 0.5, 0.0, 0.0, 1.0, 15.9]]
+    return {"loss_scale": 1024.0, "variables": contract.table(contract.GRAD_VARIABLE_COLUMNS, rows)}
+
+
+def test_a_schema_is_not_vacuous():
+    v = _validator(contract.KIND_GRAD_VARIABLES)
+    assert v.is_valid(_grad_record())
+    # non-finite numbers are numbers (NaN for an empty variable, Infinity headroom at max_abs 0)
+    assert v.is_valid(_grad_record([["d/bias", "d", 0, math.nan, math.nan, 0.0, 0.0, math.inf]]))
+    wrong = [
+        {"variables": _grad_record()["variables"]},  # loss_scale missing
+        {**_grad_record(), "loss_scale": "1024"},  # a string, not a number
+        _grad_record([["d/kernel", "d", "4", 0.5, 0.0, 0.0, 1.0, 15.9]]),  # size a string
+        _grad_record([["d/kernel", "d", 4, 0.5, 0.0, 0.0, 1.0]]),  # a cell missing
+        _grad_record([["d/kernel", None, 4, 0.5, 0.0, 0.0, 1.0, 15.9]]),  # layer None
+        {**_grad_record(), "variables": contract.table(["variable"], [["x"]])},  # other columns
+    ]
+    for payload in wrong:
+        assert not v.is_valid(payload), payload
+    notice = _validator(contract.KIND_NOTICE)
+    assert notice.is_valid({"part": "probe", "level": "info", "message": "m", "later": 1})
+    assert not notice.is_valid({"part": "probe", "level": "loud", "message": "m"})
+    assert not notice.is_valid({"part": 1, "level": "info", "message": "m"})
+
+
+def test_split_parts_validate_and_a_continuation_needs_only_part_and_parts():
+    from mpwatch.record.writer import split_payload
+
+    v = _validator(contract.KIND_GRAD_VARIABLES)
+    rows = [[f"v{i}/kernel", f"v{i}", i, 0.1, 0.0, 0.0, float(i), 3.0] for i in range(300)]
+    parts = [p for p, _ in split_payload(_grad_record(rows), limit=1500)]
+    assert len(parts) > 2
+    for p in parts:
+        assert v.is_valid(p), list(v.iter_errors(p))[:1]
+    assert "loss_scale" not in parts[1]
+    assert not v.is_valid({"part": 1, "variables": parts[1]["variables"]})  # parts missing
+    assert not v.is_valid({**parts[0], "part": -1})
+    head = dict(parts[0])
+    del head["loss_scale"]  # the head is a whole record
+    assert not v.is_valid(head)
+
+
+def test_probe_schema_knows_what_each_mode_writes():
+    v = _validator(contract.KIND_PROBE)
+    model = {
+        "ref_nonzero": 10, "underflow_count": 1, "underflow_fraction": 0.1,
+        "grad_rel_error": 1e-3, "max_abs_activation": 3.0, "first_nonfinite_layer": None,
+        "size": 12, "nonfinite": 0, "loss": 1.0, "ref_loss": 1.0,
+        "activation_headroom_bits": 14.0,
+    }  # fmt: skip
+    payload = {
+        "mode": "bfloat16", "loss_scale": None, "reference": "float32_twin",
+        "reference_note": None, "model_kind": "sequential",
+        "variables": contract.table(contract.PROBE_VARIABLE_COLUMNS, []),
+        "layers": contract.table(contract.PROBE_LAYER_COLUMNS, []),
+        "model": model,
+        "histogram": {"edges_log2": [-3, -2], "counts": [4], "zeros": 0,
+                      "window_log2": [-133.0, 127.9], "source": "reference"},
+        "sweep": contract.table(contract.PROBE_SWEEP_COLUMNS, []),
+        "recommended_scale": None,
+    }  # fmt: skip
+    assert v.is_valid(payload)
+    float16 = {**payload, "mode": "float16", "loss_scale": 1024.0}
+    assert not v.is_valid(float16)  # float16: the recommended scale's inputs are required
+    assert v.is_valid({**float16, "model": {**model, "max_abs_ref_grad": 2.0, "margin_bits": 4}})
+    assert not v.is_valid({**payload, "reference": "none"})  # then model.zero_fraction
+    assert v.is_valid({**payload, "reference": "none", "model": {**model, "zero_fraction": 0.5}})
+
+
+def test_the_contract_imports_no_heavy_module():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mpwatch.contract; "
+        "heavy = [m for m in ('numpy', 'pandas', 'jsonschema', 'tensorflow') if m in sys.modules]; "
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_key_and_column_is_described_and_required_keys_are_known():
+    def undescribed(schema, path):
+        out = []
+        for key, sub in schema.get("properties", {}).items():
+            if key == "columns":
+                continue
+            if key != "data" and not sub.get("description"):
+                out.append(f"{path}.{key}")
+            out += undescribed(sub, f"{path}.{key}")
+        for i, cell in enumerate(schema.get("prefixItems", [])):
+            if not cell.get("description"):
+                out.append(f"{path}[{i}]")
+        if isinstance(schema.get("items"), dict):
+            out += undescribed(schema["items"], f"{path}[]")
+        return out
+
+    missing = []
+    for kind, schema in contract.PAYLOAD_SCHEMAS.items():
+        assert schema["description"]
+        missing += undescribed(schema, kind)
+    # sub-keys of small objects (device.name, versions.keras, ...) speak for themselves
+    assert all(m.count(".") >= 2 for m in missing), [m for m in missing if m.count(".") < 2]
+    assert contract.required_keys(contract.KIND_GRAD_VARIABLES) == ["loss_scale", "variables"]
+    assert "model_kind" in contract.required_keys(contract.KIND_PROBE)
+    assert contract.required_keys(contract.KIND_NOTICE) == ["part", "level", "message"]

@@ -235,6 +235,8 @@ def _scalars_frame(events: Events) -> pd.DataFrame:
     seq = np.concatenate(events.scalar_seqs)
     step = np.concatenate(events.scalar_steps)
     val = np.concatenate(events.scalar_values)
+    if not len(tag):  # only empty series (run_from_records of a tag without points)
+        return _empty_scalars()
     order = np.lexsort((seq, tag))
     tag, seq, step, val = tag[order], seq[order], step[order], val[order]
     names = {i: t for t, i in events.tags.items()}

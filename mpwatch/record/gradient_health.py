@@ -109,18 +109,6 @@ class GradientHealthMonitor(RecordingCallback):
                     step,
                     {
                         "loss_scale": scale,
-                        "variables": contract.table(
-                            [
-                                "variable",
-                                "layer",
-                                "size",
-                                "zero_fraction",
-                                "subnormal_fraction",
-                                "nonfinite_count",
-                                "max_abs",
-                                "headroom_bits",
-                            ],
-                            rows,
-                        ),
+                        "variables": contract.table(contract.GRAD_VARIABLE_COLUMNS, rows),
                     },
                 )

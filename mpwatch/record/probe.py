@@ -529,39 +529,13 @@ class Probe:
 
     @staticmethod
     def write(writer: RunWriter, step: int, payload: dict[str, Any]) -> int:
-        """Write the record (split when too large) and the scalars; returns the bytes written."""
-        size = write_probe_record(writer, step, payload)
+        """Write the record and the scalars; returns the record's bytes. A record over
+        ``contract.MAX_RECORD_BYTES`` (tens of thousands of variables) is written in parts: its
+        variables table moves to further ``probe`` records at the same step (``RunWriter.record``).
+        """
+        size = writer.record(contract.KIND_PROBE, step, payload)
         writer.scalars(step, Probe.scalars(payload))
         return size
-
-
-def write_probe_record(writer: RunWriter, step: int, payload: dict[str, Any]) -> int:
-    """Write one probe record. Over ``contract.MAX_RECORD_BYTES`` compressed, the variables table is
-    split off into further ``probe`` records at the same step that hold only ``{"mode", "part",
-    "parts", "variables"}`` (the first record says ``"parts"`` too)."""
-    blob = contract.encode_payload(payload)
-    if len(blob) <= contract.MAX_RECORD_BYTES:
-        return writer.record(contract.KIND_PROBE, step, payload)
-    rows = payload["variables"]["data"]
-    n = 2
-    while True:
-        chunk = math.ceil(len(rows) / (n - 1))
-        parts = [rows[i : i + chunk] for i in range(0, len(rows), chunk)]
-        heads = dict(payload, variables=contract.table(VARIABLE_COLUMNS, []), parts=len(parts) + 1)
-        pieces = [heads] + [
-            {
-                "mode": payload["mode"],
-                "part": i + 1,
-                "parts": len(parts) + 1,
-                "variables": contract.table(VARIABLE_COLUMNS, p),
-            }
-            for i, p in enumerate(parts)
-        ]
-        if all(len(contract.encode_payload(p)) <= contract.MAX_RECORD_BYTES for p in pieces):
-            return sum(writer.record(contract.KIND_PROBE, step, p) for p in pieces)
-        n *= 2
-        if n > 4 * len(rows) + 4:
-            raise ValueError("mpwatch: probe record cannot be split under the size limit")
 
 
 class ProbeMonitor(RecordingCallback):

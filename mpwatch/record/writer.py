@@ -1,14 +1,121 @@
 """The only code that writes mpwatch events: :class:`RunWriter` (TensorFlow imported lazily).
 
 Tags, record kinds and the payload encoding come from :mod:`mpwatch.contract`.
+
+Large records: :meth:`RunWriter.record` writes a payload whose compressed size would exceed
+``contract.MAX_RECORD_BYTES`` as several records at the same step (:func:`split_payload`), each
+under the limit, so no table is ever too large to record (a model with tens of thousands of
+variables); ``mpwatch.read`` joins the parts back.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from mpwatch import contract
+
+_PLACEHOLDER = 10**9  # "part"/"parts" while sizing parts: never shorter than the final numbers
+
+
+def _is_table(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("columns"), list)
+        and isinstance(value.get("data"), list)
+    )
+
+
+def split_payload(
+    payload: Mapping[str, Any], limit: int | None = None
+) -> list[tuple[dict[str, Any], bytes]]:
+    """The records a payload is written as, each ``(payload, compressed blob)`` under ``limit``
+    bytes (default ``contract.MAX_RECORD_BYTES``).
+
+    A payload that fits is one record. Otherwise its tables (split-layout values: ``{"columns",
+    "data"}``) are moved out, largest first, until the rest fits: the head record keeps every key,
+    with ``"part": 0``, ``"parts": N`` and the moved tables emptied (their columns kept); then come
+    continuation records ``{"part": i, "parts": N, key: {"columns", "data": next rows}}``, each
+    holding the next rows of one moved table, rows in order, as many as fit. Joining them
+    (``mpwatch.read``: a ``part >= 1`` appends its tables' rows to the record before it) gives the
+    payload back.
+
+    Raises:
+        ValueError: the payload cannot be split under the limit (no tables, a head too large
+            without its tables' rows, or a single row over the limit).
+
+    Example:
+        >>> rows = [[i, "x" * 50 + str(i)] for i in range(400)]
+        >>> parts = split_payload({"a": 1, "t": contract.table(["i", "s"], rows)}, limit=2000)
+        >>> [p.get("part") for p, _ in parts][:3], parts[0][0]["parts"] == len(parts)
+        ([0, 1, 2], True)
+        >>> [r for p, _ in parts for r in p["t"]["data"]] == rows
+        True
+    """
+    limit = contract.MAX_RECORD_BYTES if limit is None else int(limit)
+    plain = contract.json_safe(payload, nonfinite="keep")
+    blob = contract.encode_plain(plain)
+    if len(blob) <= limit:
+        return [(plain, blob)]
+    tables = [k for k, v in plain.items() if _is_table(v)]
+    if not tables:
+        raise ValueError(
+            f"record is {len(blob)} bytes compressed, over the {limit}-byte limit, with no "
+            "table to split"
+        )
+    size = {k: len(contract.encode_plain(plain[k])) for k in tables}
+    head = dict(plain, part=0, parts=_PLACEHOLDER)
+    moved: list[str] = []
+    for k in sorted(tables, key=lambda k: -size[k]):
+        if len(contract.encode_plain(head)) <= limit:
+            break
+        head[k] = {"columns": plain[k]["columns"], "data": []}
+        moved.append(k)
+    if len(contract.encode_plain(head)) > limit:
+        raise ValueError(
+            f"record over the {limit}-byte limit even without its tables' rows: cannot be split"
+        )
+    pieces = []
+    for k in sorted(moved, key=tables.index):  # the payload's own order of tables
+        columns = plain[k]["columns"]
+        for rows in _row_chunks(k, columns, plain[k]["data"], limit):
+            pieces.append({k: {"columns": columns, "data": rows}})
+    parts = 1 + len(pieces)
+    head["parts"] = parts
+    out = [head] + [{"part": i, "parts": parts, **p} for i, p in enumerate(pieces, start=1)]
+    blobs = [contract.encode_plain(p) for p in out]
+    if max(len(b) for b in blobs) > limit:  # cannot happen: sized with longer part numbers
+        raise ValueError(f"record could not be split under the {limit}-byte limit")
+    return list(zip(out, blobs))
+
+
+def _row_chunks(key: str, columns: list[str], rows: list[Any], limit: int) -> list[list[Any]]:
+    """Consecutive runs of ``rows``, each small enough for one continuation record."""
+
+    def fits(chunk: list[Any]) -> bool:
+        part = {
+            "part": _PLACEHOLDER,
+            "parts": _PLACEHOLDER,
+            key: {"columns": columns, "data": chunk},
+        }
+        return len(contract.encode_plain(part)) <= limit
+
+    def fit(chunk: list[Any]) -> list[list[Any]]:
+        if fits(chunk):
+            return [chunk]
+        if len(chunk) <= 1:
+            raise ValueError(f"one row of table {key!r} is over the {limit}-byte record limit")
+        mid = len(chunk) // 2
+        return fit(chunk[:mid]) + fit(chunk[mid:])
+
+    if not rows:
+        return []
+    # a first guess from the compressed size of the whole table (then halve what does not fit)
+    whole = len(contract.encode_plain({key: {"columns": columns, "data": rows}}))
+    n = max(1, math.ceil(whole / (0.85 * limit)))
+    step = max(1, math.ceil(len(rows) / n))
+    return [c for i in range(0, len(rows), step) for c in fit(rows[i : i + step])]
 
 
 class RunWriter:
@@ -82,15 +189,22 @@ class RunWriter:
             )
 
     def record(self, kind: str, step: int, payload: Mapping[str, Any]) -> int:
-        """Write one structured record; returns its compressed size in bytes."""
-        blob = contract.encode_payload(payload)
-        if len(blob) > contract.MAX_RECORD_BYTES:
-            raise ValueError(
-                f"mpwatch {kind} record is {len(blob)} bytes compressed, over the "
-                f"{contract.MAX_RECORD_BYTES}-byte limit: split the record (see write_probe_record)"
-            )
-        if not self.enabled:
-            return len(blob)
+        """Write one structured record at ``step``; returns the compressed bytes written.
+
+        A payload over ``contract.MAX_RECORD_BYTES`` compressed is written as several records of
+        ``kind`` at ``step`` (:func:`split_payload`); one that cannot be split raises ValueError.
+        """
+        contract.record_tag(kind)  # an unknown kind fails before anything is written
+        try:
+            records = split_payload(payload)
+        except ValueError as e:
+            raise ValueError(f"mpwatch {kind} record: {e}") from None
+        if self.enabled:
+            for _, blob in records:
+                self._write_record(kind, step, blob)
+        return sum(len(blob) for _, blob in records)
+
+    def _write_record(self, kind: str, step: int, blob: bytes) -> None:
         import tensorflow as tf
         from tensorboard.compat.proto import summary_pb2
 
@@ -108,7 +222,6 @@ class RunWriter:
                 step=int(step),
                 metadata=metadata,
             )
-        return len(blob)
 
     def flush(self) -> None:
         if self._writer is not None:

@@ -1,0 +1,200 @@
+"""Records too large for one event: the gradient table and the layer table of a model with many
+variables and layers are split into parts (record/writer.py), joined back by ``mpwatch.load_run``.
+
+Two tests, because a real fit cannot reach the real limit cheaply:
+
+- **A real fit, with the limit lowered.** A functional model of 100 custom layers holding 3 tiny
+  trainable variables each (302 trainable variables) is trained under ``mixed_float16`` with
+  :class:`mpwatch.MixedPrecisionMonitor` (gradient health per variable and the layer table on;
+  probe and profile off). ``contract.MAX_RECORD_BYTES`` is monkeypatched down to 512 bytes for the
+  fit, so the ``grad_variables`` records (~1.5 KB compressed) and the ``layers`` record (~0.8 KB)
+  are split while ``run_info`` (~370 bytes) still fits. Why not ~30,000 variables at the real
+  512 KiB limit: on 2 CPU cores a fit costs ~70 ms per trainable variable under the monitor (~5 ms
+  in Keras' own per-variable optimizer step, the rest in the gradient tap's per-variable statistics
+  graph, ``record/stats.py: counts_table``, traced twice), so 30,000 variables would take ~35 min.
+- **The real limit, 30,000 variables.** A ``grad_variables`` record of 30,000 rows (the statistics
+  computed by ``record/stats.py: shares`` from counts) and a probe record with a 30,000-row
+  variables table go through ``RunWriter.record`` at the real ``contract.MAX_RECORD_BYTES``.
+
+Both check the parts with the independent event parser (conftest ``read_events``): several parts
+at one step, each compressed payload under the limit, rows in order, and that ``mpwatch.load_run``
+gives exactly one row per variable back.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from builders import probe_payload
+from keras import ops
+
+from mpwatch import contract
+
+LOWERED_LIMIT = 512
+LAYERS, PER_LAYER = 100, 3
+
+
+class ManyScalars(keras.layers.Layer):
+    """``n`` trainable variables of shape (1,), summed into the output."""
+
+    def __init__(self, n, **kwargs):
+        super().__init__(**kwargs)
+        self.n = n
+
+    def build(self, input_shape):
+        self.ws = [
+            self.add_weight(shape=(1,), initializer="zeros", name=f"w{i}") for i in range(self.n)
+        ]
+
+    def call(self, x):
+        return x + ops.sum(ops.concatenate(self.ws))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+@pytest.fixture(scope="module")
+def big_fit(tmp_path_factory):
+    import mpwatch
+
+    logdir = str(tmp_path_factory.mktemp("large") / "run")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((4,))
+        h = inp
+        for j in range(LAYERS):
+            h = ManyScalars(PER_LAYER, name=f"many_scalars_{j:03d}")(h)
+        out = keras.layers.Dense(1, dtype="float32", name="head")(h)
+        model = keras.Model(inp, out)
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+        y = np.ones((32, 1), "float32")
+        monitor = mpwatch.MixedPrecisionMonitor(
+            log_dir=logdir, log_every=2, probe=False, profile=False
+        )
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(contract, "MAX_RECORD_BYTES", LOWERED_LIMIT)
+            history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[monitor])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return {"logdir": logdir, "model": model, "history": history}
+
+
+def _parts_by_step(items):
+    out: dict[int, list[dict]] = {}
+    for step, payload in items:
+        out.setdefault(step, []).append(payload)
+    return out
+
+
+def _check_split(parts, table_key, limit):
+    assert len(parts) >= 2, f"not split: {len(parts)} part(s)"
+    assert [p.get("part") for p in parts] == list(range(len(parts)))
+    assert all(p["parts"] == len(parts) for p in parts)
+    for p in parts:
+        assert len(contract.encode_payload(p)) <= limit
+    return [row for p in parts for row in p[table_key]["data"]]
+
+
+def test_a_real_fit_splits_the_gradient_and_layer_tables(big_fit, read_events):
+    import mpwatch
+
+    model = big_fit["model"]
+    paths = [v.path for v in model.trainable_variables]
+    assert len(paths) == LAYERS * PER_LAYER + 2 and len(set(paths)) == len(paths)
+    _, records = read_events(big_fit["logdir"])
+
+    grads = _parts_by_step(records["grad_variables"])
+    assert sorted(grads) == [2, 4]
+    written = {}
+    for step, parts in grads.items():
+        rows = _check_split(parts, "variables", LOWERED_LIMIT)
+        assert [r[0] for r in rows] == paths  # one row per trainable variable, in order
+        assert parts[0]["loss_scale"] > 1  # the head has the record's own keys
+        written[step] = rows
+
+    (layer_parts,) = _parts_by_step(records["layers"]).values()  # written once
+    layer_rows = _check_split(layer_parts, "layers", LOWERED_LIMIT)
+    names = [r[0] for r in layer_rows]
+    want = [f"many_scalars_{j:03d}" for j in range(LAYERS)] + ["head"]
+    assert [n for n in names if n in want] == want
+
+    run = mpwatch.load_run(big_fit["logdir"])
+    assert run.warnings == []
+    gv = run.grad_variables
+    for step, rows in written.items():
+        at = gv[gv["step"] == step]
+        assert at["variable"].tolist() == paths
+        assert at[contract.GRAD_VARIABLE_COLUMNS].values.tolist() == rows
+    assert run.layers["name"].tolist() == names
+    assert run.layers["path"].is_unique and len(run.layer_history) == 1
+
+
+def test_training_is_unaffected_by_large_records(big_fit, read_events):
+    import mpwatch
+
+    history = big_fit["history"].history
+    assert len(history["loss"]) == 1 and np.isfinite(history["loss"][0])
+    run = mpwatch.load_run(big_fit["logdir"])
+    # no part stopped: a record too large would have stopped it with an error notice
+    assert [n for n in run.notices if n["level"] == "error"] == []
+    assert not any("limit" in n["message"] for n in run.notices)
+    assert run.info["policy"] == "mixed_float16"
+    assert len(run.scalar(contract.LOSS_SCALE)) == 4
+
+
+def test_30000_variables_at_the_real_limit(tmp_path, read_events):
+    """A 30,000-variable gradient table and probe at the real contract.MAX_RECORD_BYTES."""
+    import mpwatch
+    from mpwatch.record import stats
+    from mpwatch.record.gradient_health import variable_layer
+    from mpwatch.record.writer import RunWriter
+
+    n = 30_000
+    rng = np.random.default_rng(0)
+    paths = [f"block_{i // 10:04d}/dense_{i % 10}/kernel_{i}" for i in range(n)]
+    sizes = rng.integers(1, 4096, n)
+    counts = np.zeros((n, stats.NUM_COUNTS))
+    counts[:, stats.SIZE] = sizes
+    counts[:, stats.ZERO] = rng.integers(0, 3, n)
+    counts[:, stats.SUBNORMAL] = np.minimum(rng.integers(0, 50, n), sizes)
+    counts[:, stats.MAX_ABS] = rng.lognormal(0, 4, n)
+    rows = []
+    for path, c in zip(paths, counts):
+        s = stats.shares(c)
+        rows.append(
+            [path, variable_layer(path), s["size"], s["zero_fraction"], s["subnormal_fraction"],
+             s["nonfinite_count"], s["max_abs"], s["headroom_bits"]]
+        )  # fmt: skip
+    grads = {
+        "loss_scale": 32768.0,
+        "variables": contract.table(contract.GRAD_VARIABLE_COLUMNS, rows),
+    }
+    probe_rows = [
+        [p, variable_layer(p), int(sz), int(sz), int(u), float(u / sz), float(e)]
+        for p, sz, u, e in zip(paths, sizes, rng.integers(0, 2, n), rng.random(n) * 1e-3)
+    ]
+    probe = probe_payload(5, 32768.0)
+    probe["variables"] = contract.table(contract.PROBE_VARIABLE_COLUMNS, probe_rows)
+    assert len(contract.encode_payload(grads)) > contract.MAX_RECORD_BYTES
+    assert len(contract.encode_payload(probe)) > contract.MAX_RECORD_BYTES
+
+    w = RunWriter(str(tmp_path))
+    w.record(contract.KIND_GRAD_VARIABLES, 5, grads)
+    w.record(contract.KIND_PROBE, 5, probe)
+    w.close()
+    _, records = read_events(str(tmp_path))
+    got = _check_split(
+        [p for _, p in records["grad_variables"]], "variables", contract.MAX_RECORD_BYTES
+    )
+    assert got == contract.json_safe(rows, nonfinite="keep")
+    got = _check_split([p for _, p in records["probe"]], "variables", contract.MAX_RECORD_BYTES)
+    assert [r[0] for r in got] == paths
+
+    run = mpwatch.load_run(str(tmp_path))
+    assert run.warnings == []
+    assert run.grad_variables["variable"].tolist() == paths
+    assert run.probe_variables["variable"].tolist() == paths
+    assert run.latest_probe().step == 5 and len(run.latest_probe().layers) == 4
