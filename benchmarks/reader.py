@@ -293,8 +293,8 @@ def build_logdir(path: str, steps: int, probes: int, layers: int, log_every: int
             ]
             for i in range(layers)
         ]
-        layers = {"layers": contract.table(cols, rows)}
-        f.write(record_event(contract.KIND_LAYERS, 1, layers, wall0))
+        table = {"layers": contract.table(cols, rows)}
+        f.write(record_event(contract.KIND_LAYERS, 1, table, wall0))
         for s in probe_steps:
             f.write(
                 record_event(

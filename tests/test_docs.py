@@ -29,3 +29,21 @@ def test_every_relative_link_resolves_inside_the_repository(doc):
 def test_the_design_doc_and_the_generated_docs_exist():
     for name in ("design.md", "contract.md", "rules.md"):
         assert (ROOT / "docs" / name).is_file(), name
+
+
+def test_generated_docs_match_the_code():
+    from mpwatch.show.docs import DOCUMENTS
+
+    for name, render in DOCUMENTS.items():
+        on_disk = (ROOT / "docs" / name).read_text()
+        assert on_disk == render(), f"docs/{name} is stale: run python -m mpwatch.show.docs"
+
+
+def test_the_contract_doc_lists_every_tag_and_kind():
+    from mpwatch import contract
+
+    text = (ROOT / "docs" / "contract.md").read_text()
+    for tag in contract.SCALAR_TAGS:
+        assert f"`{tag}`" in text
+    for kind in contract.RECORD_KINDS:
+        assert f"### `{kind}`" in text
