@@ -59,6 +59,7 @@ from typing import Any
 
 import pandas as pd
 
+from mpwatch import contract
 from mpwatch.formats import FLOAT32_INSIDE, is_16bit
 from mpwatch.kernels import PRECISIONS, SIXTEEN_BIT_PRECISIONS, classify
 from mpwatch.layers import layer_path, sublayers
@@ -460,7 +461,6 @@ class ProfileResult:
 
     def payload(self, steps: Sequence[int] | None = None, trace_dir: str = "") -> dict[str, Any]:
         """The ``profile`` record payload of ``contract.py`` (schema 1, with added keys)."""
-        from mpwatch import contract
 
         def split(df: pd.DataFrame) -> dict[str, Any]:
             return contract.table(list(df.columns), df.astype(object).values.tolist())
@@ -596,20 +596,7 @@ def layer_time(
         )
     layers = pd.DataFrame(
         rows,
-        columns=[
-            "layer",
-            "time_us",
-            "time_16bit_us",
-            "time_32bit_us",
-            "ops",
-            "share",
-            "cast_us",
-            "path",
-            "class",
-            "compute_dtype",
-            "bits",
-            "trainable_params",
-        ],
+        columns=list(contract.PROFILE_LAYER_COLUMNS),
     )
     grouped = ops.groupby(["op_type", "bits"], sort=False)
     op_types = grouped.agg(
@@ -617,9 +604,7 @@ def layer_time(
     ).reset_index()
     op_types["kept_float32_by_amp"] = op_types["op_type"].isin(AMP_FLOAT32_OPS)
     op_types["share"] = op_types["time_us"] / total if total > 0 else float("nan")
-    op_types = op_types[
-        ["op_type", "time_us", "bits", "count", "kept_float32_by_amp", "ops", "share"]
-    ]
+    op_types = op_types[list(contract.PROFILE_OP_TYPE_COLUMNS)]
     op_types = op_types.sort_values("time_us", ascending=False).reset_index(drop=True)
     op_types["count"] = op_types["count"].astype("int64")
     side = ops.attrs.get("side", "host")
@@ -1037,7 +1022,6 @@ class KernelProfile:
         The kernel table is trimmed (longest kernels kept; ``kernels_dropped`` says how many went)
         so that the payload stays under the record size limit; the summary covers every kernel.
         """
-        from mpwatch import contract
 
         def split(df: pd.DataFrame) -> dict[str, Any]:
             clean = df.astype(object).where(df.notna(), None)
