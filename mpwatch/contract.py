@@ -783,6 +783,19 @@ def table(columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
     return {"columns": list(columns), "data": [list(r) for r in rows]}
 
 
+def finite_float(value: Any) -> float | None:
+    """``float(value)`` when it is a finite number, else None (None, text, NaN, infinities).
+
+    >>> finite_float("2"), finite_float(float("nan")), finite_float(None)
+    (2.0, None, None)
+    """
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def json_safe(value: Any, *, nonfinite: str = "null") -> Any:
     """Plain Python for JSON: numpy arrays and scalars become lists and numbers, keys strings.
 

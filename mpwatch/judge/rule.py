@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from mpwatch import contract
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import SEVERITIES, Finding
 from mpwatch.read.run import Run
@@ -187,13 +187,7 @@ class Rule:
 
 
 # --- formatting ----------------------------------------------------------------------------------
-def finite(x: Any) -> float | None:
-    """``float(x)`` when it is a finite number, else None."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+finite = contract.finite_float  # the one definition, in the contract
 
 
 def fmt(x: float | None, digits: int = 3) -> str:

@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,13 +41,7 @@ NO_DATA = (
 )
 
 
-def finite_float(v: Any) -> float | None:
-    """``float(v)`` when it is a finite number, else None (None, text, NaN, infinities)."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+finite_float = contract.finite_float  # the one definition, in the contract
 
 
 def runs_list(runs: Run | Mapping[str, Run] | Sequence[Run]) -> list[Run]:
