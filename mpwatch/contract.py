@@ -54,7 +54,7 @@ MAX_RECORD_BYTES = 512 * 1024
 
 # --- scalar tags -------------------------------------------------------------------------------
 # loss scale and skipped steps (record/loss_scale.py)
-LOSS_SCALE = "mpwatch/loss_scale"  # LossScaleOptimizer.dynamic_scale after each step
+LOSS_SCALE = "mpwatch/loss_scale"  # dynamic_scale after each step; at 0: before the first
 STEP_SKIPPED = "mpwatch/step_skipped"  # 1.0 at a step whose update was dropped, else 0.0
 SKIPPED_STEPS = "mpwatch/skipped_steps"  # skipped steps in the log interval ending here
 SKIPPED_STEPS_TOTAL = "mpwatch/skipped_steps_total"  # cumulative, across fit calls
@@ -98,7 +98,9 @@ SCALAR_TAGS = (
 #: record (model-wide underflow and gradient error, recommended scale, activation headroom) so that
 #: TensorBoard's own Scalars tab can chart them; the judge, the reports and the tab read the record.
 SCALAR_DOCS = {
-    LOSS_SCALE: "`LossScaleOptimizer.dynamic_scale` after each step (mixed_float16 only)",
+    LOSS_SCALE: "`LossScaleOptimizer.dynamic_scale` after each step, the scale the next step "
+    "uses; at step 0 the scale before the run's first step (its initial scale). mixed_float16 "
+    "only",
     STEP_SKIPPED: "1.0 at a step whose update the optimizer dropped (non-finite gradients), "
     "else 0.0",
     SKIPPED_STEPS: "skipped steps in the logging interval ending at this step (a count, not a "
@@ -168,6 +170,16 @@ PROBE_LAYER_COLUMNS = [
     "activation_headroom_bits",
     "act_grad_underflow_fraction",
     "nonfinite",
+]
+PROBE_INPUT_COLUMNS = [
+    "input",
+    "dtype",
+    "size",
+    "integer_valued",
+    "max_abs",
+    "consumers",
+    "cast_to",
+    "changed",
 ]
 PROBE_SWEEP_COLUMNS = [
     "scale_log2",
@@ -419,6 +431,18 @@ PROBE_LAYER_COLUMN_TYPES: dict[str, Any] = {
     ),
     "nonfinite": _int("non-finite activation and gradient elements"),
 }
+PROBE_INPUT_COLUMN_TYPES: dict[str, Any] = {
+    "input": _str("the model input's name"),
+    "dtype": _str("the dtype the batch holds it in"),
+    "size": _int("elements in the probe batch"),
+    "integer_valued": _bool("every finite value is an integer (token ids, class ids)"),
+    "max_abs": _num("largest |value| (None: no finite value)", nullable=True),
+    "consumers": _t(
+        "array", "the layers that cast it to 16 bits on entry (autocast)", items=_str()
+    ),
+    "cast_to": _str("the 16-bit dtype they cast it to (None: none does)", nullable=True),
+    "changed": _int("values that cast changes (numpy, exact)"),
+}
 PROBE_SWEEP_COLUMN_TYPES: dict[str, Any] = {
     "scale_log2": _int("log2 of the loss scale"),
     "scale": _num("the loss scale"),
@@ -526,7 +550,15 @@ _LAYERS = _record_schema(
     KIND_LAYERS,
     "The per-layer dtype table, when training begins and whenever it changes "
     "(record/layer_dtypes.py).",
-    {"layers": _table_schema(LAYERS_COLUMNS, LAYERS_COLUMN_TYPES, "one row per layer")},
+    {
+        "layers": _table_schema(LAYERS_COLUMNS, LAYERS_COLUMN_TYPES, "one row per layer"),
+        "class_modules": _t(
+            "object",
+            "each layer class of the table -> the module defining it (keras.src... for Keras' own, "
+            "__main__ or the user's package for a custom layer); absent in older records",
+            additionalProperties=_str(),
+        ),
+    },
     ["layers"],
 )
 
@@ -557,6 +589,10 @@ _PROBE_MODEL = _obj(
         "nonfinite": _int("non-finite gradient elements"),
         "loss": _num("the mixed model's loss on the probe batch"),
         "ref_loss": _num("the reference's loss" + _NO_REF, nullable=True),
+        "train_loss": _num(
+            "the loss Keras' train step computes on the probe batch with the same weights (the "
+            "model's own call in training mode); compared with the probe's own-policy pass"
+        ),
         "activation_headroom_bits": _num("log2(format max / max_abs_activation)", nullable=True),
         "zero_fraction": _num(
             "written only without a float32 reference: the share of exactly-zero mixed gradient "
@@ -593,7 +629,40 @@ _PROBE = _record_schema(
             "mixed_float16, mixed_bfloat16, or a float32 model probed as mixed_float16",
         ),
         "loss_scale": _num("the scale S the mixed gradients were taken at (None: bfloat16)", True),
-        "reference": _enum(["float32_twin", "none"], "what the mixed gradients are compared to"),
+        "reference": _enum(
+            ["float32_twin", "none"],
+            "what the mixed gradients are compared to: float32_twin is the same model and "
+            "weights with its mixed layers switched to float32 (record/twin.py)",
+        ),
+        "reliable": _bool(
+            "the probe's loss agrees with the train step's loss on the same batch and weights "
+            "(None: cannot be checked, e.g. a custom train_step); False: no finding rests on it",
+            nullable=True,
+        ),
+        "unreliable_reason": _str("why the probe is not (known to be) reliable", nullable=True),
+        "random_layers_off": _t(
+            "array",
+            "layers with random draws (Dropout, noise, augmentation) run as in inference in both "
+            "passes; every other layer runs in training mode (BatchNormalization on batch "
+            "statistics, its state restored afterwards)",
+            items=_str(),
+        ),
+        "batch": _obj(
+            {
+                "size": _int("the probe batch's leading dimension", nullable=True),
+                "source": _enum(
+                    ["training", "probe_data"],
+                    "training: the first batch the training loop fed (its size is the training "
+                    "batch size); probe_data: given by the user",
+                ),
+            },
+            "the probe batch",
+        ),
+        "inputs": _table_schema(
+            PROBE_INPUT_COLUMNS,
+            PROBE_INPUT_COLUMN_TYPES,
+            "one row per float model input: integer ids a 16-bit cast rounds (record/inputs.py)",
+        ),
         "reference_note": _str("how the reference was made, or why there is none", True),
         "model_kind": _enum(_MODEL_KIND, "how the model was built (a twin needs its config)"),
         "variables": _table_schema(

@@ -68,8 +68,12 @@ class Run:
         probe_layers: one row per probe step and layer: ``step`` + the probe's layers-table
             columns (``probes`` is the old name of this table).
         probe_variables: the same for the probe's variables table.
+        probe_inputs: the same for the probe's inputs table (float model inputs: integer ids a
+            16-bit cast rounds).
         probe_model: one row per probe step: ``step``, the probe's ``model`` dict's keys,
-            ``loss_scale``, ``recommended_scale``, ``mode``, ``reference``.
+            ``loss_scale``, ``recommended_scale``, ``mode``, ``reference``, ``reliable`` (False:
+            the probe's loss disagreed with the train step's; :meth:`latest_probe` skips it),
+            ``batch_size`` and ``batch_source``.
         histograms: probe step -> the probe's ``histogram`` dict.
         sweeps: ``step`` + the probe's ``sweep`` table columns.
         profile: the latest ``profile`` record, or None.
@@ -86,6 +90,7 @@ class Run:
     grad_variables: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     probe_layers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     probe_variables: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
+    probe_inputs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     probe_model: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     histograms: dict[int, dict[str, Any]] = field(default_factory=dict)
     sweeps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
@@ -113,8 +118,12 @@ class Run:
         """The old name of :attr:`probe_layers` (the probe's per-layer table)."""
         return self.probe_layers
 
-    def latest_probe(self, modes: Iterable[str] | None = None) -> ProbeResult | None:
+    def latest_probe(
+        self, modes: Iterable[str] | None = None, reliable_only: bool = True
+    ) -> ProbeResult | None:
         """The latest probe (of these ``modes``: "float16", "bfloat16", "preflight"), or None.
+        Probes marked unreliable (their loss disagreed with the train step's on the same batch
+        and weights) are skipped unless ``reliable_only=False``: no finding rests on them.
 
         Example:
             >>> Run(name=".", path="").latest_probe() is None
@@ -125,6 +134,10 @@ class Run:
             return None
         if modes is not None and "mode" in pm:
             pm = pm[pm["mode"].isin(list(modes))]
+            if not len(pm):
+                return None
+        if reliable_only and "reliable" in pm:
+            pm = pm[pm["reliable"].map(lambda v: v is not False)]
             if not len(pm):
                 return None
         row = pm.sort_values("step", kind="stable").iloc[-1].to_dict()
@@ -142,7 +155,28 @@ class Run:
             variables=at(self.probe_variables),
             sweep=at(self.sweeps),
             histogram=self.histograms.get(step),
+            inputs=at(self.probe_inputs),
         )
+
+    @property
+    def batch_size(self) -> int | None:
+        """The training batch size: ``run_info``'s where Keras gave it (Keras 2), else the size of
+        the first training batch the probe captured (Keras 3 does not tell callbacks the batch
+        size); None when neither was recorded (no probe, or a user-given probe batch).
+
+        Example:
+            >>> Run(name=".", path="").batch_size is None
+            True
+        """
+        size = self.info.get("batch_size")
+        if isinstance(size, (int, float)) and size > 0:
+            return int(size)
+        pm = self.probe_model
+        if len(pm) and "batch_source" in pm and "batch_size" in pm:
+            got = pm[(pm["batch_source"] == "training") & pm["batch_size"].notna()]
+            if len(got):
+                return int(got.sort_values("step", kind="stable")["batch_size"].iloc[0])
+        return None
 
     def skipped_steps(self) -> pd.Series:
         """Updates the optimizer dropped, by step: ``step -> count`` (int64), skipped steps only.
@@ -190,6 +224,7 @@ class ProbeResult:
         variables: the probe's per-variable table at that step.
         sweep: predicted underflow and overflow at each power-of-two scale.
         histogram: the log2 histogram of the reference gradients, or None.
+        inputs: the probe's inputs table (float model inputs and what a 16-bit cast changes).
     """
 
     step: int
@@ -198,6 +233,7 @@ class ProbeResult:
     variables: pd.DataFrame
     sweep: pd.DataFrame
     histogram: dict[str, Any] | None = None
+    inputs: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _empty_scalars() -> pd.DataFrame:
@@ -397,6 +433,7 @@ def _build_run(name: str, path: str, events: Events) -> Run:
     probes = recs.get(contract.KIND_PROBE, [])
     run.probe_layers = _stack_tables([(s, p.get("layers")) for s, p in probes])
     run.probe_variables = _stack_tables([(s, p.get("variables")) for s, p in probes])
+    run.probe_inputs = _stack_tables([(s, p.get("inputs")) for s, p in probes])
     run.sweeps = _stack_tables([(s, p.get("sweep")) for s, p in probes])
     rows = []
     for s, p in probes:
@@ -404,8 +441,19 @@ def _build_run(name: str, path: str, events: Events) -> Run:
         model = p.get("model")
         if isinstance(model, dict):
             row.update(model)
-        for k in ("loss_scale", "recommended_scale", "mode", "reference", "reference_note"):
+        for k in (
+            "loss_scale",
+            "recommended_scale",
+            "mode",
+            "reference",
+            "reference_note",
+            "reliable",
+            "unreliable_reason",
+        ):
             row[k] = p.get(k)
+        batch = p.get("batch") if isinstance(p.get("batch"), dict) else {}
+        row["batch_size"] = batch.get("size")
+        row["batch_source"] = batch.get("source")
         rows.append(row)
         if isinstance(p.get("histogram"), dict):
             run.histograms[s] = p["histogram"]

@@ -71,7 +71,8 @@ import numpy as np
 from mpwatch import contract, formats
 from mpwatch.record import underflow
 from mpwatch.record.base import RecordingCallback, check_positive_int
-from mpwatch.record.twin import Twin, TwinUnavailable, model_kind
+from mpwatch.record.inputs import INPUT_COLUMNS, input_rows
+from mpwatch.record.twin import PolicyView, model_kind, random_layers, random_layers_off
 from mpwatch.record.writer import RunWriter
 
 logger = logging.getLogger("mpwatch")
@@ -120,8 +121,60 @@ def _round(x: Any, digits: int = 6) -> Any:
     return x
 
 
-def _nan_if_none(x: Any) -> Any:
-    return math.nan if x is None else x
+def _value(v: Any) -> Any:
+    """The backend variable under a Keras variable."""
+    return getattr(v, "value", v)
+
+
+#: the probe agrees with the train step when its loss (the pass in the model's own policies)
+#: is within this relative tolerance of the train step's loss on the same batch and weights
+LOSS_RTOL = 1e-2
+#: ... or within this absolute tolerance (losses near 0)
+LOSS_ATOL = 1e-4
+
+
+def loss_agrees(probe_loss: float, train_loss: float) -> tuple[bool, str | None]:
+    """(whether the probe's loss matches the train step's loss, and why not). Both non-finite
+    the same way (a diverged model) counts as agreement: the probe sees the same network."""
+    a, b = probe_loss, train_loss
+    if not (math.isfinite(a) and math.isfinite(b)):
+        same = (math.isnan(a) and math.isnan(b)) or a == b
+        return same, None if same else f"probe loss {a} but train-step loss {b}"
+    if abs(a - b) <= LOSS_ATOL + LOSS_RTOL * max(abs(a), abs(b)):
+        return True, None
+    return False, (
+        f"probe loss {a:.6g} but the train step's loss on the same batch and weights is "
+        f"{b:.6g} (tolerance {LOSS_RTOL:g} relative): the probe does not measure the network "
+        "the train step runs, so no finding rests on it"
+    )
+
+
+def _custom_train_step(model: Any) -> bool:
+    """Whether the model's class overrides Keras' train_step."""
+    try:
+        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    except ImportError:  # pragma: no cover
+        return False
+    return getattr(type(model), "train_step", None) is not TensorFlowTrainer.train_step
+
+
+def _batch_size(x: Any) -> int | None:
+    """The leading dimension of the batch's first tensor."""
+    import keras
+
+    for t in keras.tree.flatten(x):
+        shape = getattr(t, "shape", None)
+        if shape is not None and len(shape) and shape[0] is not None:
+            return int(shape[0])
+    return None
+
+
+def _failing_layer(error: Exception) -> str | None:
+    """The layer class Keras names in an exception raised inside a layer's call."""
+    import re
+
+    m = re.search(r"calling (\w+)\.call\(\)", str(error))
+    return m.group(1) if m else None
 
 
 class Probe:
@@ -155,78 +208,82 @@ class Probe:
             )
         self.margin_bits = margin_bits
         self.fmt = formats.BFLOAT16 if self.mode == "bfloat16" else formats.FLOAT16
-        self.twin: Twin | None = None
+        self.twin: PolicyView | None = None
         self.reference = "none"
         self.note: str | None = None
         self.kind = model_kind(model)
         self._fn = None
         self._prepared = False
+        self.view: PolicyView | None = None
+        self.random_off: list[Any] = []
 
     # --- setup ---------------------------------------------------------------------------------
     def _prepare(self, x: Any) -> None:
         self._prepared = True
-        policy = "mixed_float16" if self.mode == "preflight" else "float32"
-        try:
-            self.twin = Twin.build(self.model, policy, example_inputs=x)
-            self.reference = "float32_twin"
-            if self.mode == "preflight":
-                self.note = (
-                    "pre-flight: the float32 model is the reference; a mixed_float16 twin was "
-                    f"built and run at scale 2**{int(math.log2(formats.KERAS_INITIAL_SCALE))}"
-                )
-        except TwinUnavailable as e:
-            self.twin = None
-            if self.mode == "preflight":
-                self.reference = "float32_twin"
-                self.note = (
-                    f"pre-flight without a mixed twin ({e}); float32 gradients and activations "
-                    "were cast through float16 at the scale instead"
-                )
-            else:
-                self.reference = "none"
-                self.note = (
-                    f"no float32 twin ({e}); underflow cannot be told from genuine zeros: "
-                    "model.zero_fraction counts all zeros of the mixed gradient"
-                )
-            logger.warning("mpwatch: probe: %s", self.note)
-        # roles: `low` computes in 16 bits, `ref` in float32 (None: not available)
+        # the twin is the same model under another policy (record/twin.py): always available
+        target = "mixed_float16" if self.mode == "preflight" else "float32"
+        self.view = PolicyView(self.model, target)
+        self.twin = self.view
+        self.reference = "float32_twin"
+        self.random_off = random_layers(self.model)
         if self.mode == "preflight":
-            self.low = self.twin.model if self.twin is not None else None
-            self.ref = self.model
-        else:
-            self.low = self.model
-            self.ref = self.twin.model if self.twin is not None else None
-        self.layer_names, self.low_tap, self.ref_tap = self._taps()
+            self.note = (
+                "pre-flight: the float32 model is the reference; the same model with its layers "
+                "switched to mixed_float16 was run at scale "
+                f"2**{int(math.log2(formats.KERAS_INITIAL_SCALE))}"
+            )
+        # roles: `low` computes in 16 bits, `ref` in float32; each is (use the view?)
+        self.low_view = self.mode == "preflight"
+        self.layer_names, self.tap = self._taps()
         self._var_layer = self._variable_layers()
 
-    def _taps(self) -> tuple[list[str], Any, Any]:
-        """(layer names, multi-output model of low, of ref): outputs then every layer's outputs."""
+    def _fall_back(self, error: Exception) -> None:
+        """The view's pass failed to trace: no twin; say which layer class and the fix."""
+        layer = _failing_layer(error)
+        where = f"{layer} " if layer else ""
+        target = "mixed_float16" if self.mode == "preflight" else "float32"
+        fix = (
+            f"make {layer}.call compute in self.compute_dtype (no hard-coded dtype)"
+            if layer
+            else "make the custom layers' call() compute in self.compute_dtype"
+        )
+        self.view = None
+        if self.mode == "preflight":
+            self.note = (
+                f"pre-flight without a mixed pass: {where}failed under {target} "
+                f"({type(error).__name__}); float32 gradients and activations were cast through "
+                f"float16 at the scale instead. Fix: {fix}"
+            )
+        else:
+            self.reference = "none"
+            self.note = (
+                f"no float32 reference: {where}failed under {target} ({type(error).__name__}); "
+                "underflow cannot be told from genuine zeros (model.zero_fraction counts all "
+                f"zeros of the mixed gradient). Fix: {fix}"
+            )
+        self.twin = None
+        logger.warning("mpwatch: probe: %s", self.note)
+
+    def _taps(self) -> tuple[list[str], Any]:
+        """(layer names, multi-output model: the outputs then every layer's outputs)."""
         if self.kind == "subclassed":
-            return [], None, None
+            return [], None
         try:
-            layers = [ly for ly in self.model.layers if type(ly).__name__ != "InputLayer"]
-            names = [ly.name for ly in layers]
+            import keras
 
-            def tap(m: Any) -> Any:
-                import keras
-
-                if m is None:
-                    return None
-                ls = [ly for ly in m.layers if type(ly).__name__ != "InputLayer"]
-                outs = []
-                self._act_layer_index = []
-                for i, ly in enumerate(ls):
-                    for t in keras.tree.flatten(ly.output):
-                        outs.append(t)
-                        self._act_layer_index.append(i)
-                return keras.Model(m.inputs, list(m.outputs) + outs)
-
-            low_tap = tap(self.low)
-            ref_tap = tap(self.ref)
-            return names, low_tap, ref_tap
+            m = self.model
+            layers = [ly for ly in m.layers if type(ly).__name__ != "InputLayer"]
+            outs = []
+            self._act_layer_index = []
+            for i, ly in enumerate(layers):
+                for t in keras.tree.flatten(ly.output):
+                    outs.append(t)
+                    self._act_layer_index.append(i)
+            tap = keras.Model(m.inputs, list(m.outputs) + outs)
+            return [ly.name for ly in layers], tap
         except Exception as e:  # noqa: BLE001  (a shared layer, an unbuilt Sequential, ...)
             logger.info("mpwatch: probe: no per-layer activations for %s: %r", self.model.name, e)
-            return [], None, None
+            return [], None
 
     def _variable_layers(self) -> list[str]:
         owner = {}
@@ -240,39 +297,43 @@ class Probe:
         return out
 
     # --- the traced computation ------------------------------------------------------------------
-    def _loss(self, m: Any, y: Any, y_pred: Any, sw: Any) -> Any:
+    def _loss(self, x: Any, y: Any, y_pred: Any, sw: Any) -> Any:
+        """The loss as Keras' train step computes it (``model._compute_loss``, which adds the
+        model's own losses), or ``loss_fn`` plus the model's losses."""
         import tensorflow as tf
 
+        m = self.model
         if self.loss_fn is not None:
-            loss = self.loss_fn(y, y_pred)
-        else:
-            loss = self.model._compile_loss(y, y_pred, sw)
-        loss = tf.cast(loss, tf.float32)
-        extra = [tf.cast(x, tf.float32) for x in m.losses]
-        if extra:
-            loss = loss + tf.add_n(extra)
-        return loss
+            loss = tf.cast(self.loss_fn(y, y_pred), tf.float32)
+            extra = [tf.cast(v, tf.float32) for v in m.losses]
+            return loss + tf.add_n(extra) if extra else loss
+        compute = getattr(m, "_compute_loss", None) or m.compute_loss
+        loss = compute(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
+        return tf.cast(loss, tf.float32)
 
-    def _pack(self, m: Any, flat: list[Any]) -> Any:
+    def _pack(self, flat: list[Any]) -> Any:
         if len(flat) == 1:
             return flat[0]
         import keras
 
-        fm = getattr(m, "_functional", None) or m
+        fm = getattr(self.model, "_functional", None) or self.model
         struct = getattr(fm, "_outputs_struct", None)
         return keras.tree.pack_sequence_as(struct, flat) if struct is not None else flat
 
-    def _forward_backward(self, m: Any, tap: Any, x: Any, y: Any, sw: Any, scale: Any) -> dict:
+    def _forward_backward(self, x: Any, y: Any, sw: Any, scale: Any) -> dict:
+        """One training-mode pass (BatchNormalization on the batch's statistics) of the model as
+        the current policies are: loss, gradients w.r.t. the variables and the layer outputs."""
         import tensorflow as tf
 
+        m = self.model
         with tf.GradientTape() as tape:
-            if tap is not None:
-                outs = tap(x, training=False)
+            if self.tap is not None:
+                outs = self.tap(x, training=True)
                 n_out = len(m.outputs)
-                y_pred, acts = self._pack(m, outs[:n_out]), outs[n_out:]
+                y_pred, acts = self._pack(outs[:n_out]), outs[n_out:]
             else:
-                y_pred, acts = m(x, training=False), []
-            loss = self._loss(m, y, y_pred, sw)
+                y_pred, acts = m(x, training=True), []
+            loss = self._loss(x, y, y_pred, sw)
             scaled = loss * tf.cast(scale, tf.float32)
         variables = m.trainable_variables
         float_acts = [a for a in acts if a.dtype.is_floating]
@@ -285,68 +346,117 @@ class Probe:
             "act_grads": self._spread(acts, float_acts, grads[n:]),
         }
 
+    def _train_step_loss(self, x: Any, y: Any, sw: Any) -> Any:
+        """The loss Keras' train step computes on this batch with these weights: the model's own
+        call in training mode, in its own policies (random layers off, as in the probe)."""
+        if self.tap is None:
+            return None  # the probe's own pass *is* the model's call
+        return self._loss(x, y, self.model(x, training=True), sw)
+
     @staticmethod
     def _spread(acts: list, float_acts: list, grads: list) -> list:
         it = iter(grads)
         return [next(it) if a.dtype.is_floating else None for a in acts]
 
+    def _passes(self, x: Any, y: Any, sw: Any, scale: Any) -> tuple[dict, dict | None, Any]:
+        """(low pass, reference pass or None, train-step loss): traced inside the probe's
+        function, with the random layers off and the view switched around the right pass."""
+        view = self.view
+        with random_layers_off(self.random_off):
+            if self.mode == "preflight":
+                ref = self._forward_backward(x, y, sw, 1.0)
+                train_loss = self._train_step_loss(x, y, sw)
+                low = self._in_view(view, x, y, sw, scale)
+            else:
+                low = self._forward_backward(x, y, sw, scale)
+                train_loss = self._train_step_loss(x, y, sw)
+                ref = self._in_view(view, x, y, sw, 1.0)
+        return low, ref, train_loss
+
+    def _in_view(self, view: PolicyView | None, x: Any, y: Any, sw: Any, scale: Any) -> Any:
+        """The pass under the other policy, or None (no view, or the pass failed to trace: a
+        user's layer that cannot compute in the other dtype; :meth:`_fall_back` says which)."""
+        if view is None:
+            return None
+        try:
+            with view:
+                return self._forward_backward(x, y, sw, scale)
+        except Exception as e:  # noqa: BLE001
+            self._fall_back(e)
+            return None
+
     def _build_fn(self) -> Any:
         import tensorflow as tf
 
+        state = list(self.model.non_trainable_variables)
+
         def fn(x: Any, y: Any, sw: Any, scale: Any) -> dict:
-            out = {}
-            if self.low is not None:
-                low = self._forward_backward(self.low, self.low_tap, x, y, sw, scale)
-            if self.ref is not None:
-                ref = self._forward_backward(self.ref, self.ref_tap, x, y, sw, 1.0)
-            if self.low is None:  # pre-flight without a twin: cast the reference through float16
-                low = {
-                    "loss": ref["loss"],
-                    "grads": [
-                        None if g is None else underflow.cast_through(g, "float16", scale)
-                        for g in ref["grads"]
-                    ],
-                    "acts": [underflow.cast_through(a, "float16") for a in ref["acts"]],
-                    "act_grads": [
-                        None if g is None else underflow.cast_through(g, "float16", scale)
-                        for g in ref["act_grads"]
-                    ],
-                }
-            out["loss"] = low["loss"]
-            out["ref_loss"] = ref["loss"] if self.ref is not None else low["loss"]
-            if self.ref is not None:
-                ref_grads = ref["grads"]
-            else:  # no reference: stats of the mixed gradients against themselves (unscaled)
-                ref_grads = [
-                    None if g is None else tf.cast(g, tf.float32) / scale for g in low["grads"]
-                ]
-            gstats = [
-                underflow.grad_pair_stats(gl, gr, scale) for gl, gr in zip(low["grads"], ref_grads)
-            ]
-            out["grads"] = tf.stack(gstats) if gstats else tf.zeros([0, 7], tf.float64)
-            hist = tf.zeros([underflow.NUM_BINS], tf.int64)
-            zeros = tf.constant(0.0, tf.float64)
-            for g in ref_grads:
-                if g is not None:
-                    hist += underflow.log2_bins(g)
-                    gd = tf.convert_to_tensor(g)
-                    zeros += tf.reduce_sum(tf.cast(tf.equal(gd, 0.0), tf.float64))
-            out["hist"] = hist
-            out["zeros"] = zeros
-            refs_acts = ref["acts"] if self.ref is not None else [None] * len(low["acts"])
-            astats = [underflow.activation_pair_stats(a, r) for a, r in zip(low["acts"], refs_acts)]
-            out["acts"] = tf.stack(astats) if astats else tf.zeros([0, 6], tf.float64)
-            if self.ref is not None:
-                agstats = []
-                for gl, gr in zip(low["act_grads"], ref["act_grads"]):
-                    if gr is None:
-                        agstats.append(tf.constant([0.0, 0.0, 0.0, 0.0], tf.float64))
-                    else:
-                        agstats.append(underflow.act_grad_stats(gl, gr))
-                out["act_grads"] = tf.stack(agstats) if agstats else tf.zeros([0, 4], tf.float64)
+            # training mode updates BatchNormalization's moving statistics (and seed states):
+            # read them first, write them back last (ordered by TensorFlow's automatic control
+            # dependencies on each variable), so the probe never changes the model
+            saved = [tf.identity(_value(v)) for v in state]
+            out = self._stats(x, y, sw, scale)
+            for v, s in zip(state, saved):
+                _value(v).assign(s)
             return out
 
         return tf.function(fn, reduce_retracing=True)
+
+    def _stats(self, x: Any, y: Any, sw: Any, scale: Any) -> dict:
+        import tensorflow as tf
+
+        low, ref, train_loss = self._passes(x, y, sw, scale)
+        out = {}
+        has_ref = self.mode == "preflight" or ref is not None
+        if low is None:  # pre-flight without a mixed pass: cast the reference through float16
+            low = {
+                "loss": ref["loss"],
+                "grads": [
+                    None if g is None else underflow.cast_through(g, "float16", scale)
+                    for g in ref["grads"]
+                ],
+                "acts": [underflow.cast_through(a, "float16") for a in ref["acts"]],
+                "act_grads": [
+                    None if g is None else underflow.cast_through(g, "float16", scale)
+                    for g in ref["act_grads"]
+                ],
+            }
+        out["loss"] = low["loss"]
+        out["ref_loss"] = ref["loss"] if has_ref else low["loss"]
+        own = ref if self.mode == "preflight" else low  # the pass in the model's own policies
+        out["train_loss"] = own["loss"] if train_loss is None else train_loss
+        out["own_loss"] = own["loss"]
+        if has_ref:
+            ref_grads = ref["grads"]
+        else:  # no reference: stats of the mixed gradients against themselves (unscaled)
+            ref_grads = [
+                None if g is None else tf.cast(g, tf.float32) / scale for g in low["grads"]
+            ]
+        gstats = [
+            underflow.grad_pair_stats(gl, gr, scale) for gl, gr in zip(low["grads"], ref_grads)
+        ]
+        out["grads"] = tf.stack(gstats) if gstats else tf.zeros([0, 7], tf.float64)
+        hist = tf.zeros([underflow.NUM_BINS], tf.int64)
+        zeros = tf.constant(0.0, tf.float64)
+        for g in ref_grads:
+            if g is not None:
+                hist += underflow.log2_bins(g)
+                gd = tf.convert_to_tensor(g)
+                zeros += tf.reduce_sum(tf.cast(tf.equal(gd, 0.0), tf.float64))
+        out["hist"] = hist
+        out["zeros"] = zeros
+        refs_acts = ref["acts"] if has_ref else [None] * len(low["acts"])
+        astats = [underflow.activation_pair_stats(a, r) for a, r in zip(low["acts"], refs_acts)]
+        out["acts"] = tf.stack(astats) if astats else tf.zeros([0, 6], tf.float64)
+        if has_ref:
+            agstats = []
+            for gl, gr in zip(low["act_grads"], ref["act_grads"]):
+                if gr is None:
+                    agstats.append(tf.constant([0.0, 0.0, 0.0, 0.0], tf.float64))
+                else:
+                    agstats.append(underflow.act_grad_stats(gl, gr))
+            out["act_grads"] = tf.stack(agstats) if agstats else tf.zeros([0, 4], tf.float64)
+        return out
 
     # --- one probe -------------------------------------------------------------------------------
     def current_scale(self) -> float:
@@ -363,23 +473,33 @@ class Probe:
             return float(getattr(opt, "initial_scale", formats.KERAS_INITIAL_SCALE))
         return 1.0
 
-    def run(self, data: Any, scale: float | None = None) -> dict[str, Any]:
-        """Probe on one batch ``(x, y[, sample_weight])`` (or a dataset: its first batch)."""
+    @property
+    def has_ref(self) -> bool:
+        """Whether the gradients are compared with a float32 reference pass."""
+        return self.mode == "preflight" or self.view is not None
+
+    def run(
+        self, data: Any, scale: float | None = None, batch_source: str = "probe_data"
+    ) -> dict[str, Any]:
+        """Probe on one batch ``(x, y[, sample_weight])`` (or a dataset: its first batch).
+        ``batch_source``: ``"training"`` when the batch is one the training loop fed (the
+        record's batch size is then the training batch size)."""
         import tensorflow as tf
 
         x, y, sw = split_data(first_batch(data))
         if not self._prepared:
             self._prepare(x)
             self._fn = self._build_fn()
-        if self.twin is not None:
-            self.twin.sync()
         s = float(self.current_scale() if scale is None else scale)
         out = self._fn(x, y, sw, tf.constant(s, tf.float32))
         out = {k: np.asarray(v) for k, v in out.items()}
-        return self._payload(out, s)
+        payload = self._payload(out, s)
+        payload["batch"] = {"size": _batch_size(x), "source": batch_source}
+        payload["inputs"] = contract.table(INPUT_COLUMNS, input_rows(self.model, x, self.mode))
+        return payload
 
     def _payload(self, out: dict[str, np.ndarray], scale: float) -> dict[str, Any]:
-        has_ref = self.ref is not None
+        has_ref = self.has_ref
         grads = out["grads"]
         names = [getattr(v, "path", None) or v.name for v in self.model.trainable_variables]
         var_rows = []
@@ -477,6 +597,7 @@ class Probe:
             "nonfinite": m["nonfinite"],
             "loss": float(out["loss"]),
             "ref_loss": float(out["ref_loss"]) if has_ref else None,
+            "train_loss": float(out["train_loss"]),
             "activation_headroom_bits": (
                 underflow.headroom_bits(max_act_all, self.fmt) if len(acts) else None
             ),
@@ -498,8 +619,18 @@ class Probe:
             recommended = underflow.recommend_scale(max_all, margin_bits=self.margin_bits)
             model["max_abs_ref_grad"] = max_all
             model["margin_bits"] = self.margin_bits
+        reliable, why = loss_agrees(float(out["own_loss"]), float(out["train_loss"]))
+        if reliable and _custom_train_step(self.model):
+            reliable = None
+            why = (
+                f"{type(self.model).__name__} overrides train_step: the probe computes the "
+                "compiled loss, which may not be what the train step minimises"
+            )
         return {
             "mode": self.mode,
+            "reliable": reliable,
+            "unreliable_reason": why,
+            "random_layers_off": [ly.name for ly in self.random_off],
             "loss_scale": scale if self.mode != "bfloat16" else None,
             "reference": self.reference,
             "reference_note": self.note,
@@ -648,7 +779,8 @@ class ProbeMonitor(RecordingCallback):
         if step is None or step == self._last_probe_step or self._data is None:
             return
         self._last_probe_step = step
-        payload = self.probe.run(self._data)
+        source = "probe_data" if self.probe_data is not None else "training"
+        payload = self.probe.run(self._data, batch_source=source)
         if self.probe.reference == "none" and not getattr(self, "_noted", False):
             self._noted = True
             self._notice(self.part, "info", self.probe.note or "no float32 reference")

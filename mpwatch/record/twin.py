@@ -1,50 +1,51 @@
-"""The twin of a model under another dtype policy: the probe's float32 reference.
+"""The probe's twin: the *same* model, its layers switched to another dtype policy for one pass.
 
-:func:`build_twin` rebuilds a model's architecture with every layer under ``policy``
-(``"float32"`` for
-the reference of a mixed model; ``"mixed_float16"`` for the pre-flight of a float32 model):
+The probe compares the gradients Keras' train step gets with those of a float32 reference of the
+same network on the same batch with the same weights (or, in a pre-flight of a float32 model, with
+a ``mixed_float16`` version). Rebuilding a copy from ``get_config()`` fails on exactly the models
+users write (a custom layer whose ``__init__`` takes no ``**kwargs``, a ``Lambda``, a subclassed
+model), and needs a second copy of the weights. So the twin is not a copy: :class:`PolicyView`
+switches, for the duration of a ``with`` block, the dtype policy of the model and of every layer
+under it whose policy is one of the *source* policies, and restores them afterwards. Inside the
+block, calling the model runs the same layers, the same variables and the same user code, computing
+in the target dtype (Keras casts inputs and variables to a layer's ``compute_dtype`` at call time).
 
-- **Sequential and Functional** models (nested ones too) are cloned with
-  ``keras.models.clone_model(..., recursive=True)`` and a ``clone_function`` that rebuilds each
-  layer
-  from its ``get_config()`` with the dtype policy replaced;
-- **subclassed** models are rebuilt with ``cls.from_config(get_config())``, the config's dtype
-policies
-  replaced, under the target global policy (so sublayers created in ``__init__`` get it too). This
-  works where Keras can rebuild the model from its config (Keras generates ``get_config`` for models
-  whose constructor takes plain arguments).
+- Reference of a mixed model: ``PolicyView(model, "float32")`` switches ``mixed_float16``,
+  ``mixed_bfloat16``, ``float16`` and ``bfloat16`` layers to ``float32``.
+- Pre-flight of a float32 model: ``PolicyView(model, "mixed_float16")`` switches ``float32`` layers.
 
-Layers whose policy is already pinned to something else than the source policies (a ``float32``
-output layer of a mixed model, an integer ``InputLayer``) keep it. The twin must come out with the
-same weights (count and shapes, in order) as the model; otherwise :class:`TwinUnavailable` says why.
+Layers pinned to anything else (an integer input, a quantized layer) keep their policy. A layer
+pinned to ``float32`` in a mixed model is float32 in both passes, as it is in training. Code that
+hard-codes a dtype (``ops.cast(x, "float16")``) keeps it in both passes: the reference is float32
+wherever the user's code follows its layer's ``compute_dtype``.
 
-:class:`Twin` keeps the rebuilt model and copies the model's weights into it at each probe with one
-``tf.function`` traced once (assignments into the existing variables: no retracing, no new graph).
+The probe traces both passes inside one ``tf.function``: the view is active while Python traces the
+reference pass, so the traced graph holds a float32 pass and a mixed pass of the same variables.
 
 Example:
     >>> import keras  # doctest: +SKIP
     >>> keras.mixed_precision.set_global_policy("mixed_float16")  # doctest: +SKIP
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])  # doctest: +SKIP
-    >>> twin = Twin.build(model, "float32")  # doctest: +SKIP
-    >>> twin.model.layers[0].compute_dtype  # doctest: +SKIP
+    >>> with PolicyView(model, "float32"):  # doctest: +SKIP
+    ...     model.layers[0].compute_dtype
     'float32'
-    >>> twin.sync()  # doctest: +SKIP
+    >>> model.layers[0].compute_dtype  # doctest: +SKIP
+    'float16'
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from typing import Any
 
-logger = logging.getLogger("mpwatch")
+from mpwatch.layers import walk
 
 MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
 
 
 class TwinUnavailable(Exception):
-    """No twin can be built; the message says why (it goes into the probe record's note)."""
+    """No twin pass can be run; the message says why (it goes into the probe record's note)."""
 
 
 def model_kind(model: Any) -> str:
@@ -75,147 +76,108 @@ def global_policy(policy: str) -> Iterator[None]:
         keras.mixed_precision.set_global_policy(old)
 
 
-def _policy_name(value: Any) -> str | None:
-    """The policy name of a layer config's ``dtype`` entry (a string or a serialized policy)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        cfg = value.get("config")
-        if isinstance(cfg, dict) and isinstance(cfg.get("name"), str):
-            return cfg["name"]
-    return None
-
-
-def rewrite_policies(config: Any, sources: tuple[str, ...], target: str) -> Any:
-    """A copy of a (nested) config with every serialized dtype *policy* named in ``sources``
-    replaced by ``target``. Plain tensor dtypes (an InputLayer's ``"int32"``) are left alone unless
-    they are a source name inside a policy dict."""
-    if isinstance(config, dict):
-        out = {}
-        for k, v in config.items():
-            if k == "dtype" and isinstance(v, dict) and v.get("class_name", "").endswith("Policy"):
-                name = _policy_name(v)
-                out[k] = target if name in sources else v
-            elif k == "dtype" and isinstance(v, str) and v.startswith("mixed_") and v in sources:
-                out[k] = target
-            else:
-                out[k] = rewrite_policies(v, sources, target)
-        return out
-    if isinstance(config, list):
-        return [rewrite_policies(v, sources, target) for v in config]
-    return config
-
-
-def _sources_for(target: str) -> tuple[str, ...]:
+def sources_for(target: str) -> tuple[str, ...]:
+    """The policies a view to ``target`` switches: float32 for a mixed target, else mixed ones."""
     return ("float32",) if target.startswith("mixed_") else MIXED_POLICIES
 
 
-def build_twin(model: Any, policy: str = "float32", example_inputs: Any = None) -> Any:
-    """A new, built model with the same architecture under ``policy``; raises TwinUnavailable.
-
-    ``example_inputs`` (a batch of model inputs) builds a rebuilt subclassed model whose input
-    shape Keras did not record."""
-    import keras
-
-    sources = _sources_for(policy)
-    kind = model_kind(model)
-    errors = []
-
-    def clone_layer(layer: Any) -> Any:
-        cfg = layer.get_config()
-        cfg = rewrite_policies(cfg, sources, policy)
-        return layer.__class__.from_config(cfg)
-
-    twin = None
-    with global_policy(policy):
-        if kind in ("sequential", "functional"):
-            try:
-                twin = keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"clone_model: {type(e).__name__}: {e}")
-        if twin is None:
-            try:
-                cfg = rewrite_policies(model.get_config(), sources, policy)
-                twin = model.__class__.from_config(cfg)
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"from_config(get_config()): {type(e).__name__}: {e}")
-        if twin is None:
-            raise TwinUnavailable(
-                f"cannot rebuild {type(model).__name__} {model.name!r} under {policy}: "
-                + "; ".join(errors)
-            )
-        if not twin.built or len(twin.weights) != len(model.weights):
-            _build_like(twin, model, example_inputs)
-    check_same_weights(model, twin)
-    return twin
+def _policy_name(layer: Any) -> str | None:
+    policy = getattr(layer, "dtype_policy", None)
+    name = getattr(policy, "name", None)
+    if getattr(policy, "quantization_mode", None):
+        return None  # a quantized layer keeps its policy
+    return name if isinstance(name, str) else None
 
 
-def _build_like(twin: Any, model: Any, inputs: Any) -> None:
-    """Build a rebuilt (subclassed) twin: by calling it on example inputs when there are some (a
-    subclassed model's ``build(shape)`` may mark it built without creating its sublayers' weights),
-    else with the model's recorded input shape(s)."""
-    if inputs is not None:
-        twin(inputs)
-        return
-    shapes = getattr(model, "_build_shapes_dict", None)
-    try:
-        if shapes and len(shapes) == 1:
-            twin.build(next(iter(shapes.values())))
-            return
-        if shapes:
-            twin.build(**shapes)
-            return
-    except Exception as e:  # noqa: BLE001
-        raise TwinUnavailable(f"the rebuilt twin of {model.name!r} does not build: {e!r}") from e
-    raise TwinUnavailable(
-        f"the rebuilt twin of {model.name!r} is not built and the model's input shape is unknown"
-    )
+class PolicyView:
+    """Switch ``model`` and every layer under it from the source policies to ``policy``.
 
+    Usable as a context manager any number of times (each ``with`` switches and restores). The
+    layers switched are fixed at construction (``layers``: the names, for the record's note).
 
-def check_same_weights(model: Any, twin: Any) -> None:
-    """Raise TwinUnavailable unless both have the same weights, in order, of the same shapes."""
-    a, b = model.weights, twin.weights
-    if len(a) != len(b):
-        raise TwinUnavailable(
-            f"the rebuilt twin has {len(b)} weights, the model {len(a)}: the architecture did not "
-            "survive get_config/from_config"
-        )
-    for va, vb in zip(a, b):
-        if tuple(va.shape) != tuple(vb.shape):
-            raise TwinUnavailable(
-                f"weight {getattr(va, 'path', va.name)} has shape {tuple(va.shape)} in the model "
-                f"but {tuple(vb.shape)} in the rebuilt twin"
-            )
-
-
-class Twin:
-    """A model's twin under another policy, with a weight sync traced once.
-
-    ``Twin.build(model, policy)`` raises :class:`TwinUnavailable`; ``sync()`` copies every weight
-    (trainable and not, e.g. BatchNormalization statistics) of the model into the twin.
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(2, dtype="mixed_float16", name="d")]
+        ... )
+        >>> view = PolicyView(model, "float32")
+        >>> with view:
+        ...     model.get_layer("d").compute_dtype
+        'float32'
+        >>> model.get_layer("d").compute_dtype
+        'float16'
     """
 
-    def __init__(self, model: Any, twin: Any) -> None:
-        import tensorflow as tf
+    def __init__(self, model: Any, policy: str) -> None:
+        self.model = model
+        self.policy = policy
+        sources = sources_for(policy)
+        candidates = [model] + [layer for layer, _, _ in walk(model)]
+        seen: set[int] = set()
+        self._targets: list[Any] = []
+        for layer in candidates:
+            if id(layer) in seen or not hasattr(layer, "dtype_policy"):
+                continue
+            seen.add(id(layer))
+            if _policy_name(layer) in sources:
+                self._targets.append(layer)
+        self.layers = [layer.name for layer in self._targets]
+        self._saved: list[tuple[Any, Any]] | None = None
 
-        self.source = model
-        self.model = twin
-        self.policy = twin.dtype_policy.name if hasattr(twin, "dtype_policy") else None
-        pairs = [(dst, src) for dst, src in zip(twin.weights, model.weights)]
+    def __enter__(self) -> PolicyView:
+        if self._saved is not None:
+            raise RuntimeError("mpwatch: a PolicyView is not re-entrant")
+        self._saved = [(layer, layer.dtype_policy) for layer in self._targets]
+        try:
+            for layer in self._targets:
+                layer.dtype_policy = self.policy
+        except Exception:
+            self._restore()
+            raise
+        return self
 
-        def _value(v: Any) -> Any:
-            return getattr(v, "value", v)
+    def __exit__(self, *exc: Any) -> None:
+        self._restore()
 
-        @tf.function(autograph=False)
-        def sync() -> None:
-            for dst, src in pairs:
-                _value(dst).assign(tf.cast(_value(src), _value(dst).dtype))
+    def _restore(self) -> None:
+        for layer, old in self._saved or []:
+            layer.dtype_policy = old
+        self._saved = None
 
-        self._sync = sync
 
-    @classmethod
-    def build(cls, model: Any, policy: str = "float32", example_inputs: Any = None) -> Twin:
-        return cls(model, build_twin(model, policy, example_inputs))
+def random_layers(model: Any) -> list[Any]:
+    """The layers under ``model`` that draw random numbers of their own in training (Dropout,
+    GaussianNoise, random augmentation, ...: any layer owning a Keras ``SeedGenerator``)."""
+    out = []
+    for layer, _, _ in walk(model):
+        if getattr(layer, "_seed_generators", None):
+            out.append(layer)
+    return out
 
-    def sync(self) -> None:
-        self._sync()
+
+@contextlib.contextmanager
+def random_layers_off(layers: list[Any]) -> Iterator[None]:
+    """Call ``layers`` with ``training=False`` while the block runs (Python-level: it acts on what
+    is traced inside the block). The probe's two passes then see no random masks: identical
+    networks, the rest of the model (BatchNormalization on batch statistics) in training mode."""
+
+    patched = []
+    try:
+        for layer in layers:
+            original = layer.call
+
+            def call(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                if "training" in kwargs:
+                    kwargs["training"] = False
+                return __original(*args, **kwargs)
+
+            had_own = "call" in vars(layer)
+            object.__setattr__(layer, "call", call)
+            patched.append((layer, had_own, original))
+        yield
+    finally:
+        for layer, had_own, original in reversed(patched):
+            if had_own:
+                object.__setattr__(layer, "call", original)
+            else:
+                object.__delattr__(layer, "call")

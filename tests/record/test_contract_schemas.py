@@ -8,8 +8,9 @@ zlib + JSON by hand) and each record is validated with ``jsonschema``. Fits:
 - a small ``mixed_bfloat16`` fit (no loss scale: a ``notice``; a bfloat16 probe, which has no sweep
   and no recommended scale);
 - a ``float32`` fit (a pre-flight probe: what mixed_float16 would do);
-- a subclassed ``mixed_float16`` model Keras cannot rebuild (no float32 twin: a probe with
-  ``reference: "none"``, ``model.zero_fraction``, a histogram of the mixed gradients, a notice).
+- a ``mixed_float16`` model with a user layer that cannot compute in float32 (no float32 reference:
+  a probe with ``reference: "none"``, ``model.zero_fraction``, a histogram of the mixed gradients,
+  a notice).
 
 Together they must cover every record kind and every probe mode.
 """
@@ -25,20 +26,27 @@ from mpwatch import contract
 jsonschema = pytest.importorskip("jsonschema")
 
 
+class Float16Only(keras.layers.Layer):
+    """A user's layer that refuses to compute in float32: the probe's float32 pass cannot run."""
+
+    def call(self, x):
+        if x.dtype != "float16":
+            raise TypeError(f"Float16Only wants float16, got {x.dtype}")
+        return x
+
+
 class Opaque(keras.Model):
-    """A subclassed model Keras cannot rebuild: its constructor takes an object, not a config."""
+    """A subclassed model whose float32 pass fails (a float16-only user layer)."""
 
     def __init__(self, thing, **kwargs):
         super().__init__(**kwargs)
         self.thing = thing
         self.hidden = keras.layers.Dense(8, activation="relu")
+        self.only16 = Float16Only()
         self.out = keras.layers.Dense(2)
 
     def call(self, x):
-        return self.out(self.hidden(x))
-
-    def get_config(self):
-        raise NotImplementedError
+        return self.out(self.only16(self.hidden(x)))
 
 
 def _fit(logdir, policy_name, build):

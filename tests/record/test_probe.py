@@ -269,7 +269,7 @@ def test_float32_preflight_record(policy, tmp_path):
     p = records["probe"][-1][1]
     assert p["mode"] == "preflight"
     assert p["loss_scale"] == 2.0**15
-    assert "mixed_float16 twin" in p["reference_note"]
+    assert "switched to mixed_float16" in p["reference_note"]
     nonzero, lost = known_truth(2.0**15)
     assert lost > 0
     assert p["model"]["ref_nonzero"] == nonzero
@@ -310,20 +310,57 @@ class Opaque(keras.Model):
         raise NotImplementedError
 
 
-def test_without_a_twin_the_record_says_so(policy, tmp_path, caplog):
+def test_a_model_keras_cannot_rebuild_still_gets_its_float32_reference(policy, tmp_path):
+    # the twin is the same model under a float32 policy view: nothing is rebuilt
     policy("mixed_float16")
     model = Opaque(object())
     model.compile(keras.optimizers.SGD(0.0), "mse")
     x = np.ones((4, 3), np.float32)
     y = np.zeros((4, 2), np.float32)
     mon = ProbeMonitor(str(tmp_path), every=1, probe_data=(x, y))
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[mon])
+    records, _ = read_events(str(tmp_path))
+    p = records["probe"][-1][1]
+    assert p["reference"] == "float32_twin" and p["reliable"] is True
+    assert model.dense.compute_dtype == "float16"  # the view was restored
+    # the reference gradient, computed here in float64 numpy: d/dW mean((xW+b)^2)
+    w, b = (np.asarray(v, np.float64) for v in model.dense.weights)
+    out = x @ w + b
+    ref = x.T @ (2 * out / out.size)
+    assert p["model"]["ref_nonzero"] == int(np.count_nonzero(ref)) + int(
+        np.count_nonzero((2 * out / out.size).sum(0))
+    )
+
+
+class Float16Only(keras.layers.Layer):
+    """A user's layer that cannot compute in float32 (it checks its input's dtype)."""
+
+    def __init__(self):  # no **kwargs, as users write them
+        super().__init__()
+
+    def call(self, x):
+        if x.dtype != "float16":
+            raise TypeError(f"Float16Only wants float16, got {x.dtype}")
+        return x * 2
+
+
+def test_without_a_twin_the_record_says_which_layer_and_the_fix(policy, tmp_path, caplog):
+    policy("mixed_float16")
+    inp = keras.Input((3,))
+    model = keras.Model(inp, keras.layers.Dense(2)(Float16Only()(inp)))
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    x = np.ones((4, 3), np.float32)
+    y = np.zeros((4, 2), np.float32)
+    mon = ProbeMonitor(str(tmp_path), every=1, probe_data=(x, y))
     with caplog.at_level(logging.WARNING, logger="mpwatch"):
         model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[mon])
-    assert sum("no float32 twin" in r.getMessage() for r in caplog.records) == 1
+    assert sum("no float32 reference" in r.getMessage() for r in caplog.records) == 1
     records, scalars = read_events(str(tmp_path))
     p = records["probe"][-1][1]
     assert p["reference"] == "none"
-    assert "no float32 twin" in p["reference_note"]
+    note = p["reference_note"]
+    assert "Float16Only" in note and "self.compute_dtype" in note
+    assert len(note) < 400  # one short notice, no config dump
     assert p["model"]["underflow_fraction"] is None
     assert 0.0 <= p["model"]["zero_fraction"] <= 1.0
     assert p["histogram"]["source"] == "mixed_unscaled"
@@ -376,7 +413,7 @@ def _probe_of_size(n_layers):
     variables = [SimpleNamespace(path=f"{n}/{w}") for n in names for w in ("kernel", "bias")]
     probe = Probe.__new__(Probe)
     probe.model = SimpleNamespace(trainable_variables=variables)
-    probe.ref = object()
+    probe.view, probe.random_off = object(), []
     probe.mode, probe.fmt, probe.margin_bits = "float16", formats.FLOAT16, 4.0
     probe.reference, probe.note, probe.kind = "float32_twin", None, "sequential"
     probe.layer_names = names
@@ -392,6 +429,8 @@ def _probe_of_size(n_layers):
         "zeros": np.float64(12),
         "loss": np.float32(1.5),
         "ref_loss": np.float32(1.5),
+        "train_loss": np.float32(1.5),
+        "own_loss": np.float32(1.5),
     }
     return probe, out
 

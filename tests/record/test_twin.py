@@ -1,5 +1,8 @@
-"""The float32 twin: Sequential, Functional, nested and subclassed models; weights synced without
-retracing; a clear TwinUnavailable where Keras cannot rebuild the model."""
+"""The twin is the same model under another policy: Sequential, Functional, nested, subclassed and
+user layers without ``**kwargs`` or a ``Lambda`` all get one; the view restores every policy; a
+float32 view computes what a float32 model computes; random layers are off only inside the block.
+Then the probe on the train step's network: BatchNormalization on batch statistics with its state
+untouched, Dropout the same in both passes, the loss checked against the train step's."""
 
 from __future__ import annotations
 
@@ -9,17 +12,21 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+from mpwatch.record.probe import Probe  # noqa: E402
 from mpwatch.record.twin import (  # noqa: E402
-    Twin,
-    TwinUnavailable,
-    build_twin,
+    PolicyView,
     model_kind,
-    rewrite_policies,
+    random_layers,
+    random_layers_off,
 )
 
 
 def compute_dtypes(model):
-    return {ly.name: ly.compute_dtype for ly in model._flatten_layers(include_self=False)}
+    return {
+        ly.name: ly.compute_dtype
+        for ly in model._flatten_layers(include_self=False)
+        if type(ly).__name__ != "InputLayer"  # its policy computes nothing
+    }
 
 
 def sequential():
@@ -38,113 +45,187 @@ def functional():
     inner = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8)], name="inner")
     h = keras.layers.Dense(8, activation="relu")(inp)
     h = inner(h)
+    h = keras.layers.Lambda(lambda t: t * 0.5)(h)
     out = keras.layers.Dense(2)(keras.layers.Add()([h, h]))
     return keras.Model(inp, out)
 
 
-@keras.saving.register_keras_serializable("mpwatch_tests")
+class Scale(keras.layers.Layer):
+    """A user layer as keras.io writes them: ``__init__`` without ``**kwargs``."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+        self.dense = keras.layers.Dense(6)
+
+    def call(self, x):
+        return self.dense(x) * self.factor
+
+
 class Sub(keras.Model):
-    def __init__(self, units=4, **kwargs):
-        super().__init__(**kwargs)
-        self.units = units
-        self.a = keras.layers.Dense(units, activation="relu")
+    def __init__(self, thing):  # no config Keras could rebuild it from
+        super().__init__()
+        self.thing = thing
+        self.a = Scale(2.0)
         self.b = keras.layers.Dense(1)
 
     def call(self, x):
         return self.b(self.a(x))
 
-    def get_config(self):
-        return {**super().get_config(), "units": self.units}
+
+@pytest.fixture
+def mixed16():
+    old = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy(old)
 
 
-@pytest.mark.parametrize("make", [sequential, functional, lambda: Sub(4)])
-def test_twin_is_float32_with_the_same_weights(mixed16, make):
+@pytest.mark.parametrize("make", [sequential, functional, lambda: Sub(object())])
+def test_float32_view_computes_what_a_float32_model_computes(mixed16, make):
     model = make()
     x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
-    model(x)
-    twin = Twin.build(model, "float32", example_inputs=x)
-    got = compute_dtypes(twin.model)
-    assert got and set(got.values()) == {"float32"}
-    assert "float16" in set(compute_dtypes(model).values())
-    assert [tuple(v.shape) for v in twin.model.weights] == [tuple(v.shape) for v in model.weights]
-    twin.sync()
-    for a, b in zip(model.weights, twin.model.weights):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # same weights, float32 arithmetic: outputs agree to float16's precision, not bit for bit
-    np.testing.assert_allclose(
-        np.asarray(model(x), np.float32), np.asarray(twin.model(x)), rtol=1e-2, atol=1e-2
+    mixed_out = np.asarray(model(x), np.float32)
+    before = compute_dtypes(model)
+    assert "float16" in before.values()
+    with PolicyView(model, "float32"):
+        inside = compute_dtypes(model)
+        out32 = np.asarray(model(x))
+    assert set(inside.values()) == {"float32"}
+    assert compute_dtypes(model) == before  # restored
+    # ground truth: the same architecture built under float32 with the same weights
+    keras.mixed_precision.set_global_policy("float32")
+    ref = make()
+    ref(x)
+    ref.set_weights(model.get_weights())
+    expected = np.asarray(ref(x))
+    assert out32.dtype == np.float32
+    np.testing.assert_allclose(out32, expected, rtol=1e-6, atol=1e-6)
+    assert np.max(np.abs(mixed_out - expected)) > 0  # the mixed pass really differs
+
+
+def test_pinned_and_integer_layers_keep_their_policy(mixed16):
+    inp = keras.Input((3,), dtype="int32")
+    h = keras.layers.Embedding(10, 4)(inp)
+    out = keras.layers.Dense(2, dtype="float32", name="head")(h)
+    model = keras.Model(inp, out)
+    view = PolicyView(model, "float32")
+    assert "head" not in view.layers
+    with view:
+        assert model.get_layer("head").dtype_policy.name == "float32"
+    assert model.get_layer("head").dtype_policy.name == "float32"
+
+
+def test_preflight_view_is_mixed():
+    model = sequential()  # built under float32
+    view = PolicyView(model, "mixed_float16")
+    with view:
+        got = compute_dtypes(model)
+    assert got["head"] == "float16" and got[model.layers[0].name] == "float16"
+    assert set(compute_dtypes(model).values()) == {"float32"}
+
+
+def test_a_view_restores_policies_when_the_block_raises(mixed16):
+    model = sequential()
+    with pytest.raises(RuntimeError):
+        with PolicyView(model, "float32"):
+            raise RuntimeError("boom")
+    assert model.layers[0].compute_dtype == "float16"
+
+
+def test_random_layers_are_off_only_inside_the_block():
+    model = keras.Sequential([keras.Input((100,)), keras.layers.Dropout(0.5, name="drop")])
+    x = np.ones((2, 100), np.float32)
+    layers = random_layers(model)
+    assert [ly.name for ly in layers] == ["drop"]
+    with random_layers_off(layers):
+        np.testing.assert_array_equal(np.asarray(model(x, training=True)), x)
+    assert np.count_nonzero(np.asarray(model(x, training=True)) == 0) > 0  # dropout again
+    assert "call" not in vars(model.layers[0])
+
+
+def test_model_kind():
+    assert model_kind(sequential()) == "sequential"
+    assert model_kind(functional()) == "functional"
+    assert model_kind(Sub(object())) == "subclassed"
+
+
+# --- the probe measures the train step's network ------------------------------------------------
+def bn_model():
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, name="conv"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.ReLU(),
+            keras.layers.Dropout(0.5, name="drop"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(3, name="out"),
+        ]
     )
 
 
-def test_sync_copies_new_weights_without_retracing(mixed16):
-    model = sequential()
-    twin = Twin.build(model)
-    for i in range(3):
-        for v in model.trainable_variables:
-            v.assign(np.full(v.shape, float(i), np.float32))
-        twin.sync()
-        for a, b in zip(model.weights, twin.model.weights):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert twin._sync.experimental_get_tracing_count() == 1
+def test_probe_runs_batchnorm_on_batch_statistics_and_leaves_the_model_unchanged(mixed16):
+    model = bn_model()
+    model.compile(keras.optimizers.SGD(0.1), keras.losses.MeanSquaredError())
+    rng = np.random.default_rng(1)
+    # inputs far from the (initial) moving statistics: inference mode would be another network
+    x = (rng.normal(size=(16, 8, 8, 3)) * 30 + 50).astype(np.float32)
+    y = rng.normal(size=(16, 3)).astype(np.float32)
+    state = [np.asarray(v) for v in model.non_trainable_variables]
+    weights = [np.asarray(v) for v in model.trainable_variables]
+    p1 = Probe(model).run((x, y))
+    p2 = Probe(model).run((x, y))
+    for before, v in zip(state, model.non_trainable_variables):
+        np.testing.assert_array_equal(before, np.asarray(v))  # moving stats, seed states
+    for before, v in zip(weights, model.trainable_variables):
+        np.testing.assert_array_equal(before, np.asarray(v))
+    # the train step's loss on this batch, computed here: training mode, dropout as in the probe
+    model.get_layer("drop").rate = 0.0
+    train_loss = float(model.compute_loss(x=x, y=y, y_pred=model(x, training=True)))
+    infer_loss = float(model.compute_loss(x=x, y=y, y_pred=model(x, training=False)))
+    assert abs(train_loss - infer_loss) > 0.1 * abs(train_loss)  # the two networks differ
+    assert p1["model"]["loss"] == pytest.approx(train_loss, rel=1e-3)
+    assert p1["model"]["train_loss"] == pytest.approx(train_loss, rel=1e-3)
+    assert p1["reliable"] is True and p1["unreliable_reason"] is None
+    assert p1["random_layers_off"] == ["drop"]
+    # deterministic: the dropout layer drew no masks
+    assert p1["model"]["underflow_count"] == p2["model"]["underflow_count"]
+    assert p1["model"]["grad_rel_error"] == p2["model"]["grad_rel_error"]
 
 
-def test_pinned_float32_layer_and_int_inputs_are_kept(mixed16):
-    inp = keras.Input((3,), dtype="int32")
-    h = keras.layers.Embedding(10, 4)(inp)
-    out = keras.layers.Dense(1, dtype="float32", name="head")(keras.layers.Flatten()(h))
-    model = keras.Model(inp, out)
-    twin = build_twin(model)
-    assert twin.inputs[0].dtype == "int32"
-    assert twin.get_layer("head").compute_dtype == "float32"
+class Doubled(keras.Model):
+    """A Functional model whose own call differs from its layer graph: the probe's tapped graph
+    is not what the train step runs."""
+
+    def call(self, inputs, training=None):
+        return super().call(inputs, training=training) * 3.0
 
 
-def test_preflight_twin_is_mixed():
-    old = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    try:
-        model = sequential()
-        twin = build_twin(model, "mixed_float16")
-    finally:
-        keras.mixed_precision.set_global_policy(old)
-    dtypes = compute_dtypes(twin)
-    assert dtypes["head"] == "float16"  # the whole model switched, as set_global_policy would
-    assert keras.mixed_precision.global_policy().name == old.name
+def test_a_probe_that_disagrees_with_the_train_step_is_marked_unreliable(mixed16):
+    inp = keras.Input((4,))
+    model = Doubled(inp, keras.layers.Dense(2)(inp))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.ones((8, 4), np.float32)
+    y = np.zeros((8, 2), np.float32)
+    p = Probe(model).run((x, y))
+    expected = float(np.mean(np.asarray(model(x), np.float32) ** 2))
+    assert p["model"]["train_loss"] == pytest.approx(expected, rel=1e-2)
+    assert p["reliable"] is False
+    assert "train step" in p["unreliable_reason"]
 
 
-class Opaque(keras.Model):
-    def __init__(self, thing, **kwargs):
-        super().__init__(**kwargs)
-        self.thing = thing
-        self.dense = keras.layers.Dense(2)
-
-    def call(self, x):
-        return self.dense(x)
-
-    def get_config(self):
-        raise NotImplementedError
-
-
-def test_unrebuildable_model_says_why(mixed16):
-    model = Opaque(object())
-    model(np.ones((1, 3), np.float32))
-    assert model_kind(model) == "subclassed"
-    with pytest.raises(TwinUnavailable, match="cannot rebuild Opaque"):
-        build_twin(model, example_inputs=np.ones((1, 3), np.float32))
-
-
-def test_rewrite_policies_only_touches_policies():
-    cfg = {
-        "layers": [
-            {
-                "config": {
-                    "dtype": {"class_name": "DTypePolicy", "config": {"name": "mixed_float16"}}
-                }
-            },
-            {"config": {"dtype": "int32"}},
-            {"config": {"dtype": {"class_name": "DTypePolicy", "config": {"name": "float32"}}}},
-        ]
-    }
-    out = rewrite_policies(cfg, ("mixed_float16",), "float32")
-    assert out["layers"][0]["config"]["dtype"] == "float32"
-    assert out["layers"][1]["config"]["dtype"] == "int32"
-    assert out["layers"][2] == cfg["layers"][2]
+def test_probe_records_the_batch_and_integer_ids_a_cast_rounds(mixed16):
+    inp = keras.Input((5,), name="ids")  # float32, as keras.io's Transformer writes it
+    h = Scale(1.0)(inp)  # a user layer: autocasts its input to float16
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
+    model.compile("sgd", "mse")
+    ids = np.array([[1, 2049, 19999, 7, 4097]] * 3, np.float32)
+    p = Probe(model).run((ids, np.zeros((3, 1), np.float32)))
+    assert p["batch"] == {"size": 3, "source": "probe_data"}
+    rows = [dict(zip(p["inputs"]["columns"], r)) for r in p["inputs"]["data"]]
+    (row,) = rows
+    assert row["integer_valued"] is True and row["cast_to"] == "float16"
+    assert row["consumers"] == [model.layers[1].name]
+    truth = int(np.count_nonzero(ids.astype(np.float16).astype(np.float32) != ids))
+    assert truth == 9 and row["changed"] == truth
