@@ -26,29 +26,40 @@ Modes, chosen from the model's layers:
   underflow is rare and still counted the same way; what matters is the relative error (8 bits of
   mantissa). The histogram window is bfloat16's; there is no sweep and no recommended scale.
 - ``"preflight"`` (a float32 model): what would happen under ``mixed_float16`` at Keras' initial
-  scale ``2**15``. The model itself is the reference, and a ``mixed_float16`` twin is *built and
-  run* (real float16 arithmetic, layer by layer, including the activation overflow a float16 forward
-  pass would hit). Where no twin can be built, the float32 gradients and activations are instead
-  *cast through float16* (``reference_note`` says so): that catches values outside float16's range
-  but not errors that float16 arithmetic would accumulate.
+  scale ``2**15``. The model itself is the reference, and the same model with its layers switched
+  to ``mixed_float16`` is run (real float16 arithmetic, including the activation overflow a float16
+  forward pass would hit). Where that pass cannot run, the float32 gradients and activations are
+  instead *cast through float16* (``reference_note`` says so): that catches values outside
+  float16's range but not errors that float16 arithmetic would accumulate.
 
-Where no float32 twin of a mixed model can be built (a subclassed model Keras cannot rebuild from
-its config), the probe says so once (log and ``notice``), records ``reference: "none"`` with a
-``reference_note``, and records what can be measured without one: the share of exactly-zero mixed
-gradient elements (``model.zero_fraction``, an upper bound of underflow that includes genuine
-zeros), activations, non-finite layers, and a histogram of the mixed gradients.
+**The twin** (:mod:`mpwatch.record.twin`) is not a copy: it is the same model, same variables, same
+user code, with its mixed layers switched to float32 for the reference pass (a policy view). So
+every model has one: subclassed models, custom layers whose ``__init__`` takes no ``**kwargs``,
+``Lambda`` layers. Where a user's layer cannot compute in the other dtype (it raises), the probe
+says so once (log and ``notice``, naming the layer class and the code change), records
+``reference: "none"`` with a ``reference_note``, and records what can be measured without one: the
+share of exactly-zero mixed gradient elements (``model.zero_fraction``, an upper bound of
+underflow that includes genuine zeros), activations, non-finite layers, and a histogram of the
+mixed gradients.
 
-**Cost.** One probe runs one forward and backward pass of the mixed model and one of the float32
-twin on the probe batch (the twin's pass is float32: slower than a mixed step on Tensor Cores), a
-copy of the weights into the twin, and per-tensor reductions; both passes are traced once (the first
-probe also pays the trace and the twin's construction). ``benchmarks/probe_cost.py`` measures it in
-units of one training step (goal: at most 3; measured 1.3 for a small CNN under mixed_float16 on a
-CPU). Memory: the twin holds a second float32 copy of the weights. With the default ``every=500``
-the overhead is well under 1% of training time.
+**The train step's network.** Both passes run in training mode, as Keras' train step does:
+BatchNormalization normalises with the batch's statistics (its moving statistics are read first
+and written back afterwards, inside the traced function, so the probe never changes the model).
+Layers that draw random numbers (Dropout, GaussianNoise, random augmentation: any layer owning a
+``SeedGenerator``) run as in inference in *both* passes (``random_layers_off`` in the record), so
+the two passes compute the same network and a probe is deterministic. The loss is the model's own
+``compute_loss`` (the compiled loss plus the model's losses). As a check, the model's own call in
+training mode gives the train step's loss on the probe batch with the same weights
+(``model.train_loss``); when it disagrees with the probe's pass in the model's own policies by more
+than ``LOSS_RTOL`` (relative), the record says ``reliable: false`` with the reason and no finding
+rests on that probe (a model whose ``call`` is not its layer graph, a custom ``train_step``).
 
-Layer outputs are computed with ``training=False`` (Dropout off, BatchNormalization on its moving
-statistics and not updated), so the mixed and float32 passes are deterministic and comparable and
-the probe never changes the model.
+**Cost.** One probe runs one forward and backward pass of the model in its own policies, one in the
+other policy, and (for Functional and Sequential models) one forward pass of the model's own call
+for the loss check, on the probe batch, plus per-tensor reductions; all traced once (the first
+probe pays the trace). ``benchmarks/probe_cost.py`` measures it in units of one training step.
+No second copy of the weights is kept. With the default ``every=500`` the overhead is well under
+1% of training time.
 
 Example:
     >>> import keras, numpy as np, mpwatch  # doctest: +SKIP
