@@ -2,14 +2,17 @@
 
 Returns an :class:`Applied`: a clone of the model with the recommended layers in float32 and the
 weights copied; the same advice as a ``keras.dtype_policies.DTypePolicyMap`` (layer path ->
-policy); and as a code snippet to paste into the model's source. Findings that are not about a
-layer's dtype (a loss scale to start from, a policy to try) go into the snippet.
+policy); the recommended ``LossScaleOptimizer`` (``initial_scale`` and ``dynamic_growth_steps`` as
+the findings say, wrapping a fresh copy of the model's inner optimizer, or the optimizer given);
+and all of it as a code snippet to paste into the model's source. The snippet and the returned
+objects say the same: the optimizer line of the snippet, run on the same inner optimizer, builds
+an optimizer with exactly the returned one's ``initial_scale`` and ``dynamic_growth_steps``.
 
 Example:
     >>> import mpwatch  # doctest: +SKIP
     >>> findings = mpwatch.diagnose("logs/run1")  # doctest: +SKIP
     >>> fixed = mpwatch.apply_recommendations(model, findings)  # doctest: +SKIP
-    >>> fixed.model.compile(optimizer="adam", loss="mse")  # doctest: +SKIP
+    >>> fixed.model.compile(optimizer=fixed.optimizer or "adam", loss="mse")  # doctest: +SKIP
     >>> print(fixed.snippet)  # doctest: +SKIP
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.scale_evidence import optimizer_code
 
 __all__ = ["Applied", "apply_recommendations", "float32_layers"]
 
@@ -35,6 +39,13 @@ class Applied:
         snippet: the advice as code.
         layers: names of the layers set to float32.
         loss_scale: the recommended initial loss scale, when a finding gave one.
+        dynamic_growth_steps: the recommended ``dynamic_growth_steps``, when a finding gave one.
+        optimizer: a new ``keras.optimizers.LossScaleOptimizer`` with ``loss_scale`` and
+            ``dynamic_growth_steps`` (Keras' defaults where a finding gave none), wrapping the
+            ``optimizer`` argument (its inner optimizer if it is a LossScaleOptimizer), else a
+            fresh copy (from its config) of the compiled model's inner optimizer; None when no
+            finding is about the loss scale, or there is no optimizer to wrap. Compile the clone
+            with it.
         skipped: findings' layers not found in the model (name -> reason).
     """
 
@@ -44,15 +55,69 @@ class Applied:
     layers: list[str] = field(default_factory=list)
     loss_scale: float | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    dynamic_growth_steps: int | None = None
+    optimizer: Any = None
 
 
 def float32_layers(findings: Iterable[Finding]) -> list[str]:
-    """Names of the layers the findings say to keep in float32, in finding order, unique."""
+    """Names of the layers the findings say to keep in float32 (a finding's ``layer`` with
+    ``action["dtype"] == "float32"``, and every name of ``action["float32_layers"]``), in finding
+    order, unique."""
     out: list[str] = []
     for f in findings:
-        if f.layer and (f.action or {}).get("dtype") == "float32" and f.layer not in out:
-            out.append(f.layer)
+        action = f.action or {}
+        names = list(action.get("float32_layers") or [])
+        if f.layer and action.get("dtype") == "float32":
+            names.insert(0, f.layer)
+        for name in names:
+            if name not in out:
+                out.append(str(name))
     return out
+
+
+def loss_scale_advice(findings: Iterable[Finding]) -> tuple[float | None, int | None]:
+    """(initial_scale, dynamic_growth_steps): the first finding's that gives each (the rules
+    that give them compute them from one advice, so they agree)."""
+    scale = growth = None
+    for f in findings:
+        action = f.action or {}
+        if scale is None and action.get("loss_scale"):
+            scale = float(action["loss_scale"])
+        if growth is None and action.get("dynamic_growth_steps"):
+            growth = int(action["dynamic_growth_steps"])
+    return scale, growth
+
+
+def _inner(optimizer: Any) -> Any:
+    import keras
+
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
+
+
+def _loss_scale_optimizer(model: Any, optimizer: Any, scale: float | None,
+                          growth: int | None) -> Any:  # fmt: skip
+    """The LossScaleOptimizer the snippet's line builds (None: nothing to wrap or to change)."""
+    import keras
+
+    if scale is None and growth is None:
+        return None
+    if optimizer is not None:
+        inner = _inner(optimizer)
+    else:
+        compiled = getattr(model, "optimizer", None) if model is not None else None
+        if compiled is None:
+            return None
+        inner = _inner(compiled)
+        # the clone has new variables: a fresh copy of the optimizer, its state not carried over
+        inner = inner.__class__.from_config(inner.get_config())
+    kwargs: dict[str, Any] = {}
+    if scale is not None:
+        kwargs["initial_scale"] = scale
+    if growth is not None:
+        kwargs["dynamic_growth_steps"] = growth
+    return keras.optimizers.LossScaleOptimizer(inner, **kwargs)
 
 
 def _all_layers(model: Any) -> list[Any]:
@@ -78,22 +143,22 @@ def _output_layer(model: Any) -> Any:
     return layers[-1] if layers else None
 
 
-def apply_recommendations(model: Any, findings: Iterable[Finding]) -> Applied:
-    """A clone of ``model`` with the layers the findings recommend in float32, weights copied.
+def apply_recommendations(model: Any, findings: Iterable[Finding],
+                          optimizer: Any = None) -> Applied:  # fmt: skip
+    """A clone of ``model`` with the layers the findings recommend in float32, weights copied, and
+    the recommended LossScaleOptimizer.
 
     Works for Sequential and Functional models (nested ones too). A subclassed model cannot be
     cloned layer by layer: ``ValueError`` says so; use :attr:`Applied.snippet` (from
     ``apply_recommendations(None, findings)``, which returns the advice without a clone).
+    ``optimizer``: the optimizer to wrap in the recommended LossScaleOptimizer (default: a fresh
+    copy of the compiled model's inner optimizer); see :attr:`Applied.optimizer`.
     """
     import keras
 
     findings = list(findings)
     targets = float32_layers(findings)
-    loss_scale = None
-    for f in findings:
-        if (f.action or {}).get("loss_scale"):
-            loss_scale = float(f.action["loss_scale"])
-            break
+    loss_scale, growth = loss_scale_advice(findings)
     default = None
     if model is not None:
         default = getattr(model, "dtype_policy", None)
@@ -144,15 +209,17 @@ def apply_recommendations(model: Any, findings: Iterable[Finding]) -> Applied:
     return Applied(
         model=clone,
         policy_map=policy_map,
-        snippet=_snippet(found, findings, loss_scale, model),
+        snippet=_snippet(found, findings, loss_scale, growth, model),
         layers=found,
         loss_scale=loss_scale,
         skipped=skipped,
+        dynamic_growth_steps=growth,
+        optimizer=_loss_scale_optimizer(model, optimizer, loss_scale, growth),
     )
 
 
 def _snippet(layers: list[str], findings: list[Finding], loss_scale: float | None,
-             model: Any) -> str:  # fmt: skip
+             growth: int | None, model: Any) -> str:  # fmt: skip
     lines = ["# mpwatch: recommended changes"]
     classes: dict[str, str] = {}
     if model is not None:
@@ -170,11 +237,10 @@ def _snippet(layers: list[str], findings: list[Finding], loss_scale: float | Non
         lines.append("policy_map = keras.dtype_policies.DTypePolicyMap()")
         lines.append(f"for path in {[n for n in layers]!r}:")
         lines.append('    policy_map[path] = keras.dtype_policies.get("float32")')
-    if loss_scale:
-        lines.append(
-            "optimizer = keras.optimizers.LossScaleOptimizer("
-            f"optimizer, initial_scale={loss_scale:g})"
-        )
+    if loss_scale is not None or growth is not None:
+        lines.append("# optimizer: your optimizer (Adam, ...), not a LossScaleOptimizer")
+        lines.append(optimizer_code(loss_scale, growth))
+        lines.append("model.compile(optimizer=optimizer, ...)")
     for f in findings:
         pol = (f.action or {}).get("policy")
         if pol:

@@ -95,3 +95,129 @@ def test_quickstart_diagnosis_names_the_float16_softmax_and_the_fix_trains(
     again = mpwatch.diagnose(logdir)
     assert mpwatch.load_run(logdir).has_data
     assert [g for g in again if g.rule == "output-16bit"] == []
+
+
+# --- the loss-scale advice, applied: what the snippet says is what the optimizer is -------------
+def test_the_builders_dynamic_rule_is_keras_own():
+    """keras_scale_history (the tests' model of the dynamic scale) against Keras'
+    LossScaleOptimizer on the same sequence of finite and non-finite gradients."""
+    import keras
+    from builders import keras_scale_history
+
+    bad = {2, 9, 10, 17}
+    v = keras.Variable(np.zeros(3, np.float32))
+    opt = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), initial_scale=2.0**5, dynamic_growth_steps=3
+    )
+    opt.build([v])
+    got = {}
+    for s in range(1, 21):
+        opt.apply([np.full(3, np.inf if s in bad else 1.0, np.float32)], [v])
+        got[s] = float(opt.dynamic_scale.numpy())
+    scales, skipped = keras_scale_history(20, lambda s, S: s in bad, initial=2.0**5, growth=3)
+    assert got == {s: scales[s] for s in range(1, 21)}
+    assert int(opt.iterations.numpy()) == 20 - len(bad) == 20 - sum(skipped.values())
+
+
+def _advice_findings(kind):
+    """Findings of a constructed run whose advice proposes an initial scale ("initial") or only a
+    faster growth ("growth")."""
+    from builders import grad_probe, keras_scale_history, log_uniform, scale_run
+
+    if kind == "initial":
+        scales, skipped = keras_scale_history(400, lambda s, S: False)
+        g, step = log_uniform(-45, -13), 400
+    else:  # 9 skips at the start to 64, then gradients that need 2^14
+        scales, skipped = keras_scale_history(30, lambda s, S: s <= 9)
+        g, step = log_uniform(-38, -8), 30
+    run = scale_run([grad_probe(step, {"dense": g}, scales[step])], scales, skipped)
+    found = mpwatch.diagnose(run)
+    (f,) = [f for f in found if f.rule == "loss-scale"]
+    return found, f
+
+
+def _snippet_optimizer(snippet, inner):
+    import keras
+
+    (line,) = [x for x in snippet.splitlines() if x.startswith("optimizer = ")]
+    scope = {"keras": keras, "optimizer": inner}
+    exec(line, scope)
+    return scope["optimizer"]
+
+
+@pytest.mark.parametrize("kind", ["initial", "growth"])
+def test_applied_optimizer_is_what_the_finding_and_the_snippet_say(policy, kind):
+    import keras
+
+    findings, f = _advice_findings(kind)
+    want_scale = f.data["initial_scale"] or f.data["run_initial_scale"]
+    want_growth = f.data["dynamic_growth_steps"] or f.data["run_dynamic_growth_steps"]
+    if kind == "initial":
+        assert f.data["initial_scale"] > 2.0**15 and f.data["dynamic_growth_steps"] is None
+    else:
+        assert f.data["initial_scale"] is None and f.data["dynamic_growth_steps"] < 2000
+    with policy("mixed_float16"):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="dense")])
+        model.compile(optimizer=keras.optimizers.Adam(3e-4), loss="mse")
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        res = mpwatch.apply_recommendations(model, findings)
+        opt = res.optimizer
+        assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+        assert opt is not model.optimizer and opt.inner_optimizer is not model.optimizer
+        assert isinstance(opt.inner_optimizer, keras.optimizers.Adam)
+        assert float(opt.inner_optimizer.learning_rate) == pytest.approx(3e-4)
+        assert (opt.initial_scale, opt.dynamic_growth_steps) == (want_scale, want_growth)
+        action = (f.action["loss_scale"], f.action["dynamic_growth_steps"])
+        assert (res.loss_scale, res.dynamic_growth_steps) == action
+        # the snippet's line, run on the same kind of inner optimizer, builds the same optimizer
+        from_snippet = _snippet_optimizer(res.snippet, keras.optimizers.Adam(3e-4))
+        assert (from_snippet.initial_scale, from_snippet.dynamic_growth_steps) == (
+            want_scale, want_growth
+        )  # fmt: skip
+        if kind == "growth":
+            assert "initial_scale" not in res.snippet  # never Keras' default: a no-op
+        # compiled and trained one step: Keras keeps the optimizer and starts at its scale
+        clone = res.model
+        clone.compile(optimizer=opt, loss="mse")
+        assert clone.optimizer is opt
+        opt.build(clone.trainable_variables)
+        assert float(opt.dynamic_scale.numpy()) == want_scale
+        x = np.ones((4, 4), np.float32)
+        clone.fit(x, np.zeros((4, 2), np.float32), batch_size=4, epochs=1, verbose=0)
+        assert int(opt.iterations.numpy()) == 1
+        assert float(opt.dynamic_scale.numpy()) == want_scale  # one finite step: unchanged
+
+
+def test_apply_wraps_the_optimizer_given():
+    import keras
+
+    findings, f = _advice_findings("initial")
+    mine = keras.optimizers.SGD(0.01)
+    res = mpwatch.apply_recommendations(None, findings, optimizer=mine)
+    assert res.model is None and res.optimizer.inner_optimizer is mine
+    assert res.optimizer.initial_scale == f.data["initial_scale"]
+    # a LossScaleOptimizer given: its inner optimizer is wrapped, not the wrapper
+    lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+    res = mpwatch.apply_recommendations(None, findings, optimizer=lso)
+    assert res.optimizer.inner_optimizer is lso.inner_optimizer
+
+
+def test_no_loss_scale_advice_no_optimizer():
+    res = mpwatch.apply_recommendations(None, [_keep("probs")])
+    assert res.optimizer is None and "LossScaleOptimizer" not in res.snippet
+
+
+def test_a_findings_layer_list_is_applied(policy):
+    import keras
+
+    grouped = Finding("gradient-underflow", "warning", "t", "e",
+                      action={"float32_layers": ["a", "b"]})  # fmt: skip
+    with policy("mixed_float16"):
+        inp = keras.Input((4,))
+        x = keras.layers.Dense(4, name="a")(inp)
+        x = keras.layers.Dense(4, name="b")(x)
+        out = keras.layers.Dense(4, name="c")(x)
+        res = mpwatch.apply_recommendations(keras.Model(inp, out), [grouped])
+    pol = {layer.name: layer.dtype_policy.name for layer in res.model.layers}
+    assert pol["a"] == pol["b"] == "float32" and pol["c"] == "mixed_float16"
+    assert res.layers == ["a", "b"]

@@ -1,14 +1,32 @@
-"""Rule ``gradient-underflow`` (mpwatch/judge/rules/gradient_underflow.py) on constructed Runs."""
+"""Rule ``gradient-underflow`` (mpwatch/judge/rules/gradient_underflow.py) on constructed Runs.
+
+Underflow figures come from gradient samples chosen here and numpy's float16 (builders.grad_probe);
+the bfloat16 cases check that nothing float16-specific is said of a bfloat16 run."""
 
 from __future__ import annotations
 
 import pytest
-from builders import assert_findings, findings_of, make_run, model_row, probe_layer
+from builders import (
+    assert_findings,
+    f16_lost,
+    findings_of,
+    grad_probe,
+    keras_scale_history,
+    log_uniform,
+    make_run,
+    model_row,
+    probe_layer,
+    probe_records,
+    run_info,
+    scale_run,
+)
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
+from mpwatch.read.run import run_from_records
 
 RULE = "gradient-underflow"
+MY_RULES = ("gradient-underflow", "loss-scale", "skipped-steps")
 
 
 def _model_wide(uf):
@@ -17,39 +35,92 @@ def _model_wide(uf):
     )
 
 
-def _model_wide_expected(uf, severity):
-    return [
-        {
-            "severity": severity,
-            "layer": None,
-            "fix_has": "initial_scale=32768",
-            "action": {"loss_scale": 32768.0},
-            "data": {"underflow_fraction": uf},
-        }
-    ]
+@pytest.mark.parametrize(
+    ("uf", "severity"),
+    [(0.005, None), (0.02, "warning"), (0.2, "error")],
+    ids=["model-0.5%-is-fine", "model-2%-warning", "model-20%-error"],
+)
+def test_model_wide_thresholds(uf, severity):
+    expected = [] if severity is None else [
+        {"severity": severity, "layer": None, "data": {"underflow_fraction": uf}}
+    ]  # fmt: skip
+    assert_findings(findings_of(diagnose(_model_wide(uf)), RULE), expected)
 
 
-CASES = [
-    pytest.param(_model_wide(0.005), [], id="model-0.5%-is-fine"),
-    pytest.param(_model_wide(0.02), _model_wide_expected(0.02, "warning"), id="model-2%-warning"),
-    pytest.param(_model_wide(0.2), _model_wide_expected(0.2, "error"), id="model-20%-error"),
-    pytest.param(
-        make_run(
-            probes={
-                10: (model_row(uf=0.0), [probe_layer("dense", uf=0.06), probe_layer("c", uf=0.04)])
-            }
-        ),
+def test_a_probe_without_sweep_proposes_no_scale():
+    # the old rule proposed the probe's recommended scale blindly: without a sweep there is no
+    # predicted figure, so there is no proposal
+    (f,) = findings_of(diagnose(_model_wide(0.2)), RULE)
+    assert "initial_scale" not in f.fix and "loss_scale" not in f.action
+
+
+def test_underflowing_layers_make_one_finding():
+    probes = {
+        10: (
+            model_row(uf=0.0),
+            [probe_layer("dense", uf=0.06), probe_layer("c", uf=0.04), probe_layer("d", uf=0.3)],
+        )
+    }
+    found = findings_of(diagnose(make_run(probes=probes)), RULE)
+    assert_findings(
+        found,
+        [{"severity": "warning", "layer": None, "title_has": "2 layers",
+          "evidence_has": ("'d' 30.0%", "'dense' 6.00%")}],
+    )  # fmt: skip
+    assert found[0].action == {"float32_layers": ["d", "dense"]}
+
+
+def test_one_underflowing_layer_is_named_as_the_findings_layer():
+    probes = {10: (model_row(uf=0.0), [probe_layer("dense", uf=0.06), probe_layer("c", uf=0.04)])}
+    assert_findings(
+        findings_of(diagnose(make_run(probes=probes)), RULE),
         [{"layer": "dense", "severity": "warning"}],
-        id="per-layer-above-5%",
-    ),
-    pytest.param(
-        make_run(scalars={contract.GRAD_SUBNORMAL_FRACTION: {s: 0.2 for s in range(1, 41)}}),
-        [{"severity": "info"}],
-        id="subnormal-share-without-probe-is-info",
-    ),
-]
+    )
 
 
-@pytest.mark.parametrize(("run", "expected"), CASES)
-def test_gradient_underflow(run, expected):
-    assert_findings(findings_of(diagnose(run), RULE), expected)
+def test_measured_figures_are_numpy_float16():
+    g = log_uniform(-45, -13)
+    scales, skipped = keras_scale_history(400, lambda s, S: False)
+    run = scale_run([grad_probe(400, {"dense": g}, scales[400])], scales, skipped)
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.data["underflow_fraction"] == f16_lost(g, 2.0**15)
+    assert f.severity == "error" and "2^15 (32768)" in f.title
+
+
+def test_subnormal_share_without_probe_is_info_on_float16():
+    run = make_run(scalars={contract.GRAD_SUBNORMAL_FRACTION: {s: 0.2 for s in range(1, 41)}})
+    assert_findings(findings_of(diagnose(run), RULE), [{"severity": "info"}])
+
+
+def _bfloat16_run(probe_uf=0.0):
+    """A mixed_bfloat16 run as the recorder writes one: no loss scale, the float16-defined
+    subnormal share of its gradients high (it is measured against 2^-14 whatever the policy),
+    three bfloat16 probes (no sweep, no loss scale)."""
+    records = {
+        contract.KIND_RUN_INFO: [(0, run_info("mixed_bfloat16"))],
+        contract.KIND_PROBE: probe_records([(100, "bfloat16"), (200, "bfloat16"),
+                                            (300, "bfloat16")]),
+    }  # fmt: skip
+    for _, p in records[contract.KIND_PROBE]:
+        p["model"]["underflow_fraction"] = probe_uf
+        p["model"]["underflow_count"] = int(probe_uf * p["model"]["ref_nonzero"])
+        p["layers"]["data"] = [[r[0], r[1], 0, 0.0, *r[4:]] for r in p["layers"]["data"]]
+    steps = list(range(1, 301))
+    scalars = {contract.GRAD_SUBNORMAL_FRACTION: (steps, [0.986] * len(steps))}
+    return run_from_records("bf16", scalars=scalars, records=records)
+
+
+def test_no_float16_measure_on_a_bfloat16_run():
+    run = _bfloat16_run()
+    found = [f for f in diagnose(run) if f.rule in MY_RULES]
+    assert found == []
+
+
+def test_bfloat16_underflow_is_said_in_bfloat16_terms():
+    run = _bfloat16_run(probe_uf=0.03)
+    found = [f for f in diagnose(run) if f.rule in MY_RULES]
+    (f,) = found
+    assert f.rule == RULE and "bfloat16" in f.title
+    for text in (f.title, f.evidence, f.fix):
+        assert "float16" not in text.replace("bfloat16", "")
+        assert "loss scale" not in text and "LossScale" not in text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from builders import assert_findings, findings_of, make_run
+from builders import assert_findings, findings_of, keras_scale_history, make_run
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
@@ -60,3 +60,23 @@ CASES = [
 @pytest.mark.parametrize(("run", "expected"), CASES)
 def test_skipped_steps(run, expected):
     assert_findings(findings_of(diagnose(run), RULE), expected)
+
+
+def test_the_scales_that_overflowed_largest_and_when():
+    # Keras' rule: 12 skips at the start (2^15 down to 8), then a failed doubling at 2^4 after
+    # 2000 finite steps, and every 50th step from 2500 on overflowing at any scale
+    def over(step, scale):
+        return step <= 12 or scale >= 16 or (step >= 2500 and step % 50 == 0)
+
+    scales, skipped = keras_scale_history(3000, over)
+    run = make_run(scalars={contract.LOSS_SCALE: scales, contract.STEP_SKIPPED: skipped})
+    (f,) = findings_of(diagnose(run), RULE)
+    # ground truth: the scale each skipped step ran at is the one in effect before it
+    ran_at = {s: scales[s - 1] for s, k in skipped.items() if k}
+    top = max(ran_at.values())
+    first_top = min(s for s, v in ran_at.items() if v == top)
+    assert (f.data["max_overflow_scale"], f.data["max_overflow_step"]) == (top, first_top)
+    assert f.data["min_overflow_scale"] == min(ran_at.values())
+    assert top == 2.0**15 and first_top == 1
+    assert "2^15 (32768) at step 1" in f.evidence
+    assert f.data["total"] == len(ran_at)

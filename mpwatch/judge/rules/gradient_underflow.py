@@ -1,33 +1,43 @@
-"""Rule `gradient-underflow`: gradients underflow to zero in float16 at the loss scale used.
+"""Rule `gradient-underflow`: gradients underflow to zero in the run's 16-bit format.
 
 ## What it finds
-From the latest float16 probe (which runs the same batch in float16 and against a float32
-reference): the share of the reference's nonzero gradient values that are zero in float16 at the
-loss scale used, model-wide and per layer. Without a probe: the share of the training gradients,
-scaled, that fall in float16's subnormal range (precision lost, not yet underflow).
+From the latest reliable probe of the run's own policy (float16 under `mixed_float16`, bfloat16
+under `mixed_bfloat16`), which runs the same batch in 16 bits and against a float32 reference: the
+share of the reference's nonzero gradient values that are zero in 16 bits (at the loss scale
+used, under float16), model-wide, and the layers that lose most, in one finding. Under float16 the
+fix is the `loss-scale` rule's advice, computed from the same evidence (never a scale that the
+sweep predicts to lose more). A float16 run without a usable probe: the share of the training
+gradients, scaled, in float16's subnormal range (precision lost, not yet underflow). Nothing about
+float16 is said of a bfloat16 run.
 
 ## Why it matters
-Gradient values below float16's smallest subnormal (2^-24) become zero: those weights stop
-learning. The probe counts them against a float32 reference, so dead ReLUs are not counted.
+Gradient values below the format's smallest subnormal (2^-24 in float16, after the loss scale)
+become zero: those weights stop learning. The probe counts them against a float32 reference, so
+dead ReLUs are not counted. bfloat16 has float32's exponent range: there, gradients rarely
+underflow, and no loss scale is used.
 
 ## Threshold
-Latest probe's model-wide underflow fraction > {UNDERFLOW_WARN:g}: warning, >
-{UNDERFLOW_ERROR:g}: error; a layer's > {LAYER_UNDERFLOW_WARN:g}: warning. Without a probe:
-median share of subnormal scaled gradients over the last quarter of logged steps >
-{SUBNORMAL_WARN:g}: info.
+Latest probe's model-wide underflow fraction > {UNDERFLOW_WARN:g}: warning, > {UNDERFLOW_ERROR:g}:
+error; layers above {LAYER_UNDERFLOW_WARN:g} are named in it (at most {LAYERS_NAMED}), or, when
+the model-wide fraction is below {UNDERFLOW_WARN:g}, make one warning of their own. A probe its
+recorder marked unreliable is not used. Without a usable probe, on a float16 run only: median
+share of subnormal scaled gradients over the last quarter of logged steps > {SUBNORMAL_WARN:g}:
+info.
 
 ## Example evidence
 ```text
-2.00% of gradient values underflow to zero at loss scale 8
-probe at step 10: 20 of 1000 reference-nonzero gradient elements are zero in float16 (underflow
-fraction 0.02) at scale 8; recommended scale 32768
+33.0% of gradient values underflow to zero in float16 at loss scale 2^15 (32768)
+probe at step 400: 330 of 1000 reference-nonzero gradient elements are zero in float16 at scale
+2^15 (32768); layers losing more than 5.00%: 'dense_19' 80.0%, 'dense_18' 41.0%; the loss-scale
+advice: Start the loss scale at 2^22 (4194304) (predicted underflow 34.1% -> 0.04%)
 ```
 
 ## Fix
 ```python
-optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=32768)
-# the probe's recommended scale; without one, a dynamic scale:
-optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+# the loss-scale rule's advice, for example:
+optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=4194304)
+# when no single scale fits, or in bfloat16: keep the named layers in float32
+model = mpwatch.apply_recommendations(model, findings).model
 # without a probe, measure underflow against a float32 reference:
 mpwatch.MixedPrecisionMonitor(log_dir=..., probe_every=...)
 ```
@@ -40,102 +50,157 @@ mpwatch.MixedPrecisionMonitor(log_dir=..., probe_every=...)
   <https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html>
 - Keras LossScaleOptimizer: `initial_scale` and dynamic scaling
   <https://keras.io/api/optimizers/loss_scale_optimizer/>
+- TensorFlow mixed precision guide: float16 and bfloat16, and why only float16 needs loss scaling
+  <https://www.tensorflow.org/guide/mixed_precision>
 """
 
 from __future__ import annotations
 
 from mpwatch import contract
+from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import UNDERFLOW_WARN, Rule, finite, fmt, pct
-from mpwatch.read.run import Run
+from mpwatch.judge.rule import UNDERFLOW_WARN, Rule, compute_dtype, finite, fmt, pct
+from mpwatch.read.run import ProbeResult, Run
 
 UNDERFLOW_ERROR = 0.10  # model-wide underflow fraction at the scale used
-LAYER_UNDERFLOW_WARN = 0.05  # one layer's underflow fraction
+LAYER_UNDERFLOW_WARN = se.LAYER_UNDERFLOW_WARN  # one layer's underflow fraction
 SUBNORMAL_WARN = 0.05  # share of scaled training gradients in float16's subnormal range
 
 RULE = Rule(
     id="gradient-underflow",
-    title="Gradients underflow at the loss scale used",
+    title="Gradients underflow in the run's 16-bit format",
     severities=("info", "warning", "error"),
     doc=__doc__,
     thresholds={
         "UNDERFLOW_WARN": UNDERFLOW_WARN,
         "UNDERFLOW_ERROR": UNDERFLOW_ERROR,
         "LAYER_UNDERFLOW_WARN": LAYER_UNDERFLOW_WARN,
+        "LAYERS_NAMED": se.LAYERS_NAMED,
         "SUBNORMAL_WARN": SUBNORMAL_WARN,
     },
 )
 
+_KEEP_FIX = "# keep {names} in float32 (dtype=\"float32\" where each is built), or:\n" \
+    "model = mpwatch.apply_recommendations(model, findings).model"  # fmt: skip
+
+
+def _named(layers: list[tuple[str, float]], more: int) -> str:
+    return ", ".join(f"{n!r} {pct(u)}" for n, u in layers) + (f" and {more} more" if more else "")
+
 
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
-    probe = run.latest_probe(modes=("float16",))
-    found: list[Finding] = []
-    if probe is not None:
-        step, model, layers = probe.step, probe.model, probe.layers
-        uf = finite(model.get("underflow_fraction"))
-        scale = finite(model.get("loss_scale"))
-        rec = finite(model.get("recommended_scale"))
-        fix = (
-            "optimizer = keras.optimizers.LossScaleOptimizer(optimizer, "
-            f"initial_scale={rec:g})" if rec else
-            "optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # dynamic scale"
-        )  # fmt: skip
-        if uf is not None and uf > UNDERFLOW_WARN:
-            found.append(
-                RULE.finding(
-                    "error" if uf > UNDERFLOW_ERROR else "warning",
-                    f"{pct(uf)} of gradient values underflow to zero at loss scale {fmt(scale)}",
-                    f"probe at step {step}: {fmt(finite(model.get('underflow_count')))} of "
-                    f"{fmt(finite(model.get('ref_nonzero')))} reference-nonzero gradient elements "
-                    "are zero in "
-                    f"float16 (underflow fraction {fmt(uf)}) at scale {fmt(scale)}; "
-                    f"recommended scale {fmt(rec)}",
-                    fix=fix,
-                    action={"loss_scale": rec} if rec else {},
-                    data={
-                        "step": step,
-                        "underflow_fraction": uf,
-                        "loss_scale": scale,
-                        "recommended_scale": rec,
-                    },
-                )  # fmt: skip
-            )
-        if len(layers) and "underflow_fraction" in layers:
-            for _, r in layers.iterrows():
-                luf = finite(r.get("underflow_fraction"))
-                if luf is None or luf <= LAYER_UNDERFLOW_WARN:
-                    continue
-                name = str(r["layer"])
-                found.append(
-                    RULE.finding(
-                        "warning",
-                        f"{pct(luf)} of the gradient values of layer {name!r} underflow",
-                        f"probe at step {step}: {fmt(finite(r.get('underflow_count')))} of "
-                        f"{fmt(finite(r.get('ref_nonzero')))} nonzero reference gradient elements "
-                        f"of {name!r} are zero at scale {fmt(scale)}",
-                        fix=fix,
-                        layer=name,
-                        action={"loss_scale": rec} if rec else {},
-                        data={"step": step, "underflow_fraction": luf},
-                    )
-                )
-        return found
-    # no probe: the training gradients' subnormal share tells precision loss, not underflow
+    cd = compute_dtype(run)
+    mode = "bfloat16" if cd == "bfloat16" else "float16"
+    probe = se.latest_reliable_probe(run, mode)
+    if probe is not None and finite(probe.model.get("underflow_fraction")) is not None:
+        return _from_probe(run, probe, mode)
+    if mode != "float16" or cd not in ("float16", ""):
+        return []  # nothing float16-specific on a bfloat16 (or float32) run
+    # no usable probe: the training gradients' subnormal share tells precision loss, not underflow
     sub = run.scalar(contract.GRAD_SUBNORMAL_FRACTION)
-    if len(sub):
-        tail = sub.iloc[-max(1, len(sub) // 4) :]
-        med = float(tail.median())
-        if med > SUBNORMAL_WARN:
-            found.append(
-                RULE.finding(
-                    "info",
-                    f"{pct(med)} of scaled gradients are float16 subnormals",
-                    f"median share of |g*S| < 2^-14 over the last {len(tail)} logged steps: "
-                    f"{fmt(med)} (no probe recorded: true underflow not measured)",
-                    fix="mpwatch.MixedPrecisionMonitor(log_dir=..., probe_every=...)"
-                    "  # measure underflow against a float32 reference",
-                    data={"subnormal_fraction": med},
-                )
+    if not len(sub):
+        return []
+    tail = sub.iloc[-max(1, len(sub) // 4) :]
+    med = float(tail.median())
+    if med <= SUBNORMAL_WARN:
+        return []
+    bad = se.unreliable_probes(run, "float16")
+    why = (
+        f"{bad} probe{'s' if bad != 1 else ''} marked unreliable: true underflow not measured"
+        if bad
+        else "no probe against a float32 reference recorded: true underflow not measured"
+    )
+    return [
+        RULE.finding(
+            "info",
+            f"{pct(med)} of scaled gradients are float16 subnormals",
+            f"median share of |g*S| < 2^-14 over the last {len(tail)} logged steps: {fmt(med)} "
+            f"({why})",
+            fix="mpwatch.MixedPrecisionMonitor(log_dir=..., probe_every=...)"
+            "  # measure underflow against a float32 reference",
+            data={"subnormal_fraction": med},
+        )
+    ]
+
+
+def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
+    step, model = probe.step, probe.model
+    uf = finite(model.get("underflow_fraction"))
+    scale = finite(model.get("loss_scale")) if mode == "float16" else None
+    at = f" at loss scale {se.scale_text(scale)}" if scale else ""
+    if uf is not None and uf > UNDERFLOW_WARN:
+        # the layers that lose most: above LAYER_UNDERFLOW_WARN, else above UNDERFLOW_WARN
+        layers, more = se.underflowing_layers(
+            run, probe.layers, LAYER_UNDERFLOW_WARN, UNDERFLOW_WARN
+        )
+        lines = [
+            f"probe at step {step}: {fmt(finite(model.get('underflow_count')))} of "
+            f"{fmt(finite(model.get('ref_nonzero')))} reference-nonzero gradient elements are "
+            f"zero in {mode}{at.replace(' loss scale', ' scale')}"
+        ]
+        if layers:
+            lines.append(
+                f"layers losing more than {pct(LAYER_UNDERFLOW_WARN)}: {_named(layers, more)}"
             )
-    return found
+        fix, action = "", {}
+        if mode == "float16":
+            adv = se.advise(run)
+            if adv.latest is not None and adv.latest.step == step and adv.kind in (
+                "change", "range", "unpredicted"
+            ):  # fmt: skip
+                lines.append(f"the loss-scale advice: {adv.headline}")
+                fix, action = adv.fix, adv.action
+            elif adv.latest is not None and adv.latest.step == step and adv.kind == "stays":
+                lines.append(
+                    "no loss scale the run's overflows and the probe's margin allow is predicted "
+                    "to halve it"
+                )
+        if not fix and layers:
+            fix = _KEEP_FIX.format(names=", ".join(repr(n) for n, _ in layers))
+            action = {"float32_layers": [n for n, _ in layers]}
+        if not fix:
+            lines.append(f"no layer loses more than {pct(UNDERFLOW_WARN)}: the loss is spread thin")
+            fix = (
+                "# spread over many layers: keep the model in float32, or probe more often to see "
+                "where it starts\nmpwatch.MixedPrecisionMonitor(log_dir=..., probe_every=...)"
+            )
+        return [
+            RULE.finding(
+                "error" if uf > UNDERFLOW_ERROR else "warning",
+                f"{pct(uf)} of gradient values underflow to zero in {mode}{at}",
+                "; ".join(lines),
+                fix=fix,
+                layer=layers[0][0] if len(layers) == 1 and not more else None,
+                action=action,
+                data={
+                    "step": step,
+                    "mode": mode,
+                    "underflow_fraction": uf,
+                    "loss_scale": scale,
+                    "layers": [n for n, _ in layers],
+                },
+            )
+        ]
+    layers, more = se.underflowing_layers(run, probe.layers, LAYER_UNDERFLOW_WARN, None)
+    if not layers:
+        return []
+    n = len(layers) + more
+    return [
+        RULE.finding(
+            "warning",
+            f"{n} layer{'s' if n != 1 else ''} lose more than {pct(LAYER_UNDERFLOW_WARN)} of "
+            f"{'their' if n != 1 else 'its'} gradient values to underflow in {mode}",
+            f"probe at step {step}{at}: {_named(layers, more)} of the reference's nonzero "
+            f"gradient values are zero in {mode} (model-wide {pct(uf or 0.0)})",
+            fix=_KEEP_FIX.format(names=", ".join(repr(n) for n, _ in layers)),
+            layer=layers[0][0] if n == 1 else None,
+            action={"float32_layers": [name for name, _ in layers]},
+            data={
+                "step": step,
+                "mode": mode,
+                "underflow_fraction": uf,
+                "layers": {name: u for name, u in layers},
+            },
+        )  # fmt: skip
+    ]

@@ -1,126 +1,168 @@
-"""Rule `loss-scale`: the loss scale is stuck low, or far from the one the probe recommends.
+"""Rule `loss-scale`: the loss scale is stuck low, or the gradients need a scale it does not reach.
 
 ## What it finds
-The median dynamic loss scale over the last quarter of logged steps, against 1 and against the
-latest float16 probe's recommended scale (the least underflow with a safety margin below
-overflow).
+The loss-scale advice from the whole run (``mpwatch.judge.scale_evidence``): the scale history
+and every skipped step (the scale each ran at: the largest that overflowed, and when), every
+reliable float16 probe's sweep of predicted underflow and overflow per power-of-two scale (not
+only the last), and Keras' dynamic rule (halve on overflow, double after `dynamic_growth_steps`
+finite steps). It proposes `initial_scale`, `dynamic_growth_steps`, or, when no single scale fits
+the gradients, the layers to keep in float32. Every proposed value comes with the underflow and
+overflow the sweep predicts there. Also a dynamic scale stuck at 1 or below.
 
 ## Why it matters
-A dynamic scale that ends at 1 or below no longer protects small gradients (and usually means the
-forward pass overflows); far below the probe's recommended scale, gradients underflow that a
-larger scale would keep.
+Gradient values below float16's smallest subnormal (2^-24) after scaling become zero and their
+weights stop learning; a larger loss scale keeps them, up to the point where the largest gradients
+overflow (a skipped step, the scale halved). Keras' dynamic scale starts at 2^15 and only doubles
+every 2000 finite steps: when the gradients shrink faster than that during training, the scale
+lags the one they need. A scale stuck at 1 protects nothing.
 
 ## Threshold
-Median scale over the last quarter of steps <= {SCALE_STUCK_LOW:g}: error;
-|log2(scale / recommended)| >= {SCALE_FAR_BITS:g}: warning when below and the probe's underflow
-fraction at the scale used is >= {UNDERFLOW_WARN:g}, otherwise info (the dynamic scale will grow
-on its own).
+Median scale over the last quarter of logged steps <= {SCALE_STUCK_LOW:g}: error. Otherwise silent
+unless the latest reliable float16 probe measures underflow of at least {UNDERFLOW_MATERIAL:g} of
+the reference's nonzero gradient values at the scale used (then a warning). The target is the
+smallest power of two above the scale used whose predicted underflow is at most
+{UNDERFLOW_NEGLIGIBLE:g} (else the largest allowed), within the latest probe's margin (its
+recommended scale) and below every scale that overflowed after the first {START_STEPS} steps; it
+must predict at most 1/{MIN_GAIN:g} of the underflow predicted at the scale used. `initial_scale`
+is the target lowered to what every probe allows and to below every scale that overflowed in the
+run: overflows in the first {START_STEPS} steps (the descent at initialisation) bar an initial
+scale at or above them, since the run would skip again and halve back, but not a level the scale
+climbs to later; later overflows bar both. It is proposed only above the run's initial scale and
+the scale used, where the sweep predicts less underflow (never Keras' default when the run used it,
+never lower: a lower scale only loses more). The earliest probe stands for the start; should the
+start's gradients be larger, the scale halves back in a few skipped steps (a scale too high is
+lowered far more quickly than one too low is raised, as Keras' documentation says).
+`dynamic_growth_steps` is proposed when, doubling once per `dynamic_growth_steps` from where the
+scale starts, it would miss a probe's need by that probe's step: the largest of {GROWTH_LADDER}
+that keeps up, at least {MIN_GROWTH_STEPS} (a failed doubling per {MIN_GROWTH_STEPS} steps already
+skips 1% of them), and below the run's own. When even the best allowed scale predicts underflow of
+at least {UNDERFLOW_MATERIAL:g}, no single scale fits: the layers losing more than
+{LAYER_UNDERFLOW_WARN:g} at the scale used are named to keep in float32 (or `mixed_bfloat16` on a
+GPU of compute capability {BFLOAT16_MIN_CC:g} or more). Measured underflow that is material while
+the sweep predicts less than {UNDERFLOW_MATERIAL:g} at the scale used is lost inside the backward
+pass, which the sweep does not predict: no scale is proposed, the layers are named. A probe its
+recorder marked unreliable, or one without a float32 reference, is not used.
 
 ## Example evidence
 ```text
-Loss scale 256 is 6 doublings below the recommended 16384
-median scale over the last 100 logged steps 256; probe at step 400 recommends 16384 (least
-underflow with a safety margin below overflow); underflow at the scale used: 5.00% of the
-reference's nonzero gradient values
+Start the loss scale at 2^22 (4194304) (predicted underflow 33.0% -> 0.04%)
+probe at step 400: 33.0% of the reference's nonzero gradient values are zero in float16 at the
+scale used, 2^15 (32768) (the sweep predicts 34.1%); no skipped step: no scale the run used
+overflowed; the run's LossScaleOptimizer: initial_scale=32768, dynamic_growth_steps=2000; predicted
+at 2^22 (4194304) (initial_scale): underflow 0.04%, overflow 0% at step 400; at most 0% overflow in
+any of the 2 probes
 ```
 
 ## Fix
 ```python
-keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=16384)
-# a scale stuck at 1: find the overflowing layer (activation-overflow findings) and keep it
-# float32:
-keras.layers.Dense(..., dtype="float32")
+optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=4194304)
+# gradients that shrink faster than the scale grows:
+optimizer = keras.optimizers.LossScaleOptimizer(optimizer, dynamic_growth_steps=200)
+# no single scale fits: keep the named layers in float32
+model = mpwatch.apply_recommendations(model, findings).model
 ```
 
 ## References
 - Keras LossScaleOptimizer: the dynamic scale starts at 2^15, halves on a non-finite gradient and
-  doubles after 2000 finite steps
+  doubles after `dynamic_growth_steps` (2000) finite steps
   <https://keras.io/api/optimizers/loss_scale_optimizer/>
 - TensorFlow mixed precision guide: loss scaling, and how the dynamic scale is chosen
   <https://www.tensorflow.org/guide/mixed_precision>
 - NVIDIA, Train With Mixed Precision: choosing a scaling factor, and dynamic loss scaling
   <https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html>
+- Micikevicius et al. 2017, Mixed Precision Training: the range of gradient values against
+  float16's, and loss scaling
+  <https://arxiv.org/abs/1710.03740>
 """
 
 from __future__ import annotations
 
-import math
-
 from mpwatch import contract
+from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import UNDERFLOW_WARN, Rule, finite, fmt
+from mpwatch.judge.rule import Rule, fmt
 from mpwatch.read.run import Run
 
 SCALE_STUCK_LOW = 1.0  # a final dynamic scale at or below this cannot protect gradients
-SCALE_FAR_BITS = 4.0  # |log2(scale / recommended)| at or above this
 
 RULE = Rule(
     id="loss-scale",
-    title="Loss scale stuck low, or far from the recommended one",
-    severities=("info", "warning", "error"),
+    title="Loss scale stuck low, or short of the one the gradients need",
+    severities=("warning", "error"),
     doc=__doc__,
     thresholds={
         "SCALE_STUCK_LOW": SCALE_STUCK_LOW,
-        "SCALE_FAR_BITS": SCALE_FAR_BITS,
-        "UNDERFLOW_WARN": UNDERFLOW_WARN,
+        "UNDERFLOW_MATERIAL": se.UNDERFLOW_MATERIAL,
+        "UNDERFLOW_NEGLIGIBLE": se.UNDERFLOW_NEGLIGIBLE,
+        "MIN_GAIN": se.MIN_GAIN,
+        "START_STEPS": se.START_STEPS,
+        "GROWTH_LADDER": se.GROWTH_LADDER,
+        "MIN_GROWTH_STEPS": se.MIN_GROWTH_STEPS,
+        "LAYER_UNDERFLOW_WARN": se.LAYER_UNDERFLOW_WARN,
+        "BFLOAT16_MIN_CC": se.BFLOAT16_MIN_CC,
     },
 )
 
 
-def _log2(x: float) -> float:
-    return math.log2(x) if x > 0 else float("-inf")
-
-
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
-    ls = run.scalar(contract.LOSS_SCALE)
-    if not len(ls):
-        return []
     found: list[Finding] = []
-    tail = ls.iloc[-max(1, len(ls) // 4) :]
-    med = float(tail.median())
-    if med <= SCALE_STUCK_LOW:
-        found.append(
-            RULE.finding(
-                "error",
-                f"Loss scale stuck at {fmt(med)}",
-                f"median dynamic loss scale over the last {len(tail)} logged steps "
-                f"(steps {int(tail.index[0])}-{int(tail.index[-1])}): {fmt(med)}; minimum "
-                f"{fmt(float(ls.min()))}. A scale this low means the forward or backward pass "
-                "itself overflows float16.",
-                fix="# find the overflowing layer (activation-overflow findings) and keep it "
-                'float32:\nkeras.layers.Dense(..., dtype="float32")',
-                data={"median_scale": med, "min_scale": float(ls.min())},
-            )
-        )
-    probe = run.latest_probe(modes=("float16",))
-    rec = finite(probe.model.get("recommended_scale")) if probe is not None else None
-    if probe is not None and rec and med > SCALE_STUCK_LOW:
-        model = probe.model
-        bits = _log2(med) - _log2(rec)
-        if abs(bits) >= SCALE_FAR_BITS:
-            below = bits < 0
-            # far below only matters when float16 really loses gradients at the scale used:
-            # otherwise Keras' dynamic scaling (x2 every 2000 good steps) is doing its job
-            uf = finite(model.get("underflow_fraction"))
-            losing = uf is not None and uf >= UNDERFLOW_WARN
+    ls = run.scalar(contract.LOSS_SCALE)
+    med = None
+    if len(ls):
+        steps = ls[ls.index > 0] if (ls.index > 0).any() else ls  # step 0: the initial scale
+        tail = steps.iloc[-max(1, len(steps) // 4) :]
+        med = float(tail.median())
+        if med <= SCALE_STUCK_LOW:
             found.append(
                 RULE.finding(
-                    "warning" if below and losing else "info",
-                    f"Loss scale {fmt(med)} is {abs(bits):.0f} doublings "
-                    f"{'below' if below else 'above'} the recommended {fmt(rec)}",
-                    f"median scale over the last {len(tail)} logged steps {fmt(med)}; probe at "
-                    f"step {probe.step} recommends {fmt(rec)} (least underflow with a safety "
-                    "margin below overflow)"
-                    + (
-                        f"; underflow at the scale used: {uf:.2%} of the reference's nonzero "
-                        "gradient values"
-                        if uf is not None
-                        else ""
-                    ),
-                    fix=f"keras.optimizers.LossScaleOptimizer(optimizer, initial_scale={rec:g})",
-                    action={"loss_scale": rec},
-                    data={"median_scale": med, "recommended_scale": rec, "log2_ratio": bits},
+                    "error",
+                    f"Loss scale stuck at {fmt(med)}",
+                    f"median dynamic loss scale over the last {len(tail)} logged steps "
+                    f"(steps {int(tail.index[0])}-{int(tail.index[-1])}): {fmt(med)}; minimum "
+                    f"{fmt(float(steps.min()))}. A scale this low means the forward or backward "
+                    "pass itself overflows float16.",
+                    fix="# find the overflowing layer (activation-overflow findings) and keep it "
+                    'float32:\nkeras.layers.Dense(..., dtype="float32")',
+                    data={"median_scale": med, "min_scale": float(steps.min())},
                 )
             )
+    if med is not None and med <= SCALE_STUCK_LOW:
+        return found  # every scale overflows: no scale to propose
+    adv = se.advise(run)
+    if adv.kind not in ("change", "range", "unpredicted") or adv.latest is None:
+        return found
+    lt = adv.latest
+    fix = adv.fix
+    if not fix:  # the range problem, no layer to name and no bfloat16 on this device
+        fix = (
+            "# no single scale fits and no layer stands out: the probe's per-layer table shows "
+            "where gradients are smallest\nmpwatch.MixedPrecisionMonitor(log_dir=..., "
+            "probe_every=...)"
+        )
+    found.append(
+        RULE.finding(
+            "warning",
+            adv.headline,
+            "; ".join(adv.lines),
+            fix=fix,
+            action=adv.action,
+            data={
+                "kind": adv.kind,
+                "probe_step": lt.step,
+                "scale_used": lt.scale,
+                "underflow_at_used": lt.measured,
+                "initial_scale": adv.initial_scale,
+                "dynamic_growth_steps": adv.growth_steps,
+                "target_scale": adv.target,
+                "run_initial_scale": adv.run_initial,
+                "run_dynamic_growth_steps": adv.run_growth,
+                "predicted": adv.predicted_rows(),
+                "max_overflow_scale": max(
+                    (o.scale for o in adv.overflows if o.scale is not None), default=None
+                ),
+                "layers": [n for n, _ in adv.layers],
+            },
+        )
+    )
     return found

@@ -3,7 +3,8 @@
 ## What it finds
 The updates the loss-scale optimizer dropped because a gradient was inf or NaN (from the per-step
 flag, or from the rises of the cumulative count when only that was recorded): those within the
-first {WARMUP_STEPS} steps, and the rate after them.
+first {WARMUP_STEPS} steps, and the rate after them; and the scale each ran at (twice the scale
+recorded after it: the skip halved it), the largest that overflowed and when.
 
 ## Why it matters
 A skipped step is a batch thrown away: the update is dropped and the scale halves. A few at the
@@ -22,7 +23,8 @@ record.
 ```text
 2.00% of steps skipped for non-finite gradients
 32 steps skipped in all: 12 at or before step 100 (the scale's descent from 2^15 explains up to
-10), 20 of 1000 after it; the dynamic scale expects about 1 per 2000
+10), 20 of 1000 after it; the dynamic scale expects about 1 per 2000; the largest scale that
+overflowed: 2^15 (32768) at step 1; the smallest: 8 at step 12
 ```
 
 ## Fix
@@ -42,13 +44,14 @@ keras.layers.Dense(..., dtype="float32")
 from __future__ import annotations
 
 from mpwatch import contract
+from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, pct
 from mpwatch.read.run import Run
 
 SKIP_RATE_WARN = 0.01  # skipped steps after warm-up, per step
 SKIP_RATE_ERROR = 0.10
-WARMUP_STEPS = 100  # the scale starts at 2**15 and halves down: early skips are expected
+WARMUP_STEPS = se.START_STEPS  # the scale starts at 2**15 and halves down: early skips expected
 WARMUP_SKIP_ALLOWANCE = 10  # ...but no more than 10 of them (the scale down to 2**5) in warm-up
 WARMUP_SKIP_ERROR = 15  # more than 15 and the scale fell below 1: it protects nothing
 
@@ -105,13 +108,15 @@ def check(run: Run) -> list[Finding]:
         title = f"{pct(rate)} of steps skipped for non-finite gradients"
     else:
         title = f"{early} steps skipped for non-finite gradients in the first {WARMUP_STEPS}"
+    scales = _scales(run)
     return [
         RULE.finding(
             severity,
             title,
             f"{total} steps skipped in all: {early} at or before step {WARMUP_STEPS} (the "
             f"scale's descent from 2^15 explains up to {WARMUP_SKIP_ALLOWANCE}), {n_skip} of "
-            f"{max(n_steps, 0)} after it; the dynamic scale expects about 1 per 2000",
+            f"{max(n_steps, 0)} after it; the dynamic scale expects about 1 per 2000"
+            + (f"; {scales['text']}" if scales["text"] else ""),
             fix="# a model that overflows at any scale: find the layer (activation-overflow) and "
             'keep it float32\nkeras.layers.Dense(..., dtype="float32")',
             data={
@@ -120,6 +125,26 @@ def check(run: Run) -> list[Finding]:
                 "rate": rate,
                 "total": total,
                 "early": early,
+                "max_overflow_scale": scales["max_scale"],
+                "max_overflow_step": scales["max_step"],
+                "min_overflow_scale": scales["min_scale"],
             },
         )
     ]
+
+
+def _scales(run: Run) -> dict:
+    """The scales the skipped steps ran at (``scale_evidence.overflows``): the largest that
+    overflowed and when, the smallest, as a sentence and as numbers."""
+    ovs = [o for o in se.overflows(run) if o.scale is not None]
+    if not ovs:
+        return {"text": "", "max_scale": None, "max_step": None, "min_scale": None}
+    top = max(ovs, key=lambda o: (o.scale, -o.step))
+    low = min(ovs, key=lambda o: (o.scale, o.step))
+    text = (
+        f"the largest scale that overflowed: {se.scale_text(top.scale)} at step {top.step}; the "
+        f"smallest: {se.scale_text(low.scale)} at step {low.step}"
+    )
+    if low.scale <= 1.0:
+        text += " (a scale of 1 or less protects nothing: the model itself overflows)"
+    return {"text": text, "max_scale": top.scale, "max_step": top.step, "min_scale": low.scale}

@@ -1,0 +1,786 @@
+"""The loss-scale evidence of one run in one place, and the advice drawn from all of it.
+
+The rules ``loss-scale``, ``gradient-underflow`` and ``skipped-steps`` read the same facts, so that
+they never disagree (a rule proposing one scale while another proposes a lower one):
+
+- the **scale history** (``mpwatch/loss_scale``: the scale after each step; at step 0, when
+  recorded, the scale before the first) and **every skipped step**: the scale each skipped step
+  ran at is twice the scale recorded after it (Keras' rule: a step with non-finite gradients is
+  dropped and the scale halved), else the scale recorded before it;
+- **every reliable float16 probe** (not only the last): its measured underflow at the scale used,
+  its log2 histogram of the float32 reference's gradients and its sweep (predicted underflow and
+  overflow at each power-of-two scale), its recommended scale (the largest that keeps the probe's
+  margin below 65504, activation gradients included), its per-layer underflow table;
+- **Keras' dynamic rule**: the scale starts at ``initial_scale`` (2^15), halves on every step with
+  non-finite gradients and doubles after ``dynamic_growth_steps`` (2000) finite steps in a row;
+  the run's own values come from its ``run_info``.
+
+:func:`advise` turns them into one :class:`Advice`, computed once per run (cached on the Run).
+The decision and its thresholds are documented in the ``loss-scale`` rule
+(``mpwatch/judge/rules/loss_scale.py``); in short:
+
+1. **Silence** unless the underflow measured at the scale used (latest reliable probe) is at least
+   :data:`UNDERFLOW_MATERIAL`.
+2. The **level the gradients need** (target): the smallest power of two above the scale used whose
+   predicted underflow is at most :data:`UNDERFLOW_NEGLIGIBLE`, else the largest candidate; a
+   candidate keeps the latest probe's margin (at most its recommended scale) and stays below every
+   scale that overflowed after the first :data:`START_STEPS` steps. It must at least halve the
+   predicted underflow at the scale used (:data:`MIN_GAIN`), else there is no target.
+3. **initial_scale**: the target, lowered to what every probe allows (each probe's recommended
+   scale: the start's gradients are the earliest probe's) and to below every scale that
+   overflowed in the run. Proposed only above both the run's initial scale and the scale used, and
+   where the sweep predicts less underflow than at the scale used: a lower one can only lose more,
+   an equal one changes nothing. (The earliest probe stands for the start: if the start's
+   gradients are larger, the scale overflows and halves back in a few skipped steps; Keras: a
+   scale too high is lowered far more quickly than one too low is raised.)
+4. **dynamic_growth_steps**: when the scale, doubling once per ``dynamic_growth_steps`` from where
+   it starts (the proposed initial scale at step 0, else where the descent of the first
+   :data:`START_STEPS` steps left it), would not reach each probe's need by that probe's step.
+   The proposal is the largest of :data:`GROWTH_LADDER` that keeps up, never below
+   :data:`MIN_GROWTH_STEPS`, and only below the run's own.
+5. **No single scale fits** when even the best scale allowed predicts underflow of at least
+   :data:`UNDERFLOW_MATERIAL`: the histogram is wider than float16's window. The layers whose
+   gradients underflow most at the scale used (the probe's per-layer table, above
+   :data:`LAYER_UNDERFLOW_WARN`, not already float32) are named to keep in float32, and
+   ``mixed_bfloat16`` is named where the device has bfloat16 (a GPU of compute capability at least
+   :data:`BFLOAT16_MIN_CC`).
+
+Pure pandas/numpy: no TensorFlow (the judge's rule).
+
+Example:
+    >>> from mpwatch.read.run import Run
+    >>> advise(Run(name=".", path="")).kind
+    'none'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mpwatch import contract
+from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
+from mpwatch.read.run import ProbeResult, Run
+
+__all__ = [
+    "Overflow",
+    "ProbeView",
+    "Advice",
+    "overflows",
+    "float16_probes",
+    "probe_is_reliable",
+    "latest_reliable_probe",
+    "unreliable_probes",
+    "underflowing_layers",
+    "float32_layer_names",
+    "bfloat16_device",
+    "advise",
+    "optimizer_code",
+    "scale_text",
+    "UNDERFLOW_MATERIAL",
+    "UNDERFLOW_NEGLIGIBLE",
+    "MIN_GAIN",
+    "START_STEPS",
+    "MIN_GROWTH_STEPS",
+    "GROWTH_LADDER",
+    "LAYER_UNDERFLOW_WARN",
+    "BFLOAT16_MIN_CC",
+]
+
+#: measured underflow at the scale used below this: the loss scale is not the problem (silence).
+#: The same 1% at which ``gradient-underflow`` warns: no advice for a loss no rule reports.
+UNDERFLOW_MATERIAL = 0.01
+#: a target scale is the smallest whose predicted underflow is at most this (0.1%)
+UNDERFLOW_NEGLIGIBLE = 0.001
+#: a proposed scale must predict at most 1/MIN_GAIN of the underflow predicted at the scale used
+MIN_GAIN = 2.0
+#: skipped steps within the first START_STEPS steps are the scale's descent from its initial value
+#: at initialisation (``skipped-steps`` calls them warm-up)
+START_STEPS = 100
+#: one failed doubling per MIN_GROWTH_STEPS steps skips 1% of the steps: ``skipped-steps``'
+#: warning rate. A faster growth would cost more than it saves.
+MIN_GROWTH_STEPS = 100
+#: the dynamic_growth_steps values proposed (the largest that keeps up)
+GROWTH_LADDER = (1000, 500, 200, 100)
+#: a layer losing more than this share of its gradient values at the scale used is named
+LAYER_UNDERFLOW_WARN = 0.05
+#: layers named in one finding at most (the rest counted)
+LAYERS_NAMED = 8
+#: a GPU of at least this compute capability has bfloat16 (Ampere and later)
+BFLOAT16_MIN_CC = 8.0
+
+_UNDER_LOG2 = -24  # float16's smallest subnormal: |g| * S below 2**-24 is predicted lost
+_OVER_LOG2 = 16  # |g| * S at or above 2**16 (past 65504) is predicted inf
+_WINDOW_BITS = _OVER_LOG2 - _UNDER_LOG2  # 40 doublings from the smallest subnormal to overflow
+
+
+# --- the facts -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Overflow:
+    """One skipped step: ``scale`` is the scale it ran at (None when not recorded)."""
+
+    step: int
+    scale: float | None
+    count: int = 1
+
+    @property
+    def at_start(self) -> bool:
+        """Within the first :data:`START_STEPS` steps: the descent from the initial scale."""
+        return self.step <= START_STEPS
+
+
+@dataclass
+class ProbeView:
+    """One float16 probe as the advice reads it.
+
+    Attributes:
+        step: the probe's step.
+        scale: the loss scale its mixed gradients were taken at.
+        measured: the measured underflow fraction at that scale (vs the float32 reference).
+        recommended: the probe's recommended scale (None: none keeps the margin).
+        edges / counts: the log2 histogram of the reference's nonzero gradients (integer edges).
+        sweep: ``scale_log2 -> (predicted underflow, predicted overflow)``, mpwatch's own sweep.
+        layers: the probe's per-layer table.
+    """
+
+    step: int
+    scale: float
+    measured: float
+    recommended: float | None
+    edges: np.ndarray
+    counts: np.ndarray
+    sweep: dict[int, tuple[float, float]]
+    layers: pd.DataFrame
+
+    def predicted(self, k: float) -> tuple[float, float] | None:
+        """(underflow, overflow) predicted at ``2**k``: the sweep's row, else the histogram's bins
+        (``|g| * 2**k < 2**-24`` lost, ``>= 2**16`` inf), None when neither covers it."""
+        if float(k).is_integer() and int(k) in self.sweep:
+            return self.sweep[int(k)]
+        if len(self.counts):
+            total = float(self.counts.sum())
+            if total <= 0:
+                return (0.0, 0.0)
+            lo = self.edges[:-1]
+            # a bin [2**e, 2**(e+1)) lies wholly below 2**(-24-k) when e + 1 <= -24 - k
+            under = float(self.counts[lo + 1 <= _UNDER_LOG2 - k].sum()) / total
+            over = float(self.counts[lo >= _OVER_LOG2 - k].sum()) / total
+            return (under, over)
+        return None
+
+    def under(self, k: float) -> float | None:
+        p = self.predicted(k)
+        return None if p is None else p[0]
+
+    @property
+    def used_log2(self) -> float:
+        return math.log2(self.scale)
+
+    @property
+    def max_k(self) -> int | None:
+        """The largest power of two this probe allows: its recommended scale (the margin kept,
+        activation gradients included); without one, the largest the sweep predicts no overflow
+        at, less :data:`~mpwatch.record.underflow.DEFAULT_MARGIN_BITS` (4) doublings."""
+        if self.recommended is not None:
+            return math.floor(math.log2(self.recommended))
+        ok = [k for k, (_u, o) in self.sweep.items() if o == 0]
+        return max(ok) - 4 if ok else None
+
+    def need_k(self, cap: float) -> int | None:
+        """The smallest ``k <= cap`` with predicted underflow at most UNDERFLOW_NEGLIGIBLE."""
+        ks = sorted(k for k in self._ks() if k <= cap)
+        for k in ks:
+            u = self.under(k)
+            if u is not None and u <= UNDERFLOW_NEGLIGIBLE:
+                return k
+        return None
+
+    def _ks(self) -> list[int]:
+        ks = set(self.sweep)
+        if len(self.edges):
+            lo, hi = int(self.edges[0]), int(self.edges[-1])
+            ks.update(range(_UNDER_LOG2 - hi - 1, _OVER_LOG2 - lo + 2))
+        return sorted(ks)
+
+    @property
+    def span_log2(self) -> tuple[int, int] | None:
+        """log2 of the smallest and (exclusive) largest nonzero reference gradient's bin."""
+        nz = np.nonzero(self.counts)[0]
+        if not len(nz):
+            return None
+        return int(self.edges[nz[0]]), int(self.edges[nz[-1] + 1])
+
+
+def probe_is_reliable(row: dict[str, Any]) -> bool:
+    """Whether a probe's model row may carry a finding: a row the probe marked ``reliable: false``
+    (its loss disagrees with the train step's on the same batch and weights) may not."""
+    return row.get("reliable") is not False and not row.get("unreliable")
+
+
+def _f(x: Any) -> float | None:
+    return contract.finite_float(x)
+
+
+def float16_probes(run: Run) -> list[ProbeView]:
+    """The run's reliable float16 probes measured against a float32 reference (with a scale, a
+    measured underflow and a histogram or sweep), in step order."""
+    pm = run.probe_model
+    if not len(pm) or "mode" not in pm:
+        return []
+    out = []
+    for row in pm.sort_values("step", kind="stable").to_dict("records"):
+        if row.get("mode") != "float16" or not probe_is_reliable(row):
+            continue
+        if row.get("reference") not in (None, "float32_twin"):
+            continue
+        step = int(row["step"])
+        scale, measured = _f(row.get("loss_scale")), _f(row.get("underflow_fraction"))
+        if not scale or scale <= 0 or measured is None:
+            continue
+        hist = run.histograms.get(step) or {}
+        if hist.get("source", "reference") != "reference":
+            hist = {}
+        edges = np.asarray(hist.get("edges_log2") or [], np.float64)
+        counts = np.asarray(hist.get("counts") or [], np.float64)
+        if len(edges) != len(counts) + 1:
+            edges, counts = np.zeros(0), np.zeros(0)
+        sweep: dict[int, tuple[float, float]] = {}
+        sw = run.sweeps
+        if len(sw) and "step" in sw and "scale_log2" in sw:
+            for r in sw[sw["step"] == step].to_dict("records"):
+                u = _f(r.get("predicted_underflow_fraction"))
+                o = _f(r.get("predicted_overflow_fraction"))
+                k = _f(r.get("scale_log2"))
+                if u is not None and o is not None and k is not None:
+                    sweep[int(k)] = (u, o)
+        if not sweep and not len(counts):
+            continue
+        layers = pd.DataFrame()
+        pl = run.probe_layers
+        if len(pl) and "step" in pl:
+            layers = pl[pl["step"] == step].reset_index(drop=True)
+        out.append(
+            ProbeView(
+                step=step,
+                scale=scale,
+                measured=measured,
+                recommended=_f(row.get("recommended_scale")),
+                edges=edges,
+                counts=counts,
+                sweep=sweep,
+                layers=layers,
+            )
+        )
+    return out
+
+
+def overflows(run: Run) -> list[Overflow]:
+    """Every skipped step with the scale it ran at: twice the scale recorded after it (the skip
+    halved it), else the last scale recorded before it, else None."""
+    hist = run.scalar(contract.LOSS_SCALE)
+    skipped = run.skipped_steps()
+    out = []
+    steps = hist.index.to_numpy()
+    values = hist.to_numpy()
+    for step, n in skipped.items():
+        step = int(step)
+        scale = None
+        if step in hist.index and math.isfinite(float(hist[step])):
+            scale = 2.0 * float(hist[step])
+        else:
+            i = int(np.searchsorted(steps, step)) - 1
+            if i >= 0 and math.isfinite(float(values[i])):
+                scale = float(values[i])
+        out.append(Overflow(step=step, scale=scale, count=int(n)))
+    return out
+
+
+def _growth_facts(run: Run) -> tuple[float, int]:
+    """(initial scale, dynamic_growth_steps): run_info's, else the scale recorded at step 0 and
+    Keras' defaults."""
+    ls = run.info.get("loss_scale") or {}
+    initial = _f(ls.get("initial")) if isinstance(ls, dict) else None
+    growth = _f(ls.get("growth_interval")) if isinstance(ls, dict) else None
+    if initial is None:
+        hist = run.scalar(contract.LOSS_SCALE)
+        if len(hist) and int(hist.index[0]) == 0:
+            initial = float(hist.iloc[0])
+    initial = initial if initial else KERAS_INITIAL_SCALE
+    return initial, int(growth) if growth else KERAS_GROWTH_INTERVAL
+
+
+def bfloat16_device(run: Run) -> str | None:
+    """A phrase naming the device's bfloat16 when it has it (a GPU of compute capability >=
+    BFLOAT16_MIN_CC), else None."""
+    dev = run.info.get("device") or {}
+    if not isinstance(dev, dict) or dev.get("type") != "GPU":
+        return None
+    raw = str(dev.get("compute_capability") or "").split(" ")[0]
+    try:
+        cc = float(raw)
+    except ValueError:
+        return None
+    if cc < BFLOAT16_MIN_CC:
+        return None
+    return f"this GPU ({dev.get('name') or 'GPU'}, compute capability {raw}) has bfloat16"
+
+
+# --- formatting ----------------------------------------------------------------------------------
+def scale_text(scale: float) -> str:
+    """``2^20 (1048576)`` for a power of two, else the number."""
+    k = math.log2(scale) if scale > 0 else None
+    exact = _num(scale)
+    if k is not None and float(k).is_integer():
+        return f"2^{int(k)} ({exact})" if abs(k) > 3 else exact
+    return exact
+
+
+def _num(x: float) -> str:
+    """A number as Python source that gives exactly that float."""
+    x = float(x)
+    return str(int(x)) if x.is_integer() else repr(x)
+
+
+def _pct(x: float) -> str:
+    if x == 0:
+        return "0%"
+    if x < 1e-4:
+        return f"{100 * x:.1e}%"
+    return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
+
+
+def optimizer_code(initial: float | None, growth: int | None) -> str:
+    """The LossScaleOptimizer line for these values (a value equal to Keras' default is left out:
+    ``LossScaleOptimizer(optimizer)`` uses it)."""
+    args = ["optimizer"]
+    if initial is not None and initial != KERAS_INITIAL_SCALE:
+        args.append(f"initial_scale={_num(initial)}")
+    if growth is not None and growth != KERAS_GROWTH_INTERVAL:
+        args.append(f"dynamic_growth_steps={int(growth)}")
+    return f"optimizer = keras.optimizers.LossScaleOptimizer({', '.join(args)})"
+
+
+# --- the advice ----------------------------------------------------------------------------------
+@dataclass
+class Advice:
+    """What the loss-scale evidence says.
+
+    Attributes:
+        kind: ``"none"`` (no reliable float16 probe against a float32 reference: nothing to
+            say), ``"silent"`` (underflow at the scale used immaterial), ``"change"`` (a scale or
+            a growth to propose), ``"range"`` (no single scale fits; maybe a scale too),
+            ``"unpredicted"`` (material underflow measured, but the sweep predicts next to none
+            in the final gradients: it happens inside the backward pass, no scale is proposed),
+            ``"stays"`` (material underflow, but no change to the scale that the evidence
+            allows is predicted to halve it: nothing proposed).
+        initial_scale / growth_steps: the proposals (None: not proposed).
+        target: the level the gradients need at the latest probe (a power of two), or None.
+        run_initial / run_growth: the run's own values.
+        latest: the latest reliable float16 probe.
+        probes: every reliable float16 probe.
+        overflows: every skipped step with its scale.
+        layers: ``(layer, underflow fraction)`` to keep in float32 (range problem).
+        bfloat16: where the device has bfloat16: a phrase saying so.
+        lines: the evidence, one sentence each.
+    """
+
+    kind: str = "none"
+    initial_scale: float | None = None
+    growth_steps: int | None = None
+    target: float | None = None
+    run_initial: float = KERAS_INITIAL_SCALE
+    run_growth: int = KERAS_GROWTH_INTERVAL
+    latest: ProbeView | None = None
+    probes: list[ProbeView] = field(default_factory=list)
+    overflows: list[Overflow] = field(default_factory=list)
+    layers: list[tuple[str, float]] = field(default_factory=list)
+    more_layers: int = 0
+    bfloat16: str | None = None
+    span: tuple[int, int] | None = None
+    best_under: float | None = None
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def changes_scale(self) -> bool:
+        return self.initial_scale is not None or self.growth_steps is not None
+
+    @property
+    def action(self) -> dict[str, Any]:
+        """For :func:`mpwatch.apply_recommendations`: the optimizer's two values (the run's own
+        where unchanged, so that applying changes exactly what the fix says) and the layers."""
+        out: dict[str, Any] = {}
+        if self.changes_scale:
+            out["loss_scale"] = self.initial_scale or self.run_initial
+            out["dynamic_growth_steps"] = self.growth_steps or self.run_growth
+        if self.layers:
+            out["float32_layers"] = [name for name, _ in self.layers]
+        return out
+
+    def predicted_rows(self) -> list[dict[str, Any]]:
+        """Predicted underflow and overflow at each proposed value and at the scale used: at the
+        latest probe, and the most any probe predicts."""
+        rows = []
+        if self.latest is None:
+            return rows
+        seen = set()
+        for what, s in (
+            ("used", self.latest.scale),
+            ("initial_scale", self.initial_scale),
+            ("target", self.target),
+        ):
+            if s is None or s in seen:
+                continue
+            seen.add(s)
+            k = math.log2(s)
+            p = self.latest.predicted(k)
+            preds = [q.predicted(k) for q in self.probes]
+            preds = [x for x in preds if x is not None]
+            rows.append(
+                {
+                    "what": what,
+                    "scale": s,
+                    "probe_step": self.latest.step,
+                    "underflow": p[0] if p else None,
+                    "overflow": p[1] if p else None,
+                    "max_underflow_any_probe": max((x[0] for x in preds), default=None),
+                    "max_overflow_any_probe": max((x[1] for x in preds), default=None),
+                }
+            )
+        return rows
+
+    @property
+    def fix(self) -> str:
+        lines: list[str] = []
+        rows = {r["what"]: r for r in self.predicted_rows()}
+        if self.changes_scale:
+            lines.append(optimizer_code(self.initial_scale or self.run_initial,
+                                        self.growth_steps or self.run_growth))  # fmt: skip
+            for what in ("initial_scale", "target"):
+                r = rows.get(what)
+                if r is None or r["underflow"] is None:
+                    continue
+                lines.append(
+                    f"# predicted at {scale_text(r['scale'])} (probe at step {r['probe_step']}): "
+                    f"underflow {_pct(r['underflow'])}, overflow {_pct(r['overflow'])}"
+                )
+        if self.layers:
+            named = ", ".join(repr(n) for n, _ in self.layers)
+            more = f" and {self.more_layers} more" if self.more_layers else ""
+            lines.append(
+                f'# keep {named}{more} in float32 (dtype="float32" where each is built), or, '
+                "without editing the model code:"
+            )
+            lines.append("model = mpwatch.apply_recommendations(model, findings).model")
+        if self.bfloat16 and self.kind in ("range", "unpredicted"):
+            lines.append(
+                f"# or, as {self.bfloat16} (float32's exponent range: no loss scale needed):"
+            )
+            lines.append('keras.mixed_precision.set_global_policy("mixed_bfloat16")')
+        return "\n".join(lines)
+
+    @property
+    def headline(self) -> str:
+        """One line: what to change, and the predicted effect."""
+        parts = []
+        lt = self.latest
+        used_u = lt.under(lt.used_log2) if lt is not None else None
+        if self.initial_scale is not None and lt is not None:
+            u = lt.under(math.log2(self.initial_scale))
+            parts.append(
+                f"start the loss scale at {scale_text(self.initial_scale)}"
+                + (
+                    f" (predicted underflow {_pct(used_u)} -> {_pct(u)})"
+                    if used_u is not None and u is not None
+                    else ""
+                )  # fmt: skip
+            )
+        if self.growth_steps is not None and self.target is not None:
+            it = "let it" if parts else "let the loss scale"
+            parts.append(
+                f"{it} double every {self.growth_steps} steps to reach the "
+                f"{scale_text(self.target)} the gradients need"
+            )
+        n = len(self.layers) + self.more_layers
+        keep = f": keep {n} layer{'s' if n != 1 else ''} in float32" if n else ""
+        if self.kind == "range":
+            parts.append("no single loss scale fits the gradients" + keep)
+        elif self.kind == "unpredicted":
+            parts.append(
+                "gradients underflow inside the backward pass, where a larger scale is not "
+                "predicted to help" + keep
+            )
+        text = "; ".join(parts)
+        return text[:1].upper() + text[1:]
+
+
+def _advice_cached(run: Run) -> Advice | None:
+    cached = run.__dict__.get("_judge_scale_advice")
+    if cached is not None and cached[0] is run.probe_model and cached[1] is run.scalars:
+        return cached[2]
+    return None
+
+
+def advise(run: Run) -> Advice:
+    """The loss-scale advice for one run (see the module doc); computed once per Run."""
+    got = _advice_cached(run)
+    if got is not None:
+        return got
+    adv = _advise(run)
+    run.__dict__["_judge_scale_advice"] = (run.probe_model, run.scalars, adv)
+    return adv
+
+
+def float32_layer_names(run: Run) -> set[str]:
+    """Layers that already compute in float32 (their compute dtype, or float32 inside a 16-bit
+    policy): keeping them "in float32" would change nothing."""
+    lt = run.layers
+    if not len(lt) or "name" not in lt:
+        return set()
+    out = set()
+    for r in lt.to_dict("records"):
+        if "float32" in (str(r.get("compute_dtype")), str(r.get("effective_dtype"))):
+            out.add(str(r["name"]))
+    return out
+
+
+def underflowing_layers(
+    run: Run,
+    layers: pd.DataFrame,
+    threshold: float = LAYER_UNDERFLOW_WARN,
+    fallback: float | None = UNDERFLOW_MATERIAL,
+) -> tuple[list[tuple[str, float]], int]:
+    """Layers of a probe's layer table losing more than ``threshold`` of their gradient values
+    (none: those above ``fallback``), most first, not already float32 (the first LAYERS_NAMED,
+    how many more)."""
+    if not len(layers) or "underflow_fraction" not in layers or "layer" not in layers:
+        return [], 0
+    f32 = float32_layer_names(run)
+    floor = threshold if fallback is None else min(threshold, fallback)
+    rows = []
+    for r in layers.to_dict("records"):
+        u = _f(r.get("underflow_fraction"))
+        name = str(r["layer"])
+        if u is not None and u > floor and name not in f32:
+            rows.append((name, u))
+    rows.sort(key=lambda t: -t[1])
+    if fallback is None or any(u > threshold for _, u in rows):
+        rows = [(n, u) for n, u in rows if u > threshold]
+    return rows[:LAYERS_NAMED], max(0, len(rows) - LAYERS_NAMED)
+
+
+def _ladder(bound: float, current: int) -> int | None:
+    """The largest GROWTH_LADDER value <= bound (MIN_GROWTH_STEPS at least), if below current."""
+    fits = [g for g in GROWTH_LADDER if g <= bound]
+    g = max(fits) if fits else MIN_GROWTH_STEPS
+    g = max(g, MIN_GROWTH_STEPS)
+    return g if g < current else None
+
+
+def _advise(run: Run) -> Advice:
+    initial, growth = _growth_facts(run)
+    adv = Advice(run_initial=initial, run_growth=growth)
+    adv.probes = probes = float16_probes(run)
+    if not probes:
+        return adv
+    adv.overflows = overflows(run)
+    adv.latest = lt = probes[-1]
+    used_k = lt.used_log2
+    if lt.measured < UNDERFLOW_MATERIAL:
+        adv.kind = "silent"
+        adv.lines.append(
+            f"underflow at the scale used ({scale_text(lt.scale)}, probe at step {lt.step}) is "
+            f"{_pct(lt.measured)}, below {_pct(UNDERFLOW_MATERIAL)}: the scale is not the problem"
+        )
+        return adv
+    # predicted underflow at the scale used (at the next power of two up when it is not one: a
+    # lower bound, so that a gain is never overstated)
+    pred_used = lt.under(math.ceil(used_k))
+    ov_scales = [o.scale for o in adv.overflows if o.scale is not None]
+    later = [o.scale for o in adv.overflows if o.scale is not None and not o.at_start]
+    # strictly below a scale that overflowed: the largest power of two under it
+    later_cap = math.ceil(math.log2(min(later))) - 1 if later else math.inf
+    all_cap = math.ceil(math.log2(min(ov_scales))) - 1 if ov_scales else math.inf
+    lt_cap = lt.max_k if lt.max_k is not None else -math.inf
+    cands = [k for k in lt._ks() if used_k < k <= min(lt_cap, later_cap)]
+    cands = [k for k in cands if lt.under(k) is not None]
+    target = None
+    if cands and pred_used:
+        good = [k for k in cands if lt.under(k) <= UNDERFLOW_NEGLIGIBLE]
+        t = min(good) if good else max(cands)
+        if lt.under(t) * MIN_GAIN <= pred_used:
+            target = t
+    if target is not None:
+        adv.target = 2.0**target
+        _propose(adv, target, pred_used, all_cap, later_cap)
+        if adv.changes_scale:
+            adv.kind = "change"
+    # the best scale allowed (the largest: predicted underflow never rises with the scale)
+    best_k = max(cands) if cands else None
+    best_under = lt.under(best_k) if best_k is not None else pred_used
+    adv.best_under = best_under
+    adv.span = lt.span_log2
+    if best_under is not None and best_under >= UNDERFLOW_MATERIAL:
+        adv.kind = "range"  # the histogram is wider than float16's window
+    elif target is None and pred_used is not None and pred_used < UNDERFLOW_MATERIAL:
+        adv.kind = "unpredicted"  # lost in the backward pass, not in the final values
+    if adv.kind == "none":
+        adv.kind = "stays"
+    if adv.kind in ("range", "unpredicted"):
+        adv.layers, adv.more_layers = underflowing_layers(run, lt.layers)
+        adv.bfloat16 = bfloat16_device(run)
+    _evidence(adv, pred_used, best_k, later_cap)
+    return adv
+
+
+def _propose(adv: Advice, target: int, pred_used: float, all_cap: float, later_cap: float) -> None:
+    """initial_scale and dynamic_growth_steps toward ``2**target`` (see the module doc)."""
+    lt = adv.latest
+    assert lt is not None
+    used_k = lt.used_log2
+    # initial_scale: what every probe allows (the start's gradients are the earliest probe's), and
+    # below every scale that overflowed in the run
+    caps = [p.max_k for p in adv.probes]
+    if None not in caps:
+        ik = min(target, all_cap, *caps)
+        if ik > used_k and 2.0**ik > adv.run_initial and lt.under(ik) < pred_used:
+            adv.initial_scale = 2.0**ik
+    # growth: from where the scale starts, one doubling per G finite steps must reach each
+    # probe's need by that probe's step: G <= (step - t0) / (need - l0)
+    if adv.initial_scale is not None:
+        l0, t0 = math.log2(adv.initial_scale), 0
+    else:
+        start = [o for o in adv.overflows if o.at_start and o.scale is not None]
+        if start:  # where the descent at the start left it
+            l0, t0 = math.log2(start[-1].scale / 2.0), start[-1].step
+        else:
+            l0, t0 = math.log2(adv.run_initial), 0
+    bounds = []
+    for p in adv.probes:
+        if p.step <= t0:
+            continue
+        n = p.need_k(min(p.max_k if p.max_k is not None else -math.inf, later_cap))
+        if p is lt:
+            n = target if n is None else min(n, target)
+        if n is not None and n > l0:
+            bounds.append((p.step - t0) / (n - l0))
+    if bounds:
+        adv.growth_steps = _ladder(min(bounds), adv.run_growth)
+
+
+def _evidence(adv: Advice, pred_used: float | None, best_k: int | None, later_cap: float) -> None:
+    lt = adv.latest
+    assert lt is not None
+    L = adv.lines
+    L.append(
+        f"probe at step {lt.step}: {_pct(lt.measured)} of the reference's nonzero gradient values "
+        f"are zero in float16 at the scale used, {scale_text(lt.scale)}"
+        + (f" (the sweep predicts {_pct(pred_used)})" if pred_used is not None else "")
+    )
+    ovs = [o for o in adv.overflows if o.scale is not None]
+    if ovs:
+        top = max(ovs, key=lambda o: (o.scale, -o.step))
+        start = [o for o in ovs if o.at_start]
+        later = [o for o in ovs if not o.at_start]
+        s = f"{sum(o.count for o in adv.overflows)} skipped steps"
+        if start:
+            s += (
+                f": {len(start)} in the first {START_STEPS} (steps {start[0].step}-"
+                f"{start[-1].step}, scales {scale_text(start[0].scale)} down to "
+                f"{scale_text(start[-1].scale)})"
+            )
+        if later:
+            lo = min(later, key=lambda o: o.scale)
+            s += (
+                f"{';' if start else ':'} {len(later)} after them, the lowest at "
+                f"{scale_text(lo.scale)} (step {lo.step})"
+            )
+        s += f"; the largest scale that overflowed: {scale_text(top.scale)} at step {top.step}"
+        L.append(s)
+    else:
+        L.append("no skipped step: no scale the run used overflowed")
+    L.append(
+        f"the run's LossScaleOptimizer: initial_scale={_num(adv.run_initial)}, "
+        f"dynamic_growth_steps={adv.run_growth} (halves on overflow, doubles after "
+        f"{adv.run_growth} finite steps)"
+    )
+    if len(adv.probes) > 1:
+        needs = []
+        for p in adv.probes:
+            n = p.need_k(p.max_k if p.max_k is not None else -math.inf)
+            needs.append(f"step {p.step}: {scale_text(2.0**n) if n is not None else 'none fits'}")
+        L.append(
+            "scale with predicted underflow <= "
+            f"{_pct(UNDERFLOW_NEGLIGIBLE)} at each probe (within its margin): " + ", ".join(needs)
+        )
+    for r in adv.predicted_rows():
+        if r["what"] == "used" or r["underflow"] is None:
+            continue
+        L.append(
+            f"predicted at {scale_text(r['scale'])} ({r['what']}): underflow "
+            f"{_pct(r['underflow'])}, overflow {_pct(r['overflow'])} at step {r['probe_step']}; "
+            f"at most {_pct(r['max_overflow_any_probe'] or 0.0)} overflow in any of the "
+            f"{len(adv.probes)} probes"
+        )
+    if adv.kind == "range":
+        sp = adv.span
+        if sp is not None:
+            L.append(
+                f"the reference gradients span 2^{sp[0]}..2^{sp[1]} ({sp[1] - sp[0]} doublings); "
+                f"float16 holds {_WINDOW_BITS} (2^-24..65504)"
+            )
+        if best_k is not None:
+            L.append(
+                f"the best scale allowed, {scale_text(2.0**best_k)}, still loses "
+                f"{_pct(adv.best_under or 0.0)} (predicted)"
+            )
+        elif math.isfinite(later_cap) and later_cap <= lt.used_log2:
+            L.append("a larger scale overflowed later in the run")
+        if adv.layers:
+            L.append(
+                f"layers losing more than {_pct(LAYER_UNDERFLOW_WARN)} at {scale_text(lt.scale)}: "
+                + ", ".join(f"{n!r} {_pct(u)}" for n, u in adv.layers)
+                + (f" and {adv.more_layers} more" if adv.more_layers else "")
+            )
+
+
+# --- the latest probe a finding may rest on -------------------------------------------------------
+def latest_reliable_probe(run: Run, mode: str) -> ProbeResult | None:
+    """The latest probe of ``mode`` that is reliable (:func:`probe_is_reliable`), as
+    :meth:`Run.latest_probe` gives probes, or None."""
+    pm = run.probe_model
+    if not len(pm) or "mode" not in pm:
+        return None
+    rows = [r for r in pm.sort_values("step", kind="stable").to_dict("records")
+            if r.get("mode") == mode and probe_is_reliable(r)]  # fmt: skip
+    if not rows:
+        return None
+    row = rows[-1]
+    step = int(row["step"])
+
+    def at(table: pd.DataFrame) -> pd.DataFrame:
+        if not len(table) or "step" not in table:
+            return pd.DataFrame()
+        return table[table["step"] == step].reset_index(drop=True)
+
+    return ProbeResult(
+        step=step,
+        model=row,
+        layers=at(run.probe_layers),
+        variables=at(run.probe_variables),
+        sweep=at(run.sweeps),
+        histogram=run.histograms.get(step),
+    )
+
+
+def unreliable_probes(run: Run, mode: str) -> int:
+    """How many probes of ``mode`` were marked unreliable."""
+    pm = run.probe_model
+    if not len(pm) or "mode" not in pm:
+        return 0
+    return sum(
+        1 for r in pm.to_dict("records") if r.get("mode") == mode and not probe_is_reliable(r)
+    )
