@@ -64,7 +64,7 @@ import pandas as pd
 
 from mpwatch import contract
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
-from mpwatch.read.run import ProbeResult, Run
+from mpwatch.read.run import Run
 
 __all__ = [
     "Overflow",
@@ -73,9 +73,10 @@ __all__ = [
     "overflows",
     "float16_probes",
     "probe_is_reliable",
-    "latest_reliable_probe",
     "unreliable_probes",
     "underflowing_layers",
+    "underflow_without",
+    "names_text",
     "float32_layer_names",
     "bfloat16_device",
     "advise",
@@ -217,8 +218,9 @@ class ProbeView:
 
 def probe_is_reliable(row: dict[str, Any]) -> bool:
     """Whether a probe's model row may carry a finding: a row the probe marked ``reliable: false``
-    (its loss disagrees with the train step's on the same batch and weights) may not."""
-    return row.get("reliable") is not False and not row.get("unreliable")
+    (its loss disagrees with the train step's on the same batch and weights) may not; ``None``
+    (not known, e.g. a custom train step) may, as in :meth:`Run.latest_probe`."""
+    return row.get("reliable") is not False
 
 
 def _f(x: Any) -> float | None:
@@ -383,7 +385,9 @@ class Advice:
         latest: the latest reliable float16 probe.
         probes: every reliable float16 probe.
         overflows: every skipped step with its scale.
-        layers: ``(layer, underflow fraction)`` to keep in float32 (range problem).
+        layers: ``(layer, underflow fraction)`` to keep in float32 (range problem), forward order.
+        layers_leave: the model-wide underflow predicted with them in float32
+            (:func:`underflow_without`: an estimate).
         bfloat16: where the device has bfloat16: a phrase saying so.
         lines: the evidence, one sentence each.
     """
@@ -398,7 +402,7 @@ class Advice:
     probes: list[ProbeView] = field(default_factory=list)
     overflows: list[Overflow] = field(default_factory=list)
     layers: list[tuple[str, float]] = field(default_factory=list)
-    more_layers: int = 0
+    layers_leave: float | None = None
     bfloat16: str | None = None
     span: tuple[int, int] | None = None
     best_under: float | None = None
@@ -468,10 +472,9 @@ class Advice:
                     f"underflow {_pct(r['underflow'])}, overflow {_pct(r['overflow'])}"
                 )
         if self.layers:
-            named = ", ".join(repr(n) for n, _ in self.layers)
-            more = f" and {self.more_layers} more" if self.more_layers else ""
+            named = names_text(self.layers, with_fraction=False)
             lines.append(
-                f'# keep {named}{more} in float32 (dtype="float32" where each is built), or, '
+                f'# keep {named} in float32 (dtype="float32" where each is built), or, '
                 "without editing the model code:"
             )
             lines.append("model = mpwatch.apply_recommendations(model, findings).model")
@@ -504,8 +507,10 @@ class Advice:
                 f"{it} double every {self.growth_steps} steps to reach the "
                 f"{scale_text(self.target)} the gradients need"
             )
-        n = len(self.layers) + self.more_layers
+        n = len(self.layers)
         keep = f": keep {n} layer{'s' if n != 1 else ''} in float32" if n else ""
+        if n and lt is not None and self.layers_leave is not None:
+            keep += f" (predicted underflow {_pct(lt.measured)} -> {_pct(self.layers_leave)})"
         if self.kind == "range":
             parts.append("no single loss scale fits the gradients" + keep)
         elif self.kind == "unpredicted":
@@ -552,12 +557,12 @@ def underflowing_layers(
     layers: pd.DataFrame,
     threshold: float = LAYER_UNDERFLOW_WARN,
     fallback: float | None = UNDERFLOW_MATERIAL,
-) -> tuple[list[tuple[str, float]], int]:
-    """Layers of a probe's layer table losing more than ``threshold`` of their gradient values
-    (none: those above ``fallback``), most first, not already float32 (the first LAYERS_NAMED,
-    how many more)."""
+) -> list[tuple[str, float]]:
+    """``(layer, underflow fraction)`` of a probe's layer table for the layers losing more than
+    ``threshold`` of their gradient values (none: those above ``fallback``), in the table's
+    (forward) order, leaving out layers already computing in float32."""
     if not len(layers) or "underflow_fraction" not in layers or "layer" not in layers:
-        return [], 0
+        return []
     f32 = float32_layer_names(run)
     floor = threshold if fallback is None else min(threshold, fallback)
     rows = []
@@ -566,10 +571,37 @@ def underflowing_layers(
         name = str(r["layer"])
         if u is not None and u > floor and name not in f32:
             rows.append((name, u))
-    rows.sort(key=lambda t: -t[1])
     if fallback is None or any(u > threshold for _, u in rows):
         rows = [(n, u) for n, u in rows if u > threshold]
-    return rows[:LAYERS_NAMED], max(0, len(rows) - LAYERS_NAMED)
+    return rows
+
+
+def underflow_without(layers: pd.DataFrame, names: list[str]) -> float | None:
+    """The model-wide underflow fraction the probe's per-layer counts leave when the named
+    layers lose nothing (their gradients computed in float32): ``(lost - lost in them) /
+    reference-nonzero``. An estimate: it assumes the gradient reaching them is intact (the
+    float16 layers that feed it keep losing what they lose) and the other layers unchanged. None
+    without counts."""
+    if not len(layers) or not {"layer", "ref_nonzero", "underflow_count"} <= set(layers):
+        return None
+    total = lost = kept = 0.0
+    for r in layers.to_dict("records"):
+        nz, uc = _f(r.get("ref_nonzero")), _f(r.get("underflow_count"))
+        if nz is None or uc is None:
+            continue
+        total += nz
+        lost += uc
+        if str(r["layer"]) in names:
+            kept += uc
+    return (lost - kept) / total if total else None
+
+
+def names_text(layers: list[tuple[str, float]], with_fraction: bool = True) -> str:
+    """``'a' 30.0%, 'b' 12.0% and 3 more`` (at most LAYERS_NAMED named)."""
+    shown = layers[:LAYERS_NAMED]
+    text = ", ".join(f"{n!r} {_pct(u)}" if with_fraction else repr(n) for n, u in shown)
+    more = len(layers) - len(shown)
+    return text + (f" and {more} more" if more else "")
 
 
 def _ladder(bound: float, current: int) -> int | None:
@@ -630,7 +662,8 @@ def _advise(run: Run) -> Advice:
     if adv.kind == "none":
         adv.kind = "stays"
     if adv.kind in ("range", "unpredicted"):
-        adv.layers, adv.more_layers = underflowing_layers(run, lt.layers)
+        adv.layers = underflowing_layers(run, lt.layers)
+        adv.layers_leave = underflow_without(lt.layers, [n for n, _ in adv.layers])
         adv.bfloat16 = bfloat16_device(run)
     _evidence(adv, pred_used, best_k, later_cap)
     return adv
@@ -740,42 +773,21 @@ def _evidence(adv: Advice, pred_used: float | None, best_k: int | None, later_ca
         elif math.isfinite(later_cap) and later_cap <= lt.used_log2:
             L.append("a larger scale overflowed later in the run")
         if adv.layers:
+            least = min(u for _, u in adv.layers)
+            over = LAYER_UNDERFLOW_WARN if least > LAYER_UNDERFLOW_WARN else UNDERFLOW_MATERIAL
             L.append(
-                f"layers losing more than {_pct(LAYER_UNDERFLOW_WARN)} at {scale_text(lt.scale)}: "
-                + ", ".join(f"{n!r} {_pct(u)}" for n, u in adv.layers)
-                + (f" and {adv.more_layers} more" if adv.more_layers else "")
+                f"layers losing more than {_pct(over)} at {scale_text(lt.scale)}: "
+                + names_text(adv.layers)
             )
+            if adv.layers_leave is not None:
+                L.append(
+                    f"with them in float32 the probe's per-layer counts leave about "
+                    f"{_pct(adv.layers_leave)} model-wide (if the gradient reaching them is "
+                    "intact)"
+                )
 
 
-# --- the latest probe a finding may rest on -------------------------------------------------------
-def latest_reliable_probe(run: Run, mode: str) -> ProbeResult | None:
-    """The latest probe of ``mode`` that is reliable (:func:`probe_is_reliable`), as
-    :meth:`Run.latest_probe` gives probes, or None."""
-    pm = run.probe_model
-    if not len(pm) or "mode" not in pm:
-        return None
-    rows = [r for r in pm.sort_values("step", kind="stable").to_dict("records")
-            if r.get("mode") == mode and probe_is_reliable(r)]  # fmt: skip
-    if not rows:
-        return None
-    row = rows[-1]
-    step = int(row["step"])
-
-    def at(table: pd.DataFrame) -> pd.DataFrame:
-        if not len(table) or "step" not in table:
-            return pd.DataFrame()
-        return table[table["step"] == step].reset_index(drop=True)
-
-    return ProbeResult(
-        step=step,
-        model=row,
-        layers=at(run.probe_layers),
-        variables=at(run.probe_variables),
-        sweep=at(run.sweeps),
-        histogram=run.histograms.get(step),
-    )
-
-
+# --- probes no finding may rest on ----------------------------------------------------------------
 def unreliable_probes(run: Run, mode: str) -> int:
     """How many probes of ``mode`` were marked unreliable."""
     pm = run.probe_model

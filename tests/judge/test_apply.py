@@ -221,3 +221,79 @@ def test_a_findings_layer_list_is_applied(policy):
     pol = {layer.name: layer.dtype_policy.name for layer in res.model.layers}
     assert pol["a"] == pol["b"] == "float32" and pol["c"] == "mixed_float16"
     assert res.layers == ["a", "b"]
+
+
+# --- a real deep sigmoid MLP: the advice, applied, loses less (checked in the test itself) ------
+def _sigmoid_mlp(keras, depth=22, width=32):
+    layers = [keras.Input((16,))]
+    layers += [keras.layers.Dense(width, activation="sigmoid", name=f"d{i}") for i in range(depth)]
+    layers += [keras.layers.Dense(10, name="logits"),
+               keras.layers.Activation("softmax", dtype="float32", name="probs")]  # fmt: skip
+    return keras.Sequential(layers)
+
+
+def _underflow(keras, model, x, y, scale):
+    """Measured here: among the float32 reference's nonzero weight gradients (the same weights
+    under a float32 policy, training mode), the share that are zero in ``model``'s gradient of
+    ``loss * scale``."""
+    import tensorflow as tf
+
+    def as_float32(layer):
+        config = layer.get_config()
+        config["dtype"] = "float32"
+        return layer.__class__.from_config(config)
+
+    ref_model = keras.models.clone_model(model, clone_function=as_float32)
+    ref_model.set_weights(model.get_weights())
+    loss = keras.losses.SparseCategoricalCrossentropy()
+
+    def grads(m, s):
+        with tf.GradientTape() as tape:
+            value = loss(y, m(x, training=True)) * s
+        return [np.asarray(g, np.float64) for g in tape.gradient(value, m.trainable_variables)]
+
+    ref, got = grads(ref_model, 1.0), grads(model, scale)
+    nonzero = sum(int((r != 0).sum()) for r in ref)
+    lost = sum(int(((r != 0) & (g == 0)).sum()) for r, g in zip(ref, got))
+    return lost / nonzero
+
+
+@pytest.mark.slow
+def test_deep_sigmoid_mlp_advice_is_predicted_and_verified_to_lose_less(policy, tmp_path):
+    import keras
+
+    with policy("mixed_float16"):
+        keras.utils.set_random_seed(0)
+        model = _sigmoid_mlp(keras)
+        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(640, 16)).astype("float32")
+        y = rng.integers(0, 10, size=640)
+        logdir = str(tmp_path / "mlp")
+        monitor = mpwatch.MixedPrecisionMonitor(
+            log_dir=logdir, log_every=5, probe_every=10, profile=False
+        )
+        model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
+        scale = float(model.optimizer.dynamic_scale.numpy())
+        batch = (x[:64], y[:64])  # the probe's batch: the first training batch
+        before = _underflow(keras, model, *batch, scale)
+        findings = mpwatch.diagnose(logdir)
+        (under,) = [f for f in findings if f.rule == "gradient-underflow"]
+        (advice,) = [f for f in findings if f.rule == "loss-scale"]
+        # underflow found, and the probe's figure is the one measured here
+        assert before > 0.1
+        assert under.data["underflow_fraction"] == pytest.approx(before, abs=1e-3)
+        assert under.severity == "error" and advice.data["scale_used"] == scale
+        # never a lower scale (the probe's margin allows no larger one here)
+        proposed = advice.data["initial_scale"]
+        assert proposed is None or proposed > scale
+        # the advice, applied, loses less: as predicted (an estimate), and far less than before
+        keep = advice.action["float32_layers"]
+        assert keep and under.action == advice.action
+        res = mpwatch.apply_recommendations(model, findings)
+        assert res.layers == keep
+        after = _underflow(keras, res.model, *batch, res.optimizer.initial_scale
+                           if res.optimizer is not None else scale)  # fmt: skip
+        predicted = advice.data["underflow_with_layers_float32"]
+        assert after < before / 10
+        assert after == pytest.approx(predicted, abs=0.005)

@@ -67,7 +67,7 @@ def test_underflowing_layers_make_one_finding():
         [{"severity": "warning", "layer": None, "title_has": "2 layers",
           "evidence_has": ("'d' 30.0%", "'dense' 6.00%")}],
     )  # fmt: skip
-    assert found[0].action == {"float32_layers": ["d", "dense"]}
+    assert found[0].action == {"float32_layers": ["dense", "d"]}  # forward order
 
 
 def test_one_underflowing_layer_is_named_as_the_findings_layer():

@@ -84,15 +84,11 @@ _KEEP_FIX = "# keep {names} in float32 (dtype=\"float32\" where each is built), 
     "model = mpwatch.apply_recommendations(model, findings).model"  # fmt: skip
 
 
-def _named(layers: list[tuple[str, float]], more: int) -> str:
-    return ", ".join(f"{n!r} {pct(u)}" for n, u in layers) + (f" and {more} more" if more else "")
-
-
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
     cd = compute_dtype(run)
     mode = "bfloat16" if cd == "bfloat16" else "float16"
-    probe = se.latest_reliable_probe(run, mode)
+    probe = run.latest_probe(modes=(mode,))  # reliable probes only
     if probe is not None and finite(probe.model.get("underflow_fraction")) is not None:
         return _from_probe(run, probe, mode)
     if mode != "float16" or cd not in ("float16", ""):
@@ -131,18 +127,16 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
     at = f" at loss scale {se.scale_text(scale)}" if scale else ""
     if uf is not None and uf > UNDERFLOW_WARN:
         # the layers that lose most: above LAYER_UNDERFLOW_WARN, else above UNDERFLOW_WARN
-        layers, more = se.underflowing_layers(
-            run, probe.layers, LAYER_UNDERFLOW_WARN, UNDERFLOW_WARN
-        )
+        layers = se.underflowing_layers(run, probe.layers, LAYER_UNDERFLOW_WARN, UNDERFLOW_WARN)
         lines = [
             f"probe at step {step}: {fmt(finite(model.get('underflow_count')))} of "
             f"{fmt(finite(model.get('ref_nonzero')))} reference-nonzero gradient elements are "
             f"zero in {mode}{at.replace(' loss scale', ' scale')}"
         ]
         if layers:
-            lines.append(
-                f"layers losing more than {pct(LAYER_UNDERFLOW_WARN)}: {_named(layers, more)}"
-            )
+            least = min(u for _, u in layers)
+            over = LAYER_UNDERFLOW_WARN if least > LAYER_UNDERFLOW_WARN else UNDERFLOW_WARN
+            lines.append(f"layers losing more than {pct(over)}: {se.names_text(layers)}")
         fix, action = "", {}
         if mode == "float16":
             adv = se.advise(run)
@@ -157,7 +151,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
                     "to halve it"
                 )
         if not fix and layers:
-            fix = _KEEP_FIX.format(names=", ".join(repr(n) for n, _ in layers))
+            fix = _KEEP_FIX.format(names=se.names_text(layers, with_fraction=False))
             action = {"float32_layers": [n for n, _ in layers]}
         if not fix:
             lines.append(f"no layer loses more than {pct(UNDERFLOW_WARN)}: the loss is spread thin")
@@ -171,7 +165,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
                 f"{pct(uf)} of gradient values underflow to zero in {mode}{at}",
                 "; ".join(lines),
                 fix=fix,
-                layer=layers[0][0] if len(layers) == 1 and not more else None,
+                layer=layers[0][0] if len(layers) == 1 else None,
                 action=action,
                 data={
                     "step": step,
@@ -182,18 +176,18 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
                 },
             )
         ]
-    layers, more = se.underflowing_layers(run, probe.layers, LAYER_UNDERFLOW_WARN, None)
+    layers = se.underflowing_layers(run, probe.layers, LAYER_UNDERFLOW_WARN, None)
     if not layers:
         return []
-    n = len(layers) + more
+    n = len(layers)
     return [
         RULE.finding(
             "warning",
             f"{n} layer{'s' if n != 1 else ''} lose more than {pct(LAYER_UNDERFLOW_WARN)} of "
             f"{'their' if n != 1 else 'its'} gradient values to underflow in {mode}",
-            f"probe at step {step}{at}: {_named(layers, more)} of the reference's nonzero "
+            f"probe at step {step}{at}: {se.names_text(layers)} of the reference's nonzero "
             f"gradient values are zero in {mode} (model-wide {pct(uf or 0.0)})",
-            fix=_KEEP_FIX.format(names=", ".join(repr(n) for n, _ in layers)),
+            fix=_KEEP_FIX.format(names=se.names_text(layers, with_fraction=False)),
             layer=layers[0][0] if n == 1 else None,
             action={"float32_layers": [name for name, _ in layers]},
             data={

@@ -162,6 +162,7 @@ def check(run: Run) -> list[Finding]:
                     (o.scale for o in adv.overflows if o.scale is not None), default=None
                 ),
                 "layers": [n for n, _ in adv.layers],
+                "underflow_with_layers_float32": adv.layers_leave,
             },
         )
     )
