@@ -1,7 +1,7 @@
 """The probe's math: true gradient underflow against a float32 reference, and what other scales
 would do.
 
-Definitions (``DESIGN.md``, "Probe"). Let ``S`` be the loss scale, ``g_ref`` a gradient of the
+Definitions (``docs/design.md``, "Probe"). Let ``S`` be the loss scale, ``g_ref`` a gradient of the
 float32 twin and ``gS`` the mixed-precision gradient as Keras' train step gets it (``tape.gradient``
 of ``loss * S``: float32 values cast back from float16, zeros where float16 underflowed).
 
@@ -18,7 +18,12 @@ of ``loss * S``: float32 values cast back from float16, zeros where float16 unde
   nonzero reference elements with ``|g_ref| * 2**k < 2**-24`` (below float16's smallest subnormal:
   flushed to zero or rounded to the smallest subnormal), and the predicted overflow fraction, the
   share with ``|g_ref| * 2**k >= 2**16`` (past 65504: inf). Both are exact sums of histogram bins,
-  because the thresholds are powers of two and the bins are integer powers of two.
+  because the thresholds are powers of two and the bins are integer powers of two. Against
+  float16's own rounding of ``g_ref * 2**k`` (round to nearest even: values up to ``2**-25``
+  become 0, values from 65520 become inf) each is within one doubling:
+  ``under(k + 1) <= zero share(k) <= under(k)`` and ``over(k) <= inf share(k) <= over(k + 1)``
+  (tests/record/test_underflow.py checks both with numpy's float16). The judge compares scales
+  on these predictions only (``mpwatch/judge/scale_evidence.py``).
 - **recommended scale**: the largest ``2**k`` in the sweep whose scaled maximum (of the weight
   gradients and, where measured, the activation gradients) stays at least ``margin_bits`` doublings
   below 65504: ``max|g_ref| * 2**k <= 65504 / 2**margin_bits``. Predicted underflow never rises with

@@ -43,6 +43,23 @@ def test_sweep_matches_numpy_thresholds_and_never_rises():
     assert all(a <= b for a, b in zip(overs, overs[1:]))
 
 
+def test_sweep_is_within_one_doubling_of_float16_rounding():
+    """The sweep's thresholds (2^-24, 2^16) against what numpy's float16 does to g * 2^k: values
+    up to 2^-25 round to 0, values from 65520 to inf. So the predicted underflow at k is at least
+    the zero share at k and at most the one at k - 1; the predicted overflow at k at most the inf
+    share at k and at least the one at k - 1."""
+    rng = np.random.default_rng(2)
+    g = (2.0 ** rng.uniform(-50, 10, size=20000)).astype(np.float32)
+    counts = underflow.log2_bins(tf.constant(g)).numpy()
+    rows = {int(r[0]): (r[2], r[3]) for r in underflow.sweep(counts)}
+    g64 = g.astype(np.float64)
+    for k in range(-7, 40):
+        scaled = (g64 * 2.0**k).astype(np.float16)
+        zero, inf = float(np.mean(scaled == 0)), float(np.mean(np.isinf(scaled)))
+        assert rows[k + 1][0] <= zero <= rows[k][0], k
+        assert rows[k][1] <= inf <= rows[k + 1][1], k
+
+
 def test_recommend_scale_keeps_margin():
     s = underflow.recommend_scale(2.0**-3, margin_bits=4)
     # 2**-3 * S <= 65504 / 16  ->  S <= 32752  ->  largest power of two 2**14
