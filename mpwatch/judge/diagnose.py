@@ -18,23 +18,68 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mpwatch.judge.finding import Finding, most_severe_first
+from mpwatch.judge.finding import Finding, most_severe_first, severity_rank
 from mpwatch.judge.rule import policy
 from mpwatch.judge.rules import PAIR_RULES, RUN_RULES
 from mpwatch.read.run import Run, load_run, load_runs
 
-__all__ = ["diagnose", "diagnose_run", "diagnose_runs", "compare_all", "compare_runs"]
+__all__ = [
+    "diagnose",
+    "diagnose_run",
+    "diagnose_runs",
+    "compare_all",
+    "compare_runs",
+    "model_structure",
+    "one_per_layer",
+]
+
+
+#: rules whose findings keep one layer float32 (``action["dtype"] == "float32"``) for a cause in
+#: that layer: several of them on one layer are one cause, one finding (:func:`one_per_layer`)
+LAYER_CAUSE_RULES = (
+    "output-16bit",
+    "activation-overflow",
+    "id-rounding",
+    "output-rel-error",
+    "gradient-error",
+)
+
+
+def one_per_layer(findings: list[Finding]) -> list[Finding]:
+    """Findings of :data:`LAYER_CAUSE_RULES` about the same layer of the same run merged into the
+    most severe one (then the earliest rule of that list): the others' titles become its
+    evidence (``"; also: ..."``) and ``data["also"]`` lists their rules."""
+    keep: dict[tuple[str | None, str], Finding] = {}
+    out: list[Finding] = []
+    rank = {r: i for i, r in enumerate(LAYER_CAUSE_RULES)}
+    mergeable = [f for f in findings if f.rule in rank and f.layer]
+    mergeable.sort(key=lambda f: (-severity_rank(f.severity), rank[f.rule]))
+    merged: set[int] = set()
+    for f in mergeable:
+        key = (f.run, str(f.layer))
+        head = keep.get(key)
+        if head is None:
+            keep[key] = f
+            continue
+        head.evidence += f"; also: {f.title} ({f.rule})"
+        head.data = {**head.data, "also": [*head.data.get("also", []), f.rule]}
+        merged.add(id(f))
+    for f in findings:
+        if id(f) not in merged:
+            out.append(f)
+    return out
 
 
 def diagnose_run(run: Run) -> list[Finding]:
-    """Every run-level rule on one Run, most severe first."""
+    """Every run-level rule on one Run, most severe first (one finding per layer cause:
+    :func:`one_per_layer`)."""
     out: list[Finding] = []
     for rule in RUN_RULES:
         for f in rule.check(run):
             if f.run is None:
                 f.run = run.name
             out.append(f)
-    return most_severe_first(out)
+    return most_severe_first(one_per_layer(out))
 
 
 def compare_runs(mixed: Run, fp32: Run) -> list[Finding]:
@@ -46,40 +91,54 @@ def compare_runs(mixed: Run, fp32: Run) -> list[Finding]:
     return out
 
 
-def _model_key(run: Run) -> tuple[Any, Any] | None:
+def model_structure(run: Run) -> tuple[Any, ...] | None:
+    """What makes two runs the same model: the parameter count and, layer by layer in the layer
+    table, the class and parameter count (names are left out: Keras numbers them per session);
+    without a layer table, the model's name, class and parameter count. None when the run records
+    neither."""
     m = run.info.get("model") or {}
-    if not m:
-        return None
-    return (m.get("name"), m.get("params"))
+    lt = run.layers
+    if len(lt) and "class" in lt and "params" in lt:
+        layers = tuple(
+            (str(c), int(p) if p == p and p is not None else None)
+            for c, p in zip(lt["class"], lt["params"])
+        )
+        return ("layers", m.get("params"), layers)
+    if m:
+        return ("model", m.get("name"), m.get("class"), m.get("params"))
+    return None
 
 
 def compare_all(runs: Iterable[Run]) -> list[Finding]:
-    """Pair each mixed run with the first float32 run of the same model (name and parameter
-    count, else parameter count alone) and compare them (:func:`compare_runs`)."""
+    """Pair each mixed run with the first float32 run of the same model
+    (:func:`model_structure`: same parameter count and the same layer classes and parameter
+    counts) and compare them (:func:`compare_runs`)."""
     runs = [r for r in runs if r.info]
     out = []
     f32 = [r for r in runs if policy(r) == "float32"]
     mixed = [r for r in runs if policy(r).startswith("mixed_")]
     for m in mixed:
-        key = _model_key(m)
-        partner = [f for f in f32 if key is not None and _model_key(f) == key]
-        if not partner:
-            # same model class and parameter count, differently named
-            mk = (m.info.get("model") or {}).get("params")
-            partner = [f for f in f32 if mk and (f.info.get("model") or {}).get("params") == mk]
+        key = model_structure(m)
+        if key is None:
+            continue
+        partner = [f for f in f32 if model_structure(f) == key]
         if partner:
             out.extend(compare_runs(m, partner[0]))
     return out
 
 
 def diagnose_runs(runs: Mapping[str, Run] | Iterable[Run]) -> list[Finding]:
-    """Every rule on every run with mpwatch data, plus the mixed-vs-float32 comparisons."""
+    """Every rule on every run with mpwatch data, plus the mixed-vs-float32 comparisons (a
+    measured step-time comparison replaces the run's ``no-tensor-cores`` finding)."""
     items = list(runs.values()) if isinstance(runs, Mapping) else list(runs)
     out: list[Finding] = []
     for r in items:
         if r.has_data:
             out.extend(diagnose_run(r))
-    out.extend(compare_all(r for r in items if r.has_data))
+    pairs = compare_all(r for r in items if r.has_data)
+    measured = {f.run for f in pairs if "step_time_ratio" in f.data}
+    out = [f for f in out if not (f.rule == "no-tensor-cores" and f.run in measured)]
+    out.extend(pairs)
     return most_severe_first(out)
 
 

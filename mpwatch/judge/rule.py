@@ -18,17 +18,18 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from mpwatch import contract
-from mpwatch.formats import SIXTEEN_BIT
+from mpwatch.formats import FLOAT16, SIXTEEN_BIT
 from mpwatch.judge.finding import SEVERITIES, Finding
-from mpwatch.read.run import Run
+from mpwatch.read.run import ProbeResult, Run
 
 __all__ = [
     "Rule",
@@ -44,6 +45,17 @@ __all__ = [
     "effective_float32",
     "layer_row",
     "keep_float32_fix",
+    "class_module",
+    "is_keras_class",
+    "layer_constructor",
+    "application_of",
+    "APPLICATIONS",
+    "computes_float32",
+    "fast_16bit",
+    "Overflow",
+    "probe_overflow",
+    "contiguous_blocks",
+    "names_list",
 ]
 
 # --- shared thresholds (each is used by more than one rule) --------------------------------------
@@ -260,11 +272,271 @@ def layer_row(run: Run, name: str) -> dict[str, Any] | None:
     return cached[1].get(str(name))
 
 
-def keep_float32_fix(name: str, cls: str | None) -> str:
-    """The fix, as code, that keeps one layer in float32."""
+def computes_float32(run: Run, name: str) -> bool:
+    """Whether layer ``name`` already computes in float32: its compute dtype is float32 (its own
+    ``dtype="float32"``, or a float32 model), or it normalises in float32 inside a 16-bit policy
+    (see :func:`effective_float32`). Unknown layers: False."""
+    row = layer_row(run, name)
+    if row is None:
+        return False
+    if str(row.get("compute_dtype") or "") == "float32":
+        return True
+    return str(row.get("effective_dtype") or "") == "float32"
+
+
+# --- fixes written as the user's code ------------------------------------------------------------
+def class_module(run: Run, cls: str | None) -> str | None:
+    """The module layer class ``cls`` was defined in (``"keras.src.layers.core.dense"``,
+    ``"__main__"``, ``"my_project.layers"``), from the latest ``layers`` record's
+    ``class_modules``; None where the record does not say (recorded before mpwatch wrote it)."""
+    if not cls:
+        return None
+    recs = run.records.get(contract.KIND_LAYERS) or []
+    if not recs:
+        return None
+    mods = recs[-1][1].get("class_modules")
+    if not isinstance(mods, Mapping):
+        return None
+    mod = mods.get(str(cls))
+    return str(mod) if mod else None
+
+
+def is_keras_class(run: Run, cls: str | None) -> bool | None:
+    """Whether layer class ``cls`` is Keras' own (its module is ``keras`` or under it); None when
+    the run does not say."""
+    mod = class_module(run, cls)
+    if mod is None:
+        return None
+    return mod == "keras" or mod.startswith(("keras.", "tf_keras.", "tensorflow.python.keras."))
+
+
+def layer_constructor(run: Run, cls: str | None) -> str:
+    """How the user's code names layer class ``cls``: ``keras.layers.Dense`` for Keras' own
+    classes, the bare class name (``LogSumExpPool``) for the user's own; ``keras.layers.<cls>``
+    where the run does not record the class's module."""
+    cls = str(cls or "Layer")
+    return cls if is_keras_class(run, cls) is False else f"keras.layers.{cls}"
+
+
+#: keras.applications: the model name each builder gives its model (a regular expression) -> the
+#: builder's name, and the name of the layer that applies ``classifier_activation``
+APPLICATIONS: tuple[tuple[str, Callable[[re.Match[str]], str], str], ...] = (
+    (r"resnet(50|101|152)(v2)?", lambda m: f"ResNet{m[1]}{'V2' if m[2] else ''}", "predictions"),
+    (r"densenet(121|169|201)", lambda m: f"DenseNet{m[1]}", "predictions"),
+    (r"efficientnetb([0-7])", lambda m: f"EfficientNetB{m[1]}", "predictions"),
+    (r"efficientnetv2-(b[0-3]|s|m|l)", lambda m: f"EfficientNetV2{m[1].upper()}", "predictions"),
+    (r"inception_v3", lambda m: "InceptionV3", "predictions"),
+    (r"inception_resnet_v2", lambda m: "InceptionResNetV2", "predictions"),
+    (r"mobilenet_\d\.\d\d_\d+", lambda m: "MobileNet", "predictions"),
+    (r"mobilenetv2_\d\.\d\d_\d+", lambda m: "MobileNetV2", "predictions"),
+    (r"MobileNetV3(Small|Large)", lambda m: f"MobileNetV3{m[1]}", "predictions"),
+    (r"nasnet_(mobile|large)", lambda m: f"NASNet{m[1].capitalize()}", "predictions"),
+    (r"vgg(16|19)", lambda m: f"VGG{m[1]}", "predictions"),
+    (r"xception", lambda m: "Xception", "predictions"),
+    (r"convnext_(tiny|small|base|large|xlarge)",
+     lambda m: "ConvNeXt" + {"xlarge": "XLarge"}.get(m[1], m[1].capitalize()),
+     "{model}_head_dense"),
+)  # fmt: skip
+
+
+def application_of(run: Run, name: str) -> str | None:
+    """The ``keras.applications`` builder (``"ResNet50"``) whose classifier layer ``name`` is, or
+    None.
+
+    The evidence, all from the layer table and run_info: the layer's parent in its path (the root
+    model, or a nested model) is a ``Functional`` model named as that builder names its models
+    (``resnet50``, ``mobilenetv2_1.00_96``, ...; :data:`APPLICATIONS`), and the layer has the name
+    the builder gives the layer that applies ``classifier_activation`` (``predictions``). A model
+    the user renamed is not recognised (the generic fix applies).
+    """
+    row = layer_row(run, name)
+    if row is None:
+        return None
+    path = str(row.get("path") or name).split("/")
+    if len(path) < 2:
+        return None
+    parent = path[-2]
+    if len(path) == 2:  # the root model
+        cls = str((run.info.get("model") or {}).get("class") or "Functional")
+    else:
+        lt = run.layers
+        prow = lt[lt["path"].astype(str) == "/".join(path[:-1])] if "path" in lt else lt[:0]
+        cls = str(prow["class"].iloc[0]) if len(prow) else ""
+    if cls not in ("Functional", "Model"):
+        return None
+    for pattern, builder, head in APPLICATIONS:
+        m = re.fullmatch(pattern, parent)
+        if m and path[-1] == head.format(model=parent):
+            return builder(m)
+    return None
+
+
+def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
+    """The fix, as code, that keeps one layer in float32, written as the user's code is: Keras'
+    own classes as ``keras.layers.<cls>``, the user's own classes by their name (with ``run``: the
+    layers record says which is which), the classifier of a ``keras.applications`` model through
+    ``classifier_activation=None`` and a float32 ``Activation`` (see :func:`application_of`)."""
+    app = application_of(run, name) if run is not None else None
+    if app is not None:
+        return (
+            f"model = keras.applications.{app}(..., classifier_activation=None)\n"
+            'outputs = keras.layers.Activation("softmax", dtype="float32")(model.output)'
+            "  # your classifier_activation\n"
+            "model = keras.Model(model.input, outputs)\n"
+            "# or, without editing the model code:\n"
+            "model = mpwatch.apply_recommendations(model, findings).model"
+        )
     cls = cls or "Layer"
-    return (
-        f'keras.layers.{cls}(..., dtype="float32", name="{name}")  # keep {name!r} in float32\n'
-        "# or, without editing the model code:\n"
+    ctor = layer_constructor(run, cls) if run is not None else f"keras.layers.{cls}"
+    own = ctor == cls
+    line = f'{ctor}(..., dtype="float32", name="{name}")  # keep {name!r} in float32'
+    if own:
+        line += f"\n# {cls} is your class: its __init__ must pass **kwargs (dtype) to Layer"
+    return line + (
+        "\n# or, without editing the model code:\n"
         "model = mpwatch.apply_recommendations(model, findings).model"
     )
+
+
+# --- the device ----------------------------------------------------------------------------------
+def fast_16bit(run: Run, dtype: str | None = None) -> bool | None:
+    """Whether the run's device has fast math in ``dtype`` (default: the run's compute dtype):
+    float16 on a GPU with Tensor Cores (compute capability 7.0 or more), bfloat16 on one of
+    compute capability 8.0 or more. False on a CPU and on older GPUs; None when run_info records
+    no device (or a GPU without its compute capability or Tensor Core flag)."""
+    dev = run.info.get("device") or {}
+    if not isinstance(dev, Mapping) or not dev:
+        return None
+    dtype = dtype or compute_dtype(run)
+    if str(dev.get("type")) == "CPU":
+        return False
+    if str(dev.get("type")) != "GPU":
+        return None
+    cc = finite(str(dev.get("compute_capability") or "").split(" ")[0] or None)
+    if cc is None:  # the recorder sets tensor_cores False when it cannot read the capability
+        return None
+    return cc >= (8.0 if dtype == "bfloat16" else 7.0)
+
+
+# --- one finding per root cause ------------------------------------------------------------------
+@dataclass
+class Overflow:
+    """Where a probe's 16-bit forward pass first went out of range, and what followed.
+
+    Attributes:
+        root: the first layer (forward order) whose output is non-finite or above float16's
+            maximum: the cause. ``"loss"`` when only the loss is non-finite.
+        kind: ``"non-finite"`` or ``"overflow"`` (finite but above 65504: a constructed record).
+        downstream: later layers (forward order) whose output is non-finite or above 65504
+            too: consequences of the root, evidence in its finding.
+        after: every layer after the root (forward order): their measurements rest on the root's
+            non-finite output and say nothing on their own.
+        nonfinite_gradients: layers with non-finite gradients (a non-finite loss makes every
+            gradient non-finite): consequences too.
+    """
+
+    root: str
+    kind: str
+    downstream: list[str]
+    after: set[str]
+    nonfinite_gradients: list[str]
+
+
+def _is_nonfinite_count(v: Any) -> bool:
+    if v is None or isinstance(v, bool) and not v:
+        return False
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return False
+    return x != 0 and not math.isnan(x)
+
+
+def _overflows(r: Mapping[str, Any], run: Run, preflight: bool = False) -> bool:
+    """A probe layer row's output is out of float16's range (and the layer's output is 16-bit; in
+    a pre-flight probe, a mixed_float16 twin of a float32 model, every layer's is)."""
+    raw = r.get("max_abs_activation")
+    try:
+        x = float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        x = None
+    if x is None or math.isnan(x):
+        return False
+    if math.isinf(x):
+        return True
+    if x <= FLOAT16.max:
+        return False
+    if preflight:
+        return True
+    row = layer_row(run, str(r.get("layer"))) or {}
+    out = str(row.get("output_dtype") or row.get("compute_dtype") or "")
+    return out != "float32"  # a float32 output holds values above 65504
+
+
+def probe_overflow(run: Run, probe: ProbeResult | None) -> Overflow | None:
+    """The probe's overflow cascade (see :class:`Overflow`), or None when its forward pass stayed
+    in range. The root is the probe's ``first_nonfinite_layer`` (the first layer, forward order,
+    with a non-finite output, else ``"loss"``, else the first layer in backward order with a
+    non-finite gradient); without one, the first layer whose output is above 65504."""
+    if probe is None:
+        return None
+    layers = probe.layers
+    rows = layers.to_dict("records") if len(layers) and "layer" in layers else []
+    order = [str(r["layer"]) for r in rows]
+    pre = str(probe.model.get("mode")) == "preflight"
+    first = probe.model.get("first_nonfinite_layer")
+    root, kind = None, "non-finite"
+    if isinstance(first, str) and first:
+        root = first
+    else:
+        for r in rows:
+            if _overflows(r, run, pre):
+                root, kind = str(r["layer"]), "overflow"
+                break
+    if root is None:
+        return None
+    after: set[str] = set(order[order.index(root) + 1 :]) if root in order else set()
+    downstream = [
+        str(r["layer"])
+        for r in rows
+        if str(r["layer"]) in after
+        and (_overflows(r, run, pre) or _is_nonfinite_count(r.get("nonfinite")))
+    ]
+    grads = [
+        str(r["layer"])
+        for r in rows
+        if str(r["layer"]) not in after
+        and str(r["layer"]) != root
+        and _is_nonfinite_count(r.get("nonfinite"))
+    ]
+    return Overflow(root=root, kind=kind, downstream=downstream, after=after,
+                    nonfinite_gradients=grads)  # fmt: skip
+
+
+def contiguous_blocks(order: Iterable[str], flagged: Mapping[str, bool | None]) -> list[list[str]]:
+    """Maximal runs of flagged layers in ``order``: ``flagged[name]`` True joins the current run,
+    False ends it, None (or absent: not measured, e.g. a layer without weights) passes through.
+
+    >>> contiguous_blocks("abcdef", {"a": True, "b": None, "c": True, "d": False, "e": True})
+    [['a', 'c'], ['e']]
+    """
+    out: list[list[str]] = []
+    cur: list[str] = []
+    for name in order:
+        f = flagged.get(name)
+        if f is None:
+            continue
+        if f:
+            cur.append(name)
+        elif cur:
+            out.append(cur)
+            cur = []
+    if cur:
+        out.append(cur)
+    return out
+
+
+def names_list(names: list[str], limit: int = 3) -> str:
+    """``'a', 'b', 'c' and 4 more``."""
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

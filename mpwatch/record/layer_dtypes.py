@@ -11,6 +11,7 @@ from mpwatch.record.base import RecordingCallback
 
 COLUMNS = contract.LAYERS_COLUMNS
 
+
 def tc_dims(layer: Any) -> dict[str, int]:
     """The dimensions that decide Tensor Core eligibility of a layer's matmul/convolution."""
     dims: dict[str, int] = {}
@@ -125,6 +126,17 @@ def layer_rows(model: Any, traced: dict[int, str] | None = None) -> list[list[An
     return rows
 
 
+def class_modules(model: Any) -> dict[str, str]:
+    """Each layer class in the table -> the module it is defined in (``keras.src.layers.core.dense``
+    for Keras' own, ``__main__`` or the user's package for a custom layer): the judge writes a fix
+    as the user's code (``keras.layers.Dense(...)``, but ``LogSumExpPool(...)``)."""
+    out: dict[str, str] = {}
+    for layer, _, _ in walk(model):
+        cls = type(layer)
+        out.setdefault(cls.__name__, str(getattr(cls, "__module__", "") or ""))
+    return out
+
+
 class _OutputDtypeTracer:
     """Wraps the ``call`` of every leaf layer (instance attribute) to note the dtype of what it
     returns while the train step is traced; undone after the first batch."""
@@ -174,6 +186,7 @@ class LayerDtypeMonitor(RecordingCallback):
     and BatchNormalization under ``mixed_float16`` normalise in float32 inside: effective
     ``float32``, with a note), parameter counts, Tensor Core dims (units, filters, input channels,
     kernel input dim) and whether all are multiples of 8, and whether it produces a model output.
+    Beside the table, ``class_modules``: each layer class's module (Keras' own, or the user's).
 
     Args:
         log_dir: the run directory.
@@ -191,7 +204,10 @@ class LayerDtypeMonitor(RecordingCallback):
         self._first = False
 
     def table(self, traced: dict[int, str] | None = None) -> dict[str, Any]:
-        return {"layers": contract.table(COLUMNS, layer_rows(self.model, traced))}
+        return {
+            "layers": contract.table(COLUMNS, layer_rows(self.model, traced)),
+            "class_modules": class_modules(self.model),
+        }
 
     def _begin(self) -> None:
         self._last = getattr(self.state, "layers_payload", None)

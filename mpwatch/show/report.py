@@ -1,8 +1,10 @@
 """Render a diagnosis (runs + findings) as text, Markdown, JSON or a self-contained HTML page.
 
 - ``text``: for a terminal; ANSI colours when ``color=True`` (the CLI turns them on for a tty,
-  and honours ``NO_COLOR``).
-- ``markdown``: for an issue or a pull request.
+  and honours ``NO_COLOR``). An info finding takes two lines (its evidence cut at
+  :data:`INFO_EVIDENCE_CHARS`), and its fix only when the fix is code (not "nothing to do").
+- ``markdown``: for an issue or a pull request; info findings with nothing to change are one line
+  each under "Notes", at the end.
 - ``json``: a stable, documented schema (:data:`JSON_SCHEMA`, a JSON Schema draft 2020-12 dict;
   ``"schema": "mpwatch.diagnosis/1"`` in every document). Non-finite numbers become ``null``.
   Fields are only ever added within version 1.
@@ -237,6 +239,21 @@ def _run_header(r: Run) -> str:
     return ", ".join(bits)
 
 
+#: characters of an info finding's evidence in the text and Markdown reports (JSON and HTML: all)
+INFO_EVIDENCE_CHARS = 200
+
+
+def _short(text: str, n: int = INFO_EVIDENCE_CHARS) -> str:
+    """One line of at most ``n`` characters."""
+    one = " ".join(str(text).split())
+    return one if len(one) <= n else one[: n - 1].rstrip() + "\u2026"
+
+
+def _actionable(fix: str) -> bool:
+    """Whether a fix holds code (not only ``# ...`` comments, such as "nothing to do")."""
+    return any(ln.strip() and not ln.strip().startswith("#") for ln in str(fix).splitlines())
+
+
 def _counts_line(findings: Sequence[Finding]) -> str:
     c = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
     return f"{c['error']} error(s), {c['warning']} warning(s), {c['info']} info"
@@ -273,7 +290,13 @@ def _text(rl: list[Run], findings: Sequence[Finding], logdir: str | None, color:
         for f in mine:
             tag = paint(f"{f.severity.upper():7s}", _COLOURS[f.severity])
             lines.append(f"  {tag} {f.title}  [{f.rule}]")
-            lines.append(f"          {f.evidence}")
+            if f.severity == "info":
+                # info: the title and one short line; no comment-only fix ("nothing to do")
+                lines.append(f"          {_short(f.evidence)}")
+                if not _actionable(f.fix):
+                    continue
+            else:
+                lines.append(f"          {f.evidence}")
             if f.fix:
                 fix = f.fix.replace("\n", "\n               ")
                 lines.append(f"          fix: {paint(fix, _DIM) if color else fix}")
@@ -317,7 +340,10 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
             out += [f"- {_md_escape(x)}" for x in rest]
     out += ["", f"**{_counts_line(findings)}**", ""]
     icons = {"error": "🔴", "warning": "🟠", "info": "🔵"}
+    notes = [f for f in findings if f.severity == "info" and not _actionable(f.fix)]
     for f in findings:
+        if any(f is n for n in notes):
+            continue
         where_f = f"run `{f.run}`" + (f", layer `{f.layer}`" if f.layer else "")
         out.append(f"## {icons[f.severity]} {f.severity}: {_md_escape(f.title)}")
         out.append("")
@@ -330,6 +356,15 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
         if f.why:
             out.append(f"**Why:** {_md_escape(f.why)} *(source: {_md_escape(f.source)})*")
             out.append("")
+    if notes:
+        # info with nothing to change: one line each, at the end
+        out += ["## 🔵 Notes (nothing to change)", ""]
+        for f in notes:
+            out.append(
+                f"- {_md_escape(f.title)} (run `{f.run}`, rule `{f.rule}`): "
+                f"{_md_escape(_short(f.evidence))}"
+            )
+        out.append("")
     for r in rl:
         for w in r.warnings:
             out.append(f"> reader, run `{r.name}`: {_md_escape(w)}")

@@ -89,3 +89,31 @@ def test_old_module_paths_still_give_the_judge():
                  "diagnose_runs", "compare_runs"):  # fmt: skip
         assert hasattr(old, name), name
     assert mpwatch.diagnose is diagnose and mpwatch.Finding is Finding
+
+
+def test_one_finding_per_layer_cause():
+    """A layer over output-rel-error's threshold whose gradient also errs: one finding (the first
+    of LAYER_CAUSE_RULES at the highest severity), the other's title in its evidence."""
+    from mpwatch.judge.diagnose import LAYER_CAUSE_RULES, one_per_layer
+
+    a = Finding("output-rel-error", "warning", "out err", "e1", layer="dense", run="r",
+                action={"dtype": "float32"})  # fmt: skip
+    b = Finding("gradient-error", "error", "grad err", "e2", layer="dense", run="r",
+                action={"dtype": "float32"})  # fmt: skip
+    c = Finding("gradient-error", "warning", "other layer", "e3", layer="conv2d", run="r")
+    d = Finding("loss-scale", "warning", "not a layer cause", "e4", layer="dense", run="r")
+    out = one_per_layer([a, b, c, d])
+    assert [f.title for f in out] == ["grad err", "other layer", "not a layer cause"]
+    assert out[0].evidence == "e2; also: out err (output-rel-error)"
+    assert out[0].data["also"] == ["output-rel-error"]
+    assert LAYER_CAUSE_RULES.index("output-16bit") == 0
+
+
+def test_pairing_needs_the_same_structure():
+    from mpwatch.judge.diagnose import model_structure
+
+    a, b = make_run("a"), make_run("b", policy="float32")
+    assert model_structure(a) == model_structure(b)  # same classes and parameters, any policy
+    c = make_run("c", policy="float32")
+    c.layers.loc[0, "params"] = 841
+    assert model_structure(c) != model_structure(a)

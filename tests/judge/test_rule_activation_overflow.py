@@ -1,19 +1,88 @@
-"""Rule ``activation-overflow`` (mpwatch/judge/rules/activation_overflow.py) on constructed Runs."""
+"""Rule ``activation-overflow`` (mpwatch/judge/rules/activation_overflow.py) on constructed Runs:
+one finding per cause (the first layer out of float16's range), predictions on pre-flight probes."""
 
 from __future__ import annotations
 
-import pytest
-from builders import assert_findings, findings_of, make_run, model_row, probe_layer
+import math
 
+import pytest
+from builders import assert_findings, findings_of, layer_rows, make_run, model_row, probe_layer
+
+from mpwatch import contract
 from mpwatch.judge import diagnose
 
 RULE = "activation-overflow"
 INF = float("inf")
+NAN = float("nan")
+KERAS = "keras.src.layers.core.dense"
 
 
 def _probed(mx, nonfinite=False, **model):
     probes = {10: (model_row(mx=mx, **model), [probe_layer("dense", mx=mx, nonfinite=nonfinite)])}
     return make_run(probes=probes)
+
+
+def _row(name, cls, compute="float16", output=None, is_output=False, policy="mixed_float16"):
+    """A layer-table row of a Sequential model named 'net'."""
+    out = output or compute
+    return [name, f"net/{name}", cls, 1, policy, compute, "float32", out, compute, 10, 10, {},
+            None, is_output, None]  # fmt: skip
+
+
+def logsumexp_run():
+    """The LogSumExpPool model of issue 17 (Dense 'proj' -> Reshape -> LogSumExpPool -> Dense ->
+    Dense -> float32 softmax 'output'), with the probe a real run recorded at step 30: the pool's
+    exp overflows float16 (inf), every layer after it is non-finite, the loss is NaN, so 'proj''s
+    gradients are NaN too."""
+    layers = [
+        _row("proj", "Dense"),
+        _row("reshape", "Reshape"),
+        _row("logsumexp_pool", "LogSumExpPool"),
+        _row("dense", "Dense"),
+        _row("dense_1", "Dense"),
+        _row("output", "Dense", "float32", is_output=True, policy="float32"),
+    ]
+    probe = [
+        ["proj", 4224, 0, 0.0, NAN, 3.5e-4, 21.64, math.log2(65504 / 21.64), 0.03, 4224],
+        ["reshape", None, None, None, None, 3.5e-4, 21.64, math.log2(65504 / 21.64), 0.03, 0],
+        ["logsumexp_pool", None, None, None, None, INF, INF, -INF, 0.008, 141],
+        ["dense", 340, 0, 0.0, NAN, NAN, INF, -INF, 0.003, 1352],
+        ["dense_1", 272, 0, 0.0, NAN, NAN, INF, -INF, 0.004, 1024],
+        ["output", 150, 0, 0.0, NAN, NAN, INF, -INF, 0.0, 480],
+    ]
+    model = model_row(mx=INF, first="logsumexp_pool")
+    model.update(loss=NAN, ref_loss=6.17, grad_rel_error=NAN)
+    run = make_run(layers=layers, probes={30: (model, probe)})
+    run.info["model"] = {"name": "net", "class": "Sequential", "kind": "sequential", "params": 60}
+    modules = {"Dense": KERAS, "Reshape": "keras.src.layers.reshaping.reshape",
+               "LogSumExpPool": "__main__"}  # fmt: skip
+    run.records[contract.KIND_LAYERS] = [(1, {"layers": {}, "class_modules": modules})]
+    return run
+
+
+def _preflight(mx):
+    layers = [probe_layer("conv2d", mx=10.0), probe_layer("dense", mx=mx)]
+    probes = {5: (model_row(mode="preflight", mx=mx), layers)}
+    return make_run(policy="float32", probes=probes)
+
+
+def _warning_before_and_after_the_root():
+    """conv2d near 65504 before the root 'dense' (a real warning); layer_norm after it near too
+    (its numbers rest on the root's output: not judged)."""
+    layers = [
+        probe_layer("conv2d", mx=65504 / 4),
+        probe_layer("dense", mx=INF, nonfinite=True),
+        probe_layer("layer_norm", mx=65504 / 4),
+    ]
+    return make_run(probes={10: (model_row(mx=INF, first="dense"), layers)})
+
+
+def _root_already_float32():
+    rows = layer_rows("mixed_float16")
+    rows[1][4:6] = ["float32", "float32"]  # 'dense' under dtype="float32"
+    rows[1][7:9] = ["float32", "float32"]
+    layers = [probe_layer("dense", mx=INF, nonfinite=True)]
+    return make_run(layers=rows, probes={10: (model_row(mx=INF, first="dense"), layers)})
 
 
 CASES = [
@@ -35,13 +104,73 @@ CASES = [
     pytest.param(_probed(65504 / 16), [], id="4-doublings-of-headroom-is-fine"),
     pytest.param(
         make_run(probes={10: (model_row(first="dense"), [probe_layer("dense", mx=INF)])}),
-        [{"severity": "error", "layer": "dense", "title_has": "first"}],
+        [{"severity": "error", "layer": "dense", "title_has": "'dense' (Dense) overflow"}],
         id="first-nonfinite-layer-named-once",
     ),
     pytest.param(_probed(1e6, mode="bfloat16"), [], id="bfloat16-probe-not-checked-against-65504"),
+    pytest.param(
+        logsumexp_run(),
+        [
+            {
+                "severity": "error",
+                "layer": "logsumexp_pool",
+                "action": {"dtype": "float32"},
+                "title_has": "LogSumExpPool",
+                "evidence_has": ("'dense', 'dense_1', 'output'", "'proj'", "loss non-finite"),
+                "fix_has": 'LogSumExpPool(..., dtype="float32", name="logsumexp_pool")',
+                "data": {"downstream": ["dense", "dense_1", "output"]},
+            }
+        ],
+        id="a-cascade-is-one-error-at-its-first-layer",
+    ),
+    pytest.param(
+        _preflight(1e6),
+        [
+            {
+                "severity": "info",
+                "layer": "dense",
+                "action": {},
+                "title_has": "Under mixed_float16",
+                "fix_has": "when you switch to mixed_float16",
+            }
+        ],
+        id="pre-flight-is-a-prediction-not-an-error",
+    ),
+    pytest.param(
+        _preflight(65504 / 4),
+        [{"severity": "info", "layer": "dense", "action": {}, "title_has": "would come within"}],
+        id="pre-flight-near-overflow-is-info",
+    ),
+    pytest.param(
+        _warning_before_and_after_the_root(),
+        [
+            {"severity": "error", "layer": "dense"},
+            {"severity": "warning", "layer": "conv2d"},
+        ],
+        id="a-warning-before-the-root-stays-one-after-it-goes",
+    ),
+    pytest.param(
+        _root_already_float32(),
+        [{"severity": "error", "layer": "dense", "action": {}, "fix_has": "already computes"}],
+        id="no-keep-float32-for-a-float32-layer",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("run", "expected"), CASES)
 def test_activation_overflow(run, expected):
     assert_findings(findings_of(diagnose(run), RULE), expected)
+
+
+def test_the_overflowing_custom_layer_is_the_only_error_of_the_layer_rules():
+    """Issue 17: one LogSumExpPool that overflows float16 gave four errors (the layer, two layers
+    downstream, and the float32 output told to keep float32). Exactly one now, at the layer, and
+    the fix names the user's class by its own name."""
+    found = diagnose(logsumexp_run())
+    layer_rules = {"activation-overflow", "output-rel-error", "gradient-error", "output-16bit"}
+    mine = [f for f in found if f.rule in layer_rules]
+    assert [(f.rule, f.severity, f.layer) for f in mine] == [
+        ("activation-overflow", "error", "logsumexp_pool")
+    ]
+    assert "keras.layers.LogSumExpPool" not in mine[0].fix
+    assert not [f for f in found if f.layer == "output" and f.action.get("dtype") == "float32"]

@@ -39,3 +39,39 @@ def test_float32_inside(run, expected):
 def test_never_a_float32_action_for_a_layer_that_computes_in_float32_inside():
     found = diagnose(three_layers())
     assert not [f for f in found if f.layer == "layer_norm" and f.action.get("dtype")]
+
+
+def _mobilenet_like(n_bn=52, n_ln=1):
+    """n_bn BatchNormalization and n_ln LayerNormalization layers under mixed_float16 between
+    convolutions (MobileNetV2 has 52 BatchNormalization layers)."""
+    rows = []
+    for i in range(n_bn):
+        rows.append([f"conv_{i}", f"m/conv_{i}", "Conv2D", 1, "mixed_float16", "float16",
+                     "float32", "float16", "float16", 100, 100, {"filters": 32}, True, False,
+                     None])  # fmt: skip
+        rows.append([f"bn_{i}", f"m/bn_{i}", "BatchNormalization", 1, "mixed_float16", "float16",
+                     "float32", "float16", "float32", 128, 64, {}, None, False,
+                     "normalises in float32 inside"])  # fmt: skip
+    for i in range(n_ln):
+        rows.append([f"ln_{i}", f"m/ln_{i}", "LayerNormalization", 1, "mixed_float16",
+                     "float16", "float32", "float16", "float32", 64, 64, {}, None, False,
+                     "normalises in float32 inside"])  # fmt: skip
+    return make_run(layers=rows)
+
+
+def test_many_normalization_layers_are_one_short_line():
+    found = findings_of(diagnose(_mobilenet_like()), RULE)
+    assert len(found) == 1
+    f = found[0]
+    assert f.title == (
+        "52 BatchNormalization and 1 LayerNormalization layers compute in float32 inside: "
+        "nothing to change"
+    )
+    assert f.data["by_class"] == {"BatchNormalization": 52, "LayerNormalization": 1}
+    assert f.data["layers"] == [f"bn_{i}" for i in range(52)] + ["ln_0"]  # every name, in order
+    assert "and 49 more" in f.evidence and len(f.evidence) < 250  # three names per class shown
+
+
+def test_one_class_is_named_in_the_title():
+    f = findings_of(diagnose(_mobilenet_like(53, 0)), RULE)[0]
+    assert f.title.startswith("53 BatchNormalization layers compute in float32 inside")

@@ -4,7 +4,7 @@ float32 run of the same model, paired by diagnose_runs."""
 from __future__ import annotations
 
 import pytest
-from builders import assert_findings, findings_of, make_run, perf_scalars, run_info
+from builders import assert_findings, findings_of, layer_rows, make_run, perf_scalars, run_info
 
 from mpwatch.judge import compare_runs, diagnose_runs
 from mpwatch.judge.rules import mixed_vs_float32
@@ -19,6 +19,22 @@ OTHER_MODEL = make_run(
     policy="float32",
     scalars=perf_scalars(25.0, 1.0, 800.0),
     info={**run_info("float32"), "model": {"name": "x", "params": 1}},
+)
+
+# the same parameter count (run_info) as F32, but another structure: a different model
+SAME_COUNT_OTHER_LAYERS = make_run(
+    "fp32",
+    policy="float32",
+    layers=[r[:2] + ["Conv1D"] + r[3:] if r[0] == "conv2d" else r for r in layer_rows("float32")],
+    scalars=perf_scalars(25.0, 1.0, 800.0),
+)
+# the same structure, the model and its layers named otherwise (Keras numbers names per session)
+RENAMED = make_run(
+    "fp32",
+    policy="float32",
+    layers=[[r[0] + "_1", r[1] + "_1", *r[2:]] for r in layer_rows("float32")],
+    scalars=perf_scalars(25.0, 1.02, 800.0),
+    info={**run_info("float32"), "model": {**run_info("float32")["model"], "name": "cnn_1"}},
 )
 
 CASES = [
@@ -39,10 +55,18 @@ CASES = [
     ),
     pytest.param(
         [SLOW, F32],
-        [{"severity": "warning", "title_has": ("no speed-up", "losses differ")}],
+        [{"severity": "warning", "title_has": ("no speed-up, 1.2x slower", "losses differ")}],
         id="slower-and-losses-differ-is-a-warning",
     ),
     pytest.param([MIXED, OTHER_MODEL], [], id="a-different-model-is-not-compared"),
+    pytest.param(
+        [MIXED, SAME_COUNT_OTHER_LAYERS], [], id="the-same-parameter-count-alone-is-not-enough"
+    ),
+    pytest.param(
+        [MIXED, RENAMED],
+        [{"severity": "info", "data": {"float32_run": "fp32"}}],
+        id="same-structure-other-names-is-compared",
+    ),
 ]
 
 

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import pytest
-from builders import assert_findings, findings_of, layer_rows, make_run, profile_payload
+from builders import (
+    assert_findings,
+    findings_of,
+    layer_rows,
+    make_run,
+    profile_payload,
+    run_info,
+)
 
 from mpwatch.judge import diagnose
 
 RULE = "profile"
 
 
-def _casts_low_16bit_and_a_float32_layer():
+def _casts_low_16bit_and_a_float32_layer(tc=True):
     prof = profile_payload()  # cast share 20%, 16-bit share 30%
     layers = layer_rows("mixed_float16")
     layers[1][4:6] = ["float32", "float32"]  # dense under a float32 policy
     prof["layers"]["data"][1][3] = 3000.0  # 30% of the time in float32
-    return make_run(layers=layers, profile=prof)
+    return make_run(layers=layers, profile=prof, info=run_info("mixed_float16", tc=tc))
 
 
 def _clean():
@@ -35,6 +42,11 @@ CASES = [
             {"severity": "info", "layer": "dense"},
         ],
         id="casts-16bit-share-and-a-float32-layer",
+    ),
+    pytest.param(
+        _casts_low_16bit_and_a_float32_layer(tc=False),
+        [{"severity": "warning", "title_has": "Cast", "layer": None}],
+        id="on-a-cpu-no-advice-to-move-layers-to-16-bits",
     ),
     pytest.param(_clean(), [], id="clean-profile"),
     pytest.param(make_run(), [], id="no-profile"),

@@ -26,11 +26,14 @@ def logdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def clean_logdir(tmp_path_factory):
-    """A run with info-level findings only (a float32 model on a CPU: nothing to say but info)."""
+    """A run with info-level findings only (a healthy mixed_float16 run on a GPU with Tensor
+    Cores: nothing to say but info)."""
     root = tmp_path_factory.mktemp("clean")
     w = RunWriter(str(root))
+    device = {"type": "GPU", "name": "NVIDIA A100", "compute_capability": "8.0",
+              "tensor_cores": True}  # fmt: skip
     w.record(contract.KIND_RUN_INFO, 0, {"policy": "mixed_float16", "compute_dtype": "float16",
-                                        "batch_size": 64, "device": {"type": "CPU"}})  # fmt: skip
+                                        "batch_size": 64, "device": device})  # fmt: skip
     w.scalar_series(contract.LOSS_SCALE, list(range(1, 51)), [32768.0] * 50)
     w.scalar_series(contract.STEP_SKIPPED, list(range(1, 51)), [0.0] * 50)
     w.close()
@@ -69,6 +72,16 @@ def test_fail_on(logdir, clean_logdir):
     assert cli.main(["diagnose", logdir, "--run", "fp32", "--fail-on", "warning",
                      "-o", os.devnull]) == 0  # fmt: skip
     assert cli.main(["diagnose", clean_logdir, "--fail-on", "warning", "-o", os.devnull]) == 0
+
+
+def test_mixed_float16_on_a_cpu_fails_on_warning(tmp_path):
+    """The same healthy run on a CPU: mixed_float16 is likely slower there (no-tensor-cores)."""
+    w = RunWriter(str(tmp_path))
+    w.record(contract.KIND_RUN_INFO, 0, {"policy": "mixed_float16", "compute_dtype": "float16",
+                                        "batch_size": 64, "device": {"type": "CPU"}})  # fmt: skip
+    w.scalar_series(contract.LOSS_SCALE, list(range(1, 51)), [32768.0] * 50)
+    w.close()
+    assert cli.main(["diagnose", str(tmp_path), "--fail-on", "warning", "-o", os.devnull]) == 1
 
 
 def test_usage_errors_exit_2(tmp_path, capsys):

@@ -230,3 +230,38 @@ def test_skipped_steps_from_the_cumulative_count_only(tmp_path):
     assert summary.run_summary(run)["skipped_steps"] == 3
     page = report.render(run, [], "html")
     assert page.count('class="mark"') == 2  # steps 10 and 20
+
+
+def _info_run():
+    """A run whose findings include a long 'nothing to change' info (60 BatchNormalization layers)
+    and an info with code (a float32 run on an A100: try mixed_bfloat16)."""
+    from builders import make_run
+
+    rows = [[f"bn_{i}", f"m/bn_{i}", "BatchNormalization", 1, "mixed_float16", "float16",
+             "float32", "float16", "float32", 128, 64, {}, None, False, "inside"]
+            for i in range(60)]  # fmt: skip
+    steps = {contract.STEP_TIME_MS: {10: 5.0}}  # mpwatch data
+    bn = make_run("bn", layers=rows, scalars=steps)
+    fp32 = make_run("fp32", policy="float32", scalars=steps)
+    return [bn, fp32]
+
+
+def test_info_findings_are_short(tmp_path):
+    from mpwatch.judge import diagnose_runs
+
+    runs = _info_run()
+    findings = diagnose_runs(runs)
+    inside = [f for f in findings if f.rule == "float32-inside"]
+    assert len(inside) == 1
+    text = report.render(runs, findings, "text")
+    block = text[text.index(inside[0].title) :].splitlines()
+    assert len(block[1]) <= 10 + report.INFO_EVIDENCE_CHARS  # one short evidence line
+    assert "# nothing to do" not in text  # a comment-only fix is left out of the text report
+    assert 'set_global_policy("mixed_bfloat16")' in text  # an info with code keeps its fix
+    md = report.render(runs, findings, "markdown")
+    notes = md[md.index("## 🔵 Notes (nothing to change)") :]
+    assert inside[0].title in notes and "```" not in notes
+    assert md.count(inside[0].title) == 1
+    # JSON keeps everything
+    doc = report.to_json(runs, findings)
+    assert any(f["evidence"] == inside[0].evidence for f in doc["findings"])

@@ -1,29 +1,40 @@
 """Rule `activation-overflow`: activations overflow float16, or come close to its maximum.
 
 ## What it finds
-In the latest float16 or pre-flight probe: the layer where non-finite values first appear, and
-every layer whose largest absolute activation is above float16's maximum ({FLOAT16_MAX:g}), is
-non-finite, or leaves less than {HEADROOM_WARN_BITS:g} doublings of headroom below it.
+In the latest float16 probe: the layer where the 16-bit forward pass first goes out of float16's
+range (the first layer, in forward order, whose output is non-finite or above {FLOAT16_MAX:g}),
+as one finding whose evidence holds what followed from it (later layers going non-finite, the
+loss, non-finite gradients); and the layers before it whose largest absolute activation leaves
+less than {HEADROOM_WARN_BITS:g} doublings of headroom below {FLOAT16_MAX:g}. In a float32 run's
+pre-flight probe (a mixed_float16 twin run on the same batch) the same, as a prediction for
+mixed_float16.
 
 ## Why it matters
 float16's largest value is {FLOAT16_MAX:g}; a larger activation becomes inf and every later value
-NaN. Within a few doublings of it, one unlucky batch overflows.
+NaN: the layers after it, the loss and every gradient follow, so the first layer is the cause and
+the rest is evidence. Within a few doublings of the maximum, one unlucky batch overflows.
 
 ## Threshold
-Probe max |activation| > {FLOAT16_MAX:g} or non-finite (or the probe's first non-finite layer):
-error; activation headroom below {HEADROOM_WARN_BITS:g} bits (max |activation| >
-{FLOAT16_MAX:g}/2^{HEADROOM_WARN_BITS:g}): warning. float16 and pre-flight probes only (bfloat16
-has float32's range).
+float16 probe: the first non-finite or overflowing layer: error (one finding; the layers after it
+are not judged on their own: their numbers rest on its output); a layer before it with
+activation headroom below {HEADROOM_WARN_BITS:g} bits (max |activation| >
+{FLOAT16_MAX:g}/2^{HEADROOM_WARN_BITS:g}): warning. Pre-flight probe (float32 run): the same
+layers, info, worded as a prediction for mixed_float16, with no action (the run itself is
+float32). bfloat16 probes are not judged (bfloat16 has float32's range). A layer that already
+computes in float32 gets no "keep float32" advice: its overflow is not float16's.
 
 ## Example evidence
 ```text
-Activations of layer 'dense' overflow float16
-probe at step 10: max |activation| 131008 (float16 max 65504), headroom -1 bits
+Activations of layer 'logsumexp_pool' (LogSumExpPool) overflow float16
+probe at step 30: output of 'logsumexp_pool' non-finite (max |activation| inf, float16 max 65504);
+its input was finite (max 21.6); consequences: non-finite outputs in 'dense', 'dense_1', 'output',
+non-finite gradients in 'proj', loss non-finite
 ```
 
 ## Fix
 ```python
-keras.layers.Dense(..., dtype="float32", name="dense")  # keep 'dense' in float32
+LogSumExpPool(..., dtype="float32", name="logsumexp_pool")  # your class, by its own name
+keras.layers.Dense(..., dtype="float32", name="dense")  # one of Keras' own layers
 # or, without editing the model code:
 model = mpwatch.apply_recommendations(model, findings).model
 # or normalize / scale the input of this layer
@@ -42,27 +53,125 @@ A layer that already computes in float32 inside (see `float32-inside`) gets no f
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from mpwatch.formats import FLOAT16
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import (
     HEADROOM_WARN_BITS,
+    Overflow,
     Rule,
+    computes_float32,
     effective_float32,
     finite,
     fmt,
     keep_float32_fix,
     layer_row,
+    names_list,
+    probe_overflow,
 )
-from mpwatch.read.run import Run
+from mpwatch.read.run import ProbeResult, Run
 
 RULE = Rule(
     id="activation-overflow",
     title="Activations overflow or come close to float16's maximum",
-    severities=("warning", "error"),
+    severities=("info", "warning", "error"),
     doc=__doc__,
     thresholds={"HEADROOM_WARN_BITS": HEADROOM_WARN_BITS, "FLOAT16_MAX": FLOAT16.max},
 )
+
+
+def _max(r: dict[str, Any]) -> float | None:
+    try:
+        x = float(r.get("max_abs_activation"))
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _consequences(over: Overflow, loss_nonfinite: bool) -> str:
+    parts = []
+    if over.downstream:
+        parts.append(f"non-finite outputs in {names_list(over.downstream, 4)}")
+    if over.nonfinite_gradients:
+        parts.append(f"non-finite gradients in {names_list(over.nonfinite_gradients, 2)}")
+    if loss_nonfinite and over.root != "loss":
+        parts.append("loss non-finite")
+    return "; consequences: " + ", ".join(parts) if parts else ""
+
+
+def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool) -> Finding:
+    step, model = probe.step, probe.model
+    rows = {str(r["layer"]): r for r in probe.layers.to_dict("records")} if len(
+        probe.layers
+    ) and "layer" in probe.layers else {}  # fmt: skip
+    root = over.root
+    r = rows.get(root, {})
+    row = layer_row(run, root) or {}
+    cls = row.get("class")
+    mx = _max(r)
+    loss = finite(model.get("loss"))
+    loss_nonfinite = model.get("loss") is not None and loss is None
+    what = "non-finite" if over.kind == "non-finite" else f"above {FLOAT16.max:g}"
+    order = list(rows)
+    before = order[: order.index(root)] if root in order else []
+    inp = next((_max(rows[n]) for n in reversed(before) if _max(rows[n]) is not None), None)
+    evidence = (
+        f"{'pre-flight ' if preflight else ''}probe at step {step}"
+        f"{' (a mixed_float16 twin of this float32 model)' if preflight else ''}: "
+        + (
+            "the loss is non-finite while every layer's output is finite"
+            if root == "loss"
+            else f"output of {root!r} {what} (max |activation| {fmt(mx)}, float16 max "
+            f"{FLOAT16.max:g})"
+            + (
+                f"; the layer before it peaks at {fmt(inp)}"
+                if inp is not None and math.isfinite(inp)
+                else ""
+            )  # fmt: skip
+        )
+        + _consequences(over, loss_nonfinite)
+    )
+    data: dict[str, Any] = {
+        "step": step,
+        "max_abs_activation": mx,
+        "downstream": over.downstream,
+        "nonfinite_gradients": over.nonfinite_gradients,
+        "mode": model.get("mode"),
+    }
+    label = f"{root!r}" + (f" ({cls})" if cls else "")
+    if preflight:
+        title = f"Under mixed_float16, activations of layer {label} would overflow float16"
+    elif root == "loss":
+        title = "The loss overflows float16"
+    else:
+        title = f"Activations of layer {label} overflow float16"
+    if root == "loss":
+        fix = (
+            "# the loss is computed from the model's output: keep the output layer float32\n"
+            'outputs = keras.layers.Activation("softmax", dtype="float32")(x)'
+        )
+        action: dict[str, Any] = {}
+    elif not preflight and computes_float32(run, root) and root not in effective_float32(run):
+        fix = (
+            f"# {root!r} already computes in float32: this overflow is not float16's; check "
+            "its inputs (scale, normalization) and the learning rate"
+        )
+        action = {}
+    else:
+        fix = keep_float32_fix(root, cls, run) + "\n# or normalize / scale the input of this layer"
+        if preflight:
+            fix = "# when you switch to mixed_float16:\n" + fix
+        action = {} if preflight or root in effective_float32(run) else {"dtype": "float32"}
+    return RULE.finding(
+        "info" if preflight else "error",
+        title,
+        evidence,
+        fix=fix,
+        layer=None if root == "loss" else root,
+        action=action,
+        data=data,
+    )
 
 
 def check(run: Run) -> list[Finding]:
@@ -70,70 +179,58 @@ def check(run: Run) -> list[Finding]:
     probe = run.latest_probe(modes=("float16", "preflight"))
     if probe is None:
         return []
-    step, model, layers = probe.step, probe.model, probe.layers
+    preflight = str(probe.model.get("mode")) == "preflight"
     found: list[Finding] = []
-    inside = effective_float32(run)
-    first_bad = model.get("first_nonfinite_layer")
-    flagged: set[str] = set()
-    if isinstance(first_bad, str) and first_bad:
-        row = layer_row(run, first_bad) or {}
-        found.append(
-            RULE.finding(
-                "error",
-                f"Non-finite values first appear in layer {first_bad!r}",
-                f"probe at step {step} ({model.get('mode')}): first non-finite layer "
-                f"{first_bad!r}; model max |activation| "
-                f"{fmt(finite(model.get('max_abs_activation')))}",
-                fix=keep_float32_fix(first_bad, row.get("class")),
-                layer=first_bad,
-                action={} if first_bad in inside else {"dtype": "float32"},
-                data={"step": step},
-            )
-        )
-        flagged.add(first_bad)
+    over = probe_overflow(run, probe)
+    if over is not None:
+        found.append(_root_finding(run, probe, over, preflight))
+    layers = probe.layers
     if not len(layers) or "layer" not in layers:
         return found
-    for _, r in layers.iterrows():
+    skip = {over.root} | over.after if over is not None else set()
+    inside = effective_float32(run)
+    for r in layers.to_dict("records"):
         name = str(r["layer"])
-        if name in flagged:
+        if name in skip:
             continue
-        mx = finite(r.get("max_abs_activation"))
+        mx = _max(r)
         head = finite(r.get("activation_headroom_bits"))
-        nf = r.get("nonfinite")
-        nonfinite = (
-            bool(nf) if nf is not None and not (isinstance(nf, float) and nf != nf) else False
-        )
-        if head is None and mx is not None and mx > 0:
+        if head is None and mx is not None and 0 < mx < math.inf:
             head = math.log2(FLOAT16.max / mx)
-        raw_mx = r.get("max_abs_activation")
-        overflow = nonfinite or (mx is not None and mx > FLOAT16.max)
-        try:
-            overflow = overflow or (raw_mx is not None and math.isinf(float(raw_mx)))
-        except (TypeError, ValueError):
-            pass
-        if not overflow and (head is None or head >= HEADROOM_WARN_BITS):
+        if head is None or head >= HEADROOM_WARN_BITS:
             continue
+        if mx is not None and mx > FLOAT16.max:
+            continue  # a float32 output above 65504 (see probe_overflow): not float16's range
         row = layer_row(run, name) or {}
-        sev = "error" if overflow else "warning"
+        out = str(row.get("output_dtype") or row.get("compute_dtype") or "")
+        if out == "float32" and not preflight:
+            continue  # a float32 output has float32's range (a pre-flight twin's are float16)
+        cls = row.get("class")
+        label = f"{name!r}" + (f" ({cls})" if cls else "")
         title = (
-            f"Activations of layer {name!r} overflow float16"
-            if overflow
-            else f"Activations of layer {name!r} come within {head:.1f} doublings of "
-            f"{FLOAT16.max:g}"
+            f"Under mixed_float16, activations of layer {label} would come within {head:.1f} "
+            f"doublings of {FLOAT16.max:g}"
+            if preflight
+            else f"Activations of layer {label} come within {head:.1f} doublings of {FLOAT16.max:g}"
         )
+        fix = keep_float32_fix(name, cls, run) + "\n# or normalize / scale the input of this layer"
+        if preflight:
+            fix = "# when you switch to mixed_float16:\n" + fix
         found.append(
             RULE.finding(
-                sev,
+                "info" if preflight else "warning",
                 title,
-                f"probe at step {step}: max |activation| {fmt(mx)} (float16 max "
-                f"{FLOAT16.max:g}), headroom {fmt(head)} bits"
-                + ("; non-finite values" if nonfinite else ""),
-                fix=keep_float32_fix(name, row.get("class"))
-                + "\n# or normalize / scale the input of this layer",
+                f"{'pre-flight ' if preflight else ''}probe at step {probe.step}: max "
+                f"|activation| {fmt(mx)} (float16 max {FLOAT16.max:g}), headroom {fmt(head)} bits",
+                fix=fix,
                 layer=name,
-                action={} if name in inside else {"dtype": "float32"},
-                data={"step": step, "max_abs_activation": mx, "headroom_bits": head},
+                action={} if preflight or name in inside else {"dtype": "float32"},
+                data={
+                    "step": probe.step,
+                    "max_abs_activation": mx,
+                    "headroom_bits": head,
+                    "mode": probe.model.get("mode"),
+                },  # fmt: skip
             )
         )
-        flagged.add(name)
     return found

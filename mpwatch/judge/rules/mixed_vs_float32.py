@@ -2,8 +2,13 @@
 
 A rule about two runs: `check_pair(mixed, fp32)` takes the mixed run and the float32 run, and
 `mpwatch.judge.diagnose_runs` pairs them (`compare_all` in `mpwatch/judge/diagnose.py`): every run
-whose policy starts with `mixed_` with the first float32 run of the same model (same model name
-and parameter count, else the same parameter count). The finding belongs to the mixed run.
+whose policy starts with `mixed_` with the first float32 run of the same model. Same model means
+the same structure: the same parameter count and, layer by layer in the layer table, the same
+classes and parameter counts (layer and model names are not compared: Keras numbers them per
+session); where either run has no layer table, the same model name, class and parameter count.
+Two models that merely have the same parameter count are not compared. The finding belongs to
+the mixed run; on a device without fast 16-bit math it replaces `no-tensor-cores` (the
+measurement wins).
 
 ## What it finds
 The median step time (after the first logged interval), the peak memory and the final training
@@ -16,8 +21,9 @@ guaranteed: a small model, or one bound by input or casts, can show none. Measur
 
 ## Threshold
 Same model in one logdir: step-time ratio (mixed / float32) above {SLOWER_RATIO:g}: warning (no
-speed-up); final training losses differing by more than {LOSS_AGREE_REL:.0%} of the float32 loss:
-warning; otherwise info with the ratios.
+speed-up; "slower" above 1, with the device when it has no fast 16-bit math); final training
+losses differing by more than {LOSS_AGREE_REL:.0%} of the float32 loss: warning; otherwise info
+with the ratios.
 
 ## Example evidence
 ```text
@@ -28,8 +34,9 @@ training loss 0.01026 vs 0.005234 (96.1% apart: DIFFER)
 
 ## Fix
 ```python
-# no speed-up: check Tensor Cores (compute capability >= 7.0), multiples of 8, and the
-# profile's Cast share
+# slower on a device without fast 16-bit math (a CPU, a GPU below compute capability 7.0):
+keras.mixed_precision.set_global_policy("float32")  # on this device
+# no speed-up on a GPU with Tensor Cores: check multiples of 8 and the profile's Cast share
 # losses differ: see the underflow and output findings
 ```
 
@@ -48,7 +55,7 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import Rule, pct, policy
+from mpwatch.judge.rule import Rule, compute_dtype, fast_16bit, pct, policy
 from mpwatch.read.run import Run
 
 LOSS_AGREE_REL = 0.05  # final losses of a mixed and a float32 run within 5% agree
@@ -82,7 +89,7 @@ def check_pair(mixed: Run, fp32: Run) -> list[Finding]:
                          f"speed-up {1 / ratio:.2f}x)")  # fmt: skip
             if ratio > SLOWER_RATIO:
                 sev = "warning"
-                problems.append("no speed-up")
+                problems.append("no speed-up" + (f", {ratio:.1f}x slower" if ratio > 1.05 else ""))
     mm, mf = mixed.scalar(contract.PEAK_MEMORY_MB), fp32.scalar(contract.PEAK_MEMORY_MB)
     if len(mm) and len(mf) and float(mf.max()) > 0:
         r = float(mm.max()) / float(mf.max())
@@ -108,11 +115,28 @@ def check_pair(mixed: Run, fp32: Run) -> list[Finding]:
                 problems.append("losses differ")
     if not parts:
         return []
+    slow_device = fast_16bit(mixed) is False
+    dev = mixed.info.get("device") or {}
     title = f"{mixed.name!r} ({policy(mixed)}) vs {fp32.name!r} (float32)"
     if problems:
         title += ": " + ", ".join(problems)
-    fix = "# nothing to change" if sev == "info" else (
-        "# no speed-up: check Tensor Cores (compute capability >= 7.0), multiples of 8, and the "
-        "profile's Cast share\n# losses differ: see the underflow and output findings"
-    )  # fmt: skip
-    return [RULE.finding(sev, title, "; ".join(parts), fix=fix, run=mixed.name, data=data)]
+    fixes = []
+    action: dict[str, Any] = {}
+    if "step_time_ratio" in data and data["step_time_ratio"] > SLOWER_RATIO:
+        if slow_device:
+            where = "a CPU" if dev.get("type") == "CPU" else (
+                f"a GPU of compute capability {dev.get('compute_capability')}"
+            )  # fmt: skip
+            title += f" on {where}"
+            parts.append(f"device {dev.get('type')} ({dev.get('name') or 'unnamed'}): no fast "
+                         f"{compute_dtype(mixed)} math")  # fmt: skip
+            fixes.append('keras.mixed_precision.set_global_policy("float32")  # on this device')
+            action = {"policy": "float32"}
+            data["device"] = dict(dev)
+        else:
+            fixes.append("# no speed-up: check multiples of 8 and the profile's Cast share")
+    if data.get("losses_agree") is False:
+        fixes.append("# losses differ: see the underflow and output findings")
+    fix = "\n".join(fixes) or "# nothing to change"
+    return [RULE.finding(sev, title, "; ".join(parts), fix=fix, run=mixed.name, action=action,
+                         data=data)]  # fmt: skip

@@ -23,7 +23,14 @@ model's output
 ```
 
 ## Fix
+Written as the model's code is: Keras' own classes as `keras.layers.<Class>`, your own classes
+by their name; the classifier of a `keras.applications` model (its `predictions` layer inside a
+model the builder named, e.g. `resnet50`) through the builder's `classifier_activation`:
 ```python
+model = keras.applications.ResNet50(..., classifier_activation=None)
+outputs = keras.layers.Activation("softmax", dtype="float32")(model.output)
+model = keras.Model(model.input, outputs)
+# a layer of your model:
 keras.layers.Dense(..., dtype="float32", name="predictions")
 # or keep the layer and add a float32 activation after it:
 outputs = keras.layers.Activation("softmax", dtype="float32")(x)
@@ -43,7 +50,7 @@ from __future__ import annotations
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import Rule
+from mpwatch.judge.rule import Rule, application_of, keep_float32_fix, layer_constructor
 from mpwatch.read.run import Run
 
 #: layer-table classes of a (nested) model, as opposed to the layer that makes its output
@@ -80,23 +87,36 @@ def check(run: Run) -> list[Finding]:
         name = str(row["name"])
         cls = str(row.get("class") or "Layer")
         sev = "error" if bad == "float16" else "warning"
+        app = application_of(run, name)
+        if app is not None:
+            fix = keep_float32_fix(name, cls, run)
+            where = f"; it is the classifier of keras.applications.{app}, the model's output"
+        else:
+            ctor = layer_constructor(run, cls)
+            fix = (
+                f'{ctor}(..., dtype="float32", name="{name}")\n'
+                + (f"# {cls} is your class: its __init__ must pass **kwargs (dtype) to Layer\n"
+                   if ctor == cls else "")
+                + "# or keep the layer and add a float32 activation after it:\n"
+                'outputs = keras.layers.Activation("softmax", dtype="float32")(x)\n'
+                "# or, without editing the model code:\n"
+                "model = mpwatch.apply_recommendations(model, findings).model"
+            )  # fmt: skip
+            where = "; it is the model's output"
         found.append(
             RULE.finding(
                 sev,
                 f"Model output {name!r} ({cls}) is computed in {bad}: keep it float32",
                 f"layer {name!r}: policy {row.get('policy')}, compute dtype "
-                f"{row.get('compute_dtype')}, output dtype {row.get('output_dtype')}; it is the "
-                "model's output",
-                fix=(
-                    f'keras.layers.{cls}(..., dtype="float32", name="{name}")\n'
-                    "# or keep the layer and add a float32 activation after it:\n"
-                    'outputs = keras.layers.Activation("softmax", dtype="float32")(x)\n'
-                    "# or, without editing the model code:\n"
-                    "model = mpwatch.apply_recommendations(model, findings).model"
-                ),
+                f"{row.get('compute_dtype')}, output dtype {row.get('output_dtype')}{where}",
+                fix=fix,
                 layer=name,
                 action={"dtype": "float32", "output": True},
-                data={"output_dtype": row.get("output_dtype"), "class": cls},
+                data={
+                    "output_dtype": row.get("output_dtype"),
+                    "class": cls,
+                    "application": app,
+                },  # fmt: skip
             )
         )
     return found

@@ -13,7 +13,8 @@ a low 16-bit share of compute, explain a missing speed-up.
 Cast share > {CAST_SHARE_WARN:.0%}: warning; 16-bit share of time < {SHARE_16BIT_WARN:.0%} under a
 16-bit policy: warning; a float32 layer (its own policy float32; not an output, not one that
 computes in float32 inside) taking > {FLOAT32_LAYER_SHARE:.0%} of time under a 16-bit policy:
-info.
+info. The last two advise more 16-bit compute: not given on a device without fast 16-bit math
+(a CPU, a GPU without Tensor Cores: see `no-tensor-cores`).
 
 ## Example evidence
 ```text
@@ -47,6 +48,7 @@ from mpwatch.judge.rule import (
     Rule,
     compute_dtype,
     effective_float32,
+    fast_16bit,
     finite,
     fmt,
     layer_row,
@@ -94,7 +96,9 @@ def check(run: Run) -> list[Finding]:
                 data={"cast_share": cast},
             )
         )
-    mixed = compute_dtype(run) in SIXTEEN_BIT
+    # on a device without fast 16-bit math (a CPU, an older GPU: see no-tensor-cores) more
+    # 16-bit compute is no gain: no advice to move layers to 16 bits there
+    mixed = compute_dtype(run) in SIXTEEN_BIT and fast_16bit(run) is not False
     if mixed and share16 is not None and share16 < SHARE_16BIT_WARN:
         found.append(
             RULE.finding(

@@ -8,7 +8,10 @@ or stopped after an error), with its part, step and message.
 Missing data means a missing diagnosis: say which part and why.
 
 ## Threshold
-Any notice record with level error: warning; info otherwise.
+Any notice record with level error: warning; info otherwise. Notices of one part with the same
+first line are one finding (with their count and steps); a title keeps the message's first line,
+cut at {TITLE_CHARS} characters, and the evidence at most {EVIDENCE_CHARS} characters of the
+full message (a Keras config dump does not fill the screen).
 
 ## Example evidence
 ```text
@@ -30,25 +33,54 @@ from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule
 from mpwatch.read.run import Run
 
+TITLE_CHARS = 160  # characters of a notice's first line in the title
+EVIDENCE_CHARS = 400  # characters of the full message in the evidence
+
 RULE = Rule(
     id="recording",
     title="A recording part stopped or was unavailable",
     severities=("info", "warning"),
     doc=__doc__,
+    thresholds={"TITLE_CHARS": TITLE_CHARS, "EVIDENCE_CHARS": EVIDENCE_CHARS},
 )
 
 
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
 def check(run: Run) -> list[Finding]:
-    """Findings of this rule on one run: one per notice."""
-    out = []
+    """Findings of this rule on one run: one per part, level and message (first line)."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
     for n in run.notices:
         lvl = str(n.get("level") or "info")
+        msg = str(n.get("message") or "")
+        first = _cut(msg.strip().splitlines()[0] if msg.strip() else "", TITLE_CHARS)
+        groups.setdefault((str(n.get("part")), lvl, first), []).append(n)
+    out = []
+    for (part, lvl, first), notices in groups.items():
+        steps = [n.get("step") for n in notices]
+        msg = " ".join(str(notices[0].get("message") or "").split())
+        where = (
+            f"notice at step {steps[0]}"
+            if len(notices) == 1
+            else f"{len(notices)} notices, at steps {', '.join(str(s) for s in steps[:10])}"
+            + (" ..." if len(steps) > 10 else "")
+        )
+        evidence = f"{where} (level {lvl})"
+        if msg != first:
+            evidence += f": {_cut(msg, EVIDENCE_CHARS)}"
         out.append(
             RULE.finding(
                 "warning" if lvl == "error" else "info",
-                f"Recording part {n.get('part')!r}: {n.get('message')}",
-                f"notice at step {n.get('step')} (level {lvl})",
-                data={"part": n.get("part"), "step": n.get("step")},
+                f"Recording part {part!r}: {first}",
+                evidence,
+                data={
+                    "part": notices[0].get("part"),
+                    "step": steps[0],
+                    "steps": steps,
+                    "count": len(notices),
+                },  # fmt: skip
             )
         )
     return out

@@ -1,32 +1,37 @@
 """Rule `try-mixed-precision`: a float32 model on hardware that gains from mixed precision.
 
 ## What it finds
-A run whose policy is float32 on a GPU with Tensor Cores (or of compute capability 7.0 or more),
-with what the pre-flight probe (the same batch run in float16 before training) predicts: the
-share of gradient values that would underflow at the initial scale, and the layers whose
-activations would overflow or come close.
+A run whose policy is float32 on a GPU with Tensor Cores (compute capability 7.0 or more, or
+the device facts say Tensor Cores).
+Suggests mixed_bfloat16 from compute capability 8.0 (float32's range, no loss scale: the
+pre-flight probe's float16 predictions do not apply to it and are not its evidence), and
+mixed_float16 below, with what the pre-flight probe (the same batch run by a mixed_float16 twin)
+predicts for it: the share of gradient values that would underflow at the initial scale, and the
+layers whose activations would overflow or come close. Never on a CPU or a GPU without Tensor
+Cores, where 16-bit math is not faster.
 
 ## Why it matters
 GPUs of compute capability 7.0+ have Tensor Cores for 16-bit math: mixed precision is often
 1.5-3x faster and halves activation memory. bfloat16 (8.0+) needs no loss scale.
 
 ## Threshold
-Policy float32 on a GPU with Tensor Cores (or compute capability >= 7.0): info, suggesting
-mixed_bfloat16 from compute capability 8.0, mixed_float16 below; with the pre-flight probe's
+Policy float32 on a GPU of compute capability >= 7.0: info, suggesting mixed_bfloat16 from
+compute capability 8.0, mixed_float16 below; for mixed_float16, with the pre-flight probe's
 predicted underflow and overflow when recorded (layers with max |activation| > 65504 /
-2^{HEADROOM_WARN_BITS:g} are listed to keep in float32).
+2^{HEADROOM_WARN_BITS:g} are listed to keep in float32); for mixed_bfloat16, the float16
+predictions appear only as the alternative's evidence, in the fix.
 
 ## Example evidence
 ```text
-float32 model on hardware that gains from mixed precision: try mixed_bfloat16
-policy float32 on NVIDIA A100 (compute capability 8.0, Tensor Cores); pre-flight at step 5:
+float32 model on hardware that gains from mixed precision: try mixed_float16
+policy float32 on Tesla V100 (compute capability 7.0, Tensor Cores); pre-flight at step 5:
 3.00% of gradient values would underflow in float16 at the initial scale 32768, max
 |activation| 30000; would overflow or come close in float16: dense
 ```
 
 ## Fix
 ```python
-keras.mixed_precision.set_global_policy("mixed_bfloat16")  # before building the model
+keras.mixed_precision.set_global_policy("mixed_float16")  # before building the model
 # keep the output float32:
 outputs = keras.layers.Activation("softmax", dtype="float32")(x)
 # and keep 'dense' float32: dtype="float32"
@@ -73,11 +78,11 @@ def check(run: Run) -> list[Finding]:
         return []
     dev = run.info.get("device") or {}
     cc = finite(str(dev.get("compute_capability") or "").split(" ")[0] or None)
-    gains = bool(dev.get("tensor_cores")) or (
-        str(dev.get("type")) == "GPU" and cc is not None and cc >= 7.0
+    gains = (str(dev.get("type")) == "GPU" and cc is not None and cc >= 7.0) or (
+        dev.get("tensor_cores") is True
     )
     if not gains:
-        return []
+        return []  # a CPU, an older GPU, or an unknown one: 16-bit math is not faster there
     target = "mixed_bfloat16" if cc is not None and cc >= 8.0 else "mixed_float16"
     probe = run.latest_probe(modes=("preflight",))
     evidence = (
@@ -86,12 +91,13 @@ def check(run: Run) -> list[Finding]:
     )
     keep: list[str] = []
     data: dict[str, Any] = {"target": target, "compute_capability": cc}
+    f16 = ""  # the pre-flight probe's float16 predictions
     if probe is not None:
         model, layers = probe.model, probe.layers
         uf = finite(model.get("underflow_fraction"))
         mx = finite(model.get("max_abs_activation"))
-        evidence += (
-            f"; pre-flight at step {probe.step}: {pct(uf or 0.0)} of gradient values would "
+        f16 = (
+            f"pre-flight at step {probe.step}: {pct(uf or 0.0)} of gradient values would "
             f"underflow in float16 at the initial scale {fmt(finite(model.get('loss_scale')))}, "
             f"max |activation| {fmt(mx)}"
         )
@@ -100,15 +106,22 @@ def check(run: Run) -> list[Finding]:
             mxs = pd.to_numeric(layers["max_abs_activation"], errors="coerce")
             keep = list(layers.loc[mxs > FLOAT16.max / 2**HEADROOM_WARN_BITS, "layer"].astype(str))
             if keep:
-                evidence += f"; would overflow or come close in float16: {', '.join(keep)}"
+                f16 += f"; would overflow or come close in float16: {', '.join(keep)}"
+        data["float16_keep_float32"] = keep
+    if target == "mixed_float16":
+        evidence += "; " + (f16 or "no pre-flight probe recorded")
         data["keep_float32"] = keep
     else:
-        evidence += "; no pre-flight probe recorded"
+        evidence += "; bfloat16 has float32's range: no loss scale, no float16 overflow"
+        data["keep_float32"] = []
     fix = f'keras.mixed_precision.set_global_policy("{target}")  # before building the model\n'
     fix += "# keep the output float32:\n"
     fix += 'outputs = keras.layers.Activation("softmax", dtype="float32")(x)'
-    for k in keep:
-        fix += f'\n# and keep {k!r} float32: dtype="float32"'
+    if target == "mixed_float16":
+        for k in keep:
+            fix += f'\n# and keep {k!r} float32: dtype="float32"'
+    elif f16:
+        fix += "\n# mixed_float16 instead (not needed here): " + f16
     return [
         RULE.finding(
             "info",

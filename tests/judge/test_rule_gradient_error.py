@@ -1,0 +1,150 @@
+"""Rule ``gradient-error`` (mpwatch/judge/rules/gradient_error.py) on constructed Runs: the probe's
+per-layer gradient relative error, one finding per contiguous run of erring layers, and none where
+another rule names the cause."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from builders import assert_findings, findings_of, make_run, model_row
+
+from mpwatch.judge import diagnose
+
+RULE = "gradient-error"
+
+
+def grad_row(name, grad_err, uf=0.0, out_err=1e-4, act_uf=0.0, mx=10.0):
+    """One probe layers-table row: gradient error, underflow, output error, act-grad underflow."""
+    head = math.log2(65504 / mx) if math.isfinite(mx) else -math.inf
+    return [name, 1000, int(uf * 1000), uf, grad_err, out_err, mx, head, act_uf, 0]
+
+
+def _layers(*names, cls="Dense", policy="mixed_float16", compute="float16"):
+    """The layers, then a float32 output layer 'probs' (so none of them is the model's output)."""
+    return [
+        [n, f"m/{n}", cls, 1, policy, compute, "float32", compute, compute, 100, 100, {},
+         None, False, None]
+        for n in names
+    ] + [["probs", "m/probs", "Activation", 1, "float32", "float32", "float32", "float32",
+          "float32", 0, 0, {}, None, True, None]]  # fmt: skip
+
+
+def _run(rows, mode="float16", layers=None):
+    names = [r[0] for r in rows]
+    policy = "mixed_bfloat16" if mode == "bfloat16" else "mixed_float16"
+    lay = layers if layers is not None else _layers(*names, compute=policy[6:], policy=policy)
+    return make_run(policy=policy, layers=lay, probes={30: (model_row(mode=mode), rows)})
+
+
+def measured_rel_error(seed=0, n=4096, noise=0.14):
+    """||mixed - reference|| / ||reference|| of a gradient with ``noise`` relative noise, computed
+    here with numpy: the ground truth a probe row would carry."""
+    rng = np.random.default_rng(seed)
+    ref = rng.normal(size=n)
+    mixed = ref + noise * np.linalg.norm(ref) / math.sqrt(n) * rng.normal(size=n)
+    return float(np.linalg.norm(mixed - ref) / np.linalg.norm(ref))
+
+
+E14 = measured_rel_error()  # about 0.14, as the first layer of issue 17
+
+
+CASES = [
+    pytest.param(
+        _run([grad_row("embed", E14), grad_row("dense", 0.002), grad_row("out", 0.001)]),
+        [
+            {
+                "severity": "warning",
+                "layer": "embed",
+                "action": {"dtype": "float32"},
+                "title_has": f"{100 * E14:.1f}%",
+                "fix_has": 'keras.layers.Dense(..., dtype="float32", name="embed")',
+                "data": {"layers": ["embed"]},
+            }
+        ],
+        id="a-14pct-gradient-error-in-the-first-layer",
+    ),
+    pytest.param(
+        _run(
+            [
+                grad_row("a", 0.14),
+                ["act", None, None, None, None, 1e-4, 1.0, 16.0, 0.0, 0],
+                grad_row("b", 0.08),
+                grad_row("c", 0.06),
+                grad_row("d", 0.001),
+            ]
+        ),
+        [
+            {
+                "layer": "c",
+                "evidence_has": ("'a', 'b'", "14.0%"),
+                "data": {"layers": ["a", "b", "c"]},
+            }
+        ],
+        id="a-contiguous-run-is-one-finding-where-the-error-enters-backprop",
+    ),  # fmt: skip
+    pytest.param(
+        _run([grad_row("a", 0.14), grad_row("b", 0.01), grad_row("c", 0.09)]),
+        [{"layer": "a"}, {"layer": "c"}],
+        id="two-separate-runs-two-findings",
+    ),
+    pytest.param(
+        _run([grad_row("a", 0.9, uf=0.3), grad_row("b", 0.2, uf=0.0)]),
+        [],
+        id="underflow-in-the-run-is-gradient-underflows",
+    ),
+    pytest.param(
+        _run([grad_row("a", 0.2, act_uf=0.05), grad_row("b", 0.01)]),
+        [],
+        id="output-gradient-underflow-is-gradient-underflows",
+    ),
+    pytest.param(
+        _run([grad_row("a", 0.01, out_err=0.5), grad_row("b", 0.3)]),
+        [],
+        id="a-forward-error-before-it-is-output-rel-errors",
+    ),
+    pytest.param(
+        _run([grad_row("a", 0.6)]),
+        [{"severity": "error", "layer": "a"}],
+        id="above-half-is-an-error",
+    ),
+    pytest.param(
+        _run([grad_row("a", 0.03)], mode="bfloat16"),
+        [],
+        id="bfloat16-3pct-is-typical",
+    ),
+    pytest.param(
+        _run([grad_row("a", 0.12)], mode="bfloat16"),
+        [{"severity": "warning", "layer": "a"}],
+        id="bfloat16-12pct-is-flagged",
+    ),
+    pytest.param(
+        _run([grad_row("a", 0.2)], layers=_layers("a", policy="float32", compute="float32")),
+        [{"layer": "a", "action": {}, "fix_has": "already compute in float32"}],
+        id="a-float32-layer-gets-no-float32-advice",
+    ),
+    pytest.param(
+        make_run(
+            probes={30: (model_row(mode="preflight"), [grad_row("dense", 0.3)])}, policy="float32"
+        ),  # fmt: skip
+        [],
+        id="pre-flight-not-judged",
+    ),
+    pytest.param(
+        make_run(
+            probes={30: (model_row(first="dense"), [grad_row("dense", 0.3, mx=float("inf"))])}
+        ),
+        [],
+        id="a-non-finite-forward-pass-is-activation-overflows",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("run", "expected"), CASES)
+def test_gradient_error(run, expected):
+    assert_findings(findings_of(diagnose(run), RULE), expected)
+
+
+def test_the_ground_truth_error_is_about_14pct():
+    assert 0.12 < E14 < 0.16
