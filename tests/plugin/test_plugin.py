@@ -345,6 +345,52 @@ def test_skip_markers_are_exactly_the_skipped_steps(synthetic_logdir):
     assert view["skipped_total"] == 2 and view["skipped_marked_all"] is True
 
 
+def test_skips_known_only_from_the_cumulative_count_mark_no_step(tmp_path):
+    """Without the per-step flag, the cumulative count's rises say how many steps were skipped
+    between two of its points, not which: no marker at the counter's steps, a span per rise."""
+    from tensorboard_plugin_mpwatch import data
+
+    w = RunWriter(str(tmp_path / "run"))
+    w.scalar_series(contract.LOSS_SCALE, [10, 20, 30], [4.0, 1.0, 1.0])
+    w.scalar_series(contract.SKIPPED_STEPS_TOTAL, [10, 20, 30], [1.0, 3.0, 3.0])
+    w.close()
+    records = data.read_run(_provider(str(tmp_path)), CTX, "", "run")
+    view = data.scalars_view(records, data.build_model(records), 100)
+    assert view["skipped_steps"] == []
+    assert view["skipped_spans"] == [[1, 10, 1], [11, 20, 2]]
+    assert view["skipped_total"] == 3 and view["skipped_marked_all"] is False
+
+
+def _run_info(iterations: int, scale: float | None) -> dict:
+    return {
+        "policy": "mixed_float16",
+        "loss_scale": {"kind": "dynamic", "reason": None, "initial": 32768.0},
+        "start": {"iterations": iterations, "loss_scale": scale},
+    }
+
+
+def test_the_loss_scale_starts_at_the_first_step(tmp_path):
+    """The recorder writes the scale before the first step at step 0. A run without that point
+    (recorded before it was written, or TensorBoard sampled it away) gets it from its first
+    run_info; a run that has it is served as recorded; a continued run starts where it was."""
+    from tensorboard_plugin_mpwatch import data
+
+    def served(name: str, info_step: int, info: dict, steps: list[int]) -> tuple[list, list]:
+        w = RunWriter(str(tmp_path / name))
+        w.record(contract.KIND_RUN_INFO, info_step, info)
+        w.scalar_series(contract.LOSS_SCALE, steps, [2.0**14] * len(steps))
+        w.close()
+        records = data.read_run(_provider(str(tmp_path)), CTX, "", name)
+        ls = data.scalars_view(records, data.build_model(records), 100)["series"]
+        return ls[contract.LOSS_SCALE]["steps"], ls[contract.LOSS_SCALE]["values"]
+
+    s14 = 2.0**14
+    assert served("old", 0, _run_info(0, None), [1, 2, 3]) == ([0, 1, 2, 3], [2.0**15] + [s14] * 3)
+    assert served("built", 0, _run_info(0, 1024.0), [1, 2]) == ([0, 1, 2], [1024.0, s14, s14])
+    assert served("new", 0, _run_info(0, None), [0, 1]) == ([0, 1], [s14, s14])
+    assert served("resumed", 8, _run_info(6, s14), [9, 10]) == ([9, 10], [s14, s14])
+
+
 def test_counts_are_recorded_steps_not_tensorboards_sample(synthetic_logdir):
     """run_a records the loss scale at each of its 120 steps and the interval counter every 10.
     With TensorBoard's whole series, ``count`` is exact; with a 20-point sample it is counted on

@@ -2,13 +2,16 @@
 
 One ``tensorboard --logdir X --host 127.0.0.1 --port P`` subprocess per module over a logdir
 holding: the real mixed_float16 fit of ``quickstart_logdir`` (a small CNN with a float16 softmax); a
-run whose layer is named like an HTML injection; a 1,000-layer run; a run still being written; a
-run whose last probe is split into parts at one step; a run without mpwatch data.
+real mixed_float16 fit whose optimizer skips the updates of chosen batches (the truth read from the
+optimizer by a callback); a run whose layer is named like an HTML injection; a 1,000-layer run; a
+run whose latest probe saw non-finite gradients at loss scale 0; a run still being written; a run
+whose last probe is split into parts at one step; a run without mpwatch data.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -19,13 +22,13 @@ import urllib.request
 
 import pytest
 from tensorboard_process import running_tensorboard
-from test_plugin import XSS_LAYER, write_split_probe_run, write_synthetic_run
+from test_plugin import XSS_LAYER, probe_payload, write_split_probe_run, write_synthetic_run
 
 from mpwatch import contract
 
 BOOT_TIMEOUT = 180  # TensorBoard imports TensorFlow: slow on 2 cores
 ROUTES = ("scalars", "layers", "probes", "findings", "profile")
-RUNS = ["big", "fit", "live", "split", "xss"]
+RUNS = ["big", "fit", "live", "nan", "skips", "split", "xss"]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -84,10 +87,93 @@ def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = 
     raise TimeoutError(f"waited {timeout}s for {what}; last error: {last!r}")
 
 
+# 0-based batches (of 12, batch size 10) with a huge input: float16 gradients overflow there. None
+# is a multiple of log_every=4 minus 1, so the interval counter's steps (4, 8, 12) are not skipped.
+OVERFLOW_BATCHES = (2, 5, 6, 9)
+SKIP_COLOR = "rgb(217, 48, 37)"  # --mpw-red in style.css
+
+
+def fit_with_skips(logdir: str, policy) -> dict:
+    """A real mixed_float16 fit recorded by the monitor. The truth is the optimizer's own: its
+    ``iterations`` after every batch (a skipped update does not advance them) and the scale before
+    the first batch, read by a callback, not from mpwatch's record."""
+    import keras
+    import numpy as np
+
+    import mpwatch
+
+    class Truth(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.iterations, self.scales, self.before = [], [], None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.before is None:  # not built before the first train step: its initial_scale
+                opt = self.model.optimizer
+                built = getattr(opt, "dynamic_scale", None)
+                self.before = float(opt.initial_scale if built is None else built.numpy())
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.iterations.append(int(self.model.optimizer.iterations.numpy()))
+            self.scales.append(float(self.model.optimizer.dynamic_scale.numpy()))
+
+    rng = np.random.default_rng(0)
+    x = rng.random((120, 8), dtype=np.float32)
+    y = rng.integers(0, 3, 120)
+    for b in OVERFLOW_BATCHES:
+        x[b * 10] = 1e30
+    truth = Truth()
+    with policy("mixed_float16"):
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(3, activation="softmax", dtype="float32"),
+            ]
+        )
+        model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+        model.fit(
+            x,
+            y,
+            batch_size=10,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[mpwatch.MixedPrecisionMonitor(logdir, log_every=4, profile=False), truth],
+        )
+    its = [0, *truth.iterations]
+    skipped = [i + 1 for i in range(len(truth.iterations)) if its[i + 1] == its[i]]
+    return {"skipped": skipped, "initial_scale": truth.before, "scales": truth.scales}
+
+
+def write_nonfinite_probe_run(logdir: str) -> None:
+    """A run whose latest probe (step 21) ran at loss scale 0 with NaN gradients: its record still
+    holds an underflow of 0 and a recommended scale of 256, which the tab must not present."""
+    layers = ["dense", "wide", "out"]
+    w = write_synthetic_run(logdir, steps=20, layers=layers, close=False)
+    payload = probe_payload(21, layers, 1.0)
+    payload["loss_scale"] = 0.0
+    payload["recommended_scale"] = 256.0
+    payload["histogram"]["window_log2"] = [math.inf, math.inf]  # -24 - log2(0)
+    payload["model"].update(
+        underflow_fraction=0.0,
+        underflow_count=0,
+        nonfinite=150,
+        size=300,
+        first_nonfinite_layer="wide",
+        loss=math.nan,
+    )
+    w.record(contract.KIND_PROBE, 21, payload)
+    w.close()
+
+
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory, quickstart_logdir):
+def logdir(tmp_path_factory, quickstart_logdir, policy):
     root = tmp_path_factory.mktemp("tb_logdir")
     shutil.copytree(quickstart_logdir, root / "fit")  # the real fit, as run "fit"
+    skips = fit_with_skips(str(root / "skips"), policy)
+    write_nonfinite_probe_run(str(root / "nan"))
     write_synthetic_run(str(root / "xss"), layers=["dense_1", XSS_LAYER, "out"], profile=True)
     write_synthetic_run(
         str(root / "big"),
@@ -101,7 +187,7 @@ def logdir(tmp_path_factory, quickstart_logdir):
 
     with tf.summary.create_file_writer(str(root / "plain")).as_default():
         tf.summary.scalar("loss", 1.0, step=1)
-    yield {"root": str(root), "live": live}
+    yield {"root": str(root), "live": live, "skips": skips}
     live.close()
 
 
@@ -174,6 +260,22 @@ def test_skip_markers_and_counts_from_a_real_tensorboard(server):
     assert body["skipped_marked_all"] is True
     ls = body["series"][contract.LOSS_SCALE]
     assert (ls["count"], ls["count_exact"], ls["served"]) == (120, True, 120)
+
+
+def test_skipped_steps_and_first_scale_of_a_real_fit(server, logdir):
+    """The real fit: the markers are the steps whose update the optimizer dropped (its own
+    iterations), not the interval counter's steps; the loss scale starts before the first step."""
+    truth = logdir["skips"]
+    assert truth["skipped"] == [b + 1 for b in OVERFLOW_BATCHES]  # the data did overflow there
+    status, body = server.route("scalars", run="skips")
+    assert status == 200
+    assert body["skipped_steps"] == truth["skipped"] and body["skipped_spans"] == []
+    assert body["skipped_total"] == len(truth["skipped"]) and body["skipped_marked_all"] is True
+    assert body["series"][contract.SKIPPED_STEPS]["steps"] == [4, 8, 12]  # not marked
+    ls = body["series"][contract.LOSS_SCALE]
+    assert ls["steps"] == list(range(0, 13))
+    assert ls["values"] == [truth["initial_scale"], *truth["scales"]]
+    assert truth["initial_scale"] == 2.0**15
 
 
 def test_a_split_record_through_tensorboards_loader(server):
@@ -410,4 +512,135 @@ def test_the_tab_follows_tensorboards_reload(tab, logdir):
             continue
     after = frame.locator("#mpw-status").inner_text()
     assert after.startswith("step 500"), (before, after)
+    assert tab.errors == []
+
+
+def _x_scale(chart) -> tuple[float, float, float, float]:
+    """Two x ticks of a chart (their x in the SVG's viewBox and the step they are labelled with)."""
+    ticks = chart.locator("text.mpw-xtick").evaluate_all(
+        "(ts) => ts.map((t) => [Number(t.getAttribute('x')), t.textContent])"
+    )
+    (x0, s0), (x1, s1) = ticks[0], ticks[-1]
+    return x0, float(s0.replace(",", "")), x1, float(s1.replace(",", ""))
+
+
+@pytest.mark.browser
+def test_skip_markers_are_visible_at_exactly_the_optimizers_skipped_steps(tab, logdir):
+    """Issue 17, the tab: markers drawn in the skip colour (not the grid's), visible, one at each
+    step whose update the optimizer dropped and nowhere else; the loss-scale line from the scale the
+    first step used."""
+    truth = logdir["skips"]
+    tab.select_run("skips")
+    chart = tab.frame.locator("#mpw-loss-scale svg.mpw-chart")
+    markers = chart.locator("line.mpw-skip")
+    assert markers.count() == len(truth["skipped"])
+    drawn = markers.evaluate_all(
+        """(lines) => lines.map((l) => {
+            const cs = getComputedStyle(l);
+            const box = l.getBoundingClientRect();
+            return {stroke: cs.stroke, opacity: Number(cs.opacity),
+                    width: parseFloat(cs.strokeWidth), visibility: cs.visibility,
+                    display: cs.display, height: box.height, x: Number(l.getAttribute('x1'))};
+        })"""
+    )
+    grid = chart.locator("line.mpw-gridline").first.evaluate("(l) => getComputedStyle(l).stroke")
+    assert grid != SKIP_COLOR
+    for m in drawn:
+        assert m["stroke"] == SKIP_COLOR, m
+        assert m["opacity"] >= 0.5 and m["width"] >= 1, m
+        assert m["visibility"] == "visible" and m["display"] != "none", m
+        assert m["height"] > 50, m  # across the plot
+    # where they are: the chart's own step axis (its tick labels) read back
+    x0, s0, x1, s1 = _x_scale(chart)
+    steps = [s0 + (m["x"] - x0) * (s1 - s0) / (x1 - x0) for m in drawn]
+    assert [round(s) for s in steps] == truth["skipped"]
+    assert max(abs(s - round(s)) for s in steps) < 1e-3
+    # the loss-scale line starts at step 0 (before the first step) at the initial scale
+    d = chart.locator("path.mpw-line").get_attribute("d")
+    first_x, first_y = (float(v) for v in d[1:].split("H")[0].split("L")[0].split(","))
+    assert s0 + (first_x - x0) * (s1 - s0) / (x1 - x0) == pytest.approx(0.0, abs=1e-3)
+    ys = chart.locator("line.mpw-gridline").evaluate_all(
+        "(ls) => ls.map((l) => Number(l.getAttribute('y1')))"
+    )
+    labels = chart.locator("text.mpw-ytick").all_text_contents()
+    (ya, la), (yb, lb) = (ys[0], labels[0]), (ys[-1], labels[-1])
+    la, lb = float(la.removeprefix("2^")), float(lb.removeprefix("2^"))
+    assert la + (first_y - ya) * (lb - la) / (yb - ya) == pytest.approx(
+        math.log2(truth["initial_scale"]), abs=1e-2
+    )
+    caption = tab.frame.inner_text("#mpw-loss-scale .mpw-caption")
+    assert caption.startswith(f"{len(truth['skipped'])} skipped step(s), each marked in red")
+    assert "loss scale 32,768 from step 0" in caption
+    tab.page.screenshot(path=os.path.join(logdir["root"], "..", "tab-skips.png"), full_page=True)
+    assert tab.errors == []
+
+
+@pytest.mark.browser
+def test_every_heatmap_row_is_labelled_on_an_absolute_scale(tab, server):
+    """1,000 layers: every row has its label (the panel scrolls); cells are coloured by fixed
+    thresholds of the underflow fraction (the legend's), not relative to the largest value."""
+    tab.select_run("big")
+    frame = tab.frame
+    _, probes = server.route("probes", run="big")
+    heat = probes["heatmap"]
+    labels = frame.locator("#mpw-heatmap .mpw-heatmap-label")
+    assert labels.count() == len(heat["layers"]) == 1000
+    assert labels.all_text_contents() == heat["layers"]
+    scroll = frame.locator("#mpw-heatmap .mpw-heatmap-scroll")
+    canvas_rows = frame.locator("#mpw-heatmap canvas.mpw-heatmap-canvas")
+    for r in (0, 48, 49, 500, 999):
+        label = labels.nth(r)
+        label.scroll_into_view_if_needed()
+        box, view = label.bounding_box(), scroll.bounding_box()
+        assert box["height"] >= 12 and box["width"] > 50, (r, box)
+        assert view["y"] - 1 <= box["y"], (r, box, view)  # inside the scrolled panel
+        assert box["y"] + box["height"] <= view["y"] + view["height"] + 1, (r, box, view)
+        assert label.evaluate("(l) => getComputedStyle(l).visibility") == "visible"
+        assert float(label.evaluate("(l) => parseFloat(getComputedStyle(l).fontSize)")) >= 10
+    # the legend: fixed, logarithmic thresholds
+    legend = frame.locator("#mpw-heatmap .mpw-heatmap-legend .mpw-legend-item")
+    assert legend.all_inner_texts() == ["0", "< 0.1%", "0.1–1%", "1–10%", "≥ 10%", "not probed"]
+    swatch = legend.locator(".mpw-swatch").evaluate_all(
+        "(ss) => ss.map((s) => getComputedStyle(s).backgroundColor)"
+    )
+
+    def bin_of(v):  # the thresholds, as the legend states them
+        if v is None:
+            return 5
+        return 0 if v <= 0 else 1 if v < 1e-3 else 2 if v < 1e-2 else 3 if v < 1e-1 else 4
+
+    # every cell of the latest probe step (one canvas pixel per cell) is its bin's legend colour
+    last = len(heat["steps"]) - 1
+    pixels = canvas_rows.first.evaluate(
+        """(c, col) => {
+            const d = c.getContext('2d').getImageData(col, 0, 1, c.height).data;
+            const out = [];
+            for (let i = 0; i < d.length; i += 4) {
+                out.push(`rgb(${d[i]}, ${d[i + 1]}, ${d[i + 2]})`);
+            }
+            return out;
+        }""",
+        last,
+    )
+    values = [row[last] for row in heat["values"][: len(pixels)]]
+    assert max(values) == pytest.approx(0.06) and bin_of(0.06) == 3  # the largest is not darkest
+    assert pixels == [swatch[bin_of(v)] for v in values]
+    assert tab.errors == []
+
+
+@pytest.mark.browser
+def test_histogram_panel_is_honest_when_gradients_are_not_finite(tab):
+    """Loss scale 0 and NaN gradients: the probe record still says underflow 0 and a recommended
+    scale of 256; the panel says the gradients were not finite and recommends nothing."""
+    tab.select_run("nan")
+    frame = tab.frame
+    text = frame.inner_text("#mpw-histogram-section")
+    assert (
+        "The gradients were not finite at this probe (150 of 300 elements inf or NaN, first at "
+        "layer wide); the loss scale had fallen to 0" in text
+    )
+    assert "no loss scale is recommended from this probe" in text
+    assert "recommended scale: none" in text and "underflow: not measured" in text
+    assert "256" not in text and "underflow: 0%" not in text
+    assert frame.locator("#mpw-histogram svg rect.mpw-window").count() == 0  # no window at S = 0
     assert tab.errors == []

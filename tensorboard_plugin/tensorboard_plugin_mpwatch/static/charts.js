@@ -28,7 +28,8 @@ function bisect(steps, x) {
   return lo;
 }
 
-// series: [{name, steps, values, color}]; opts: {log2, yLabel, format, markers: [steps], markerLabel}
+// series: [{name, steps, values, color}]; opts: {log2, yLabel, format, stepped, markers: [steps],
+// spans: [[first, last, count]], markerLabel}
 export function lineChart(series, opts = {}) {
   const transform = opts.log2 ? (v) => (v > 0 ? Math.log2(v) : null) : (v) => v;
   const format = opts.format || fmt;
@@ -63,12 +64,13 @@ export function lineChart(series, opts = {}) {
     : niceTicks(ymin, ymax);
   for (const t of yt) {
     if (t < ymin - 1e-9 || t > ymax + 1e-9) continue;
-    axes.appendChild(svg('line', {x1: M.left, x2: W - M.right, y1: sy(t), y2: sy(t), class: 'mpw-grid'}));
-    axes.appendChild(svg('text', {x: M.left - 6, y: sy(t) + 4, 'text-anchor': 'end',
+    axes.appendChild(svg('line', {x1: M.left, x2: W - M.right, y1: sy(t), y2: sy(t), class: 'mpw-gridline'}));
+    axes.appendChild(svg('text', {x: M.left - 6, y: sy(t) + 4, 'text-anchor': 'end', class: 'mpw-ytick',
       text: opts.log2 ? `2^${t}` : (opts.percent ? pct(t) : fmt(t, 3))}));
   }
   for (const t of niceTicks(xmin, xmax, 6)) {
-    axes.appendChild(svg('text', {x: sx(t), y: H - M.bottom + 16, 'text-anchor': 'middle', text: fmt(t)}));
+    axes.appendChild(svg('text', {x: sx(t), y: H - M.bottom + 16, 'text-anchor': 'middle', class: 'mpw-xtick',
+      text: fmt(t)}));
   }
   axes.appendChild(svg('text', {x: W - M.right, y: H - 4, 'text-anchor': 'end', class: 'mpw-axis-label',
     text: 'step'}));
@@ -78,27 +80,65 @@ export function lineChart(series, opts = {}) {
   root.appendChild(axes);
 
   for (const s of prepared) {
+    // opts.stepped: a value holds from its step to the next one (the loss scale after step s is the
+    // one step s + 1 uses), so a drop is drawn at the step that caused it
     let d = '';
     let pen = false;
+    let lastY = null;
     for (let i = 0; i < s.steps.length; i++) {
       const y = s.ys[i];
       if (y === null || !Number.isFinite(y)) { pen = false; continue; }
-      d += `${pen ? 'L' : 'M'}${sx(s.steps[i]).toFixed(1)},${sy(y).toFixed(1)}`;
+      const px = sx(s.steps[i]).toFixed(1);
+      const py = sy(y).toFixed(1);
+      if (pen && opts.stepped) d += `H${px}` + (py === lastY ? '' : `V${py}`);
+      else d += `${pen ? 'L' : 'M'}${px},${py}`;
       pen = true;
+      lastY = py;
     }
     root.appendChild(svg('path', {d, stroke: s.color, class: 'mpw-line'},
       svg('title', {text: s.name})));
   }
 
-  if (opts.markers && opts.markers.length) {
-    const g = svg('g', {class: 'mpw-markers'});
-    const maxMarkers = 2000;
-    const step = Math.max(1, Math.ceil(opts.markers.length / maxMarkers));
-    for (let i = 0; i < opts.markers.length; i += step) {
-      const x = sx(opts.markers[i]);
-      g.appendChild(svg('line', {x1: x, x2: x, y1: M.top, y2: H - M.bottom, class: 'mpw-skip'},
-        svg('title', {text: `${opts.markerLabel || 'marker'} at step ${opts.markers[i]}`})));
+  if (opts.spans && opts.spans.length) {
+    // skips known only from a cumulative count: the steps between two recorded counts, shaded
+    const g = svg('g', {class: 'mpw-spans'});
+    for (const [a, b, k] of opts.spans) {
+      const x0 = sx(Math.max(xmin, a));
+      const x1 = sx(Math.min(xmax, b));
+      g.appendChild(svg('rect', {x: Math.min(x0, x1 - 2), y: M.top, width: Math.max(2, x1 - x0),
+        height: H - M.top - M.bottom, class: 'mpw-skip-span', 'data-first': a, 'data-last': b},
+        svg('title', {text: `${fmt(k)} ${opts.markerLabel || 'marker'}(s) in steps ${fmt(a)}–${fmt(b)}` +
+          ' (which steps is not recorded)'})));
     }
+    root.appendChild(g);
+  }
+  const marked = new Set();
+  if (opts.markers && opts.markers.length) {
+    // one line per marked step at its exact x; markers closer than a pixel share one line
+    const g = svg('g', {class: 'mpw-markers'});
+    let lastPx = null;
+    let line = null;
+    let inLine = [];
+    const close = () => {
+      if (!line) return;
+      line.appendChild(svg('title', {text: inLine.length === 1
+        ? `${opts.markerLabel || 'marker'} at step ${fmt(inLine[0])}`
+        : `${fmt(inLine.length)} ${opts.markerLabel || 'marker'}s, steps ${fmt(inLine[0])}–${fmt(inLine[inLine.length - 1])}`}));
+      line.setAttribute('data-count', String(inLine.length));
+    };
+    for (const step of opts.markers) {
+      if (step < xmin || step > xmax) continue;
+      marked.add(step);
+      const x = sx(step);
+      if (lastPx !== null && Math.abs(x - lastPx) < 1) { inLine.push(step); continue; }
+      close();
+      line = svg('line', {x1: x.toFixed(2), x2: x.toFixed(2), y1: M.top, y2: H - M.bottom, class: 'mpw-skip',
+        'data-step': step});
+      inLine = [step];
+      lastPx = x;
+      g.appendChild(line);
+    }
+    close();
     root.appendChild(g);
   }
 
@@ -118,6 +158,7 @@ export function lineChart(series, opts = {}) {
       nearest = nearest === null ? s.steps[i] : nearest;
       lines.push(`${s.name}: ${format(s.values[i])} (step ${fmt(s.steps[i])})`);
     }
+    if (nearest !== null && marked.has(nearest)) lines.push(`step ${fmt(nearest)}: ${opts.markerLabel || 'marker'}`);
     if (nearest !== null) {
       cross.setAttribute('x1', sx(nearest));
       cross.setAttribute('x2', sx(nearest));
@@ -146,9 +187,10 @@ function swatch(color) {
 export function histogramChart(hist) {
   const root = svg('svg', {class: 'mpw-chart', viewBox: `0 0 ${W} ${H}`, role: 'img',
     'aria-label': 'log2 histogram'});
-  if (!hist || !hist.counts || !hist.counts.length) {
+  if (!hist || !hist.counts || !hist.counts.length || !hist.counts.some((c) => c > 0)) {
     root.appendChild(svg('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle', class: 'mpw-empty',
-      text: 'no histogram at this step'}));
+      text: hist && hist.counts && hist.counts.length ? 'no finite nonzero gradient value at this step'
+        : 'no histogram at this step'}));
     return root;
   }
   const edges = hist.edges_log2;
@@ -185,62 +227,99 @@ export function histogramChart(hist) {
     axes.appendChild(svg('text', {x: M.left - 6, y: sy(t) + 4, 'text-anchor': 'end', text: fmt(t, 3)}));
   }
   axes.appendChild(svg('text', {x: W - M.right, y: H - 4, 'text-anchor': 'end', class: 'mpw-axis-label',
-    text: 'log2 |gradient| (float32 reference)'}));
+    text: hist.source === 'mixed_unscaled' ? 'log2 |gradient| (mixed, unscaled: no float32 reference)'
+      : 'log2 |gradient| (float32 reference)'}));
   root.appendChild(axes);
   return root;
 }
 
-// Layer × probe-step heatmap of underflow on a canvas (a 1,000-layer model stays cheap).
+// Underflow colours on an absolute, logarithmic scale: fixed thresholds (0, 0.1%, 1%, 10%, 100%),
+// the same in every run, so 0.35% never looks like 35%. mpwatch/show/charts_svg.py uses the same.
+export const UNDERFLOW_BINS = [
+  {below: 0, color: '#ffffff', label: '0'},
+  {below: 1e-3, color: '#fde0c5', label: '< 0.1%'},
+  {below: 1e-2, color: '#f9a66c', label: '0.1–1%'},
+  {below: 1e-1, color: '#e8541e', label: '1–10%'},
+  {below: Infinity, color: '#8c1d04', label: '≥ 10%'},
+];
+export const NOT_PROBED = {color: '#dadce0', label: 'not probed'};
+
+export function underflowBin(v) {
+  if (v === null || v === undefined || !Number.isFinite(v)) return NOT_PROBED;
+  if (v <= 0) return UNDERFLOW_BINS[0];
+  for (const bin of UNDERFLOW_BINS.slice(1)) if (v < bin.below) return bin;
+  return UNDERFLOW_BINS[UNDERFLOW_BINS.length - 1];
+}
+
+export function underflowLegend() {
+  return el('div', {class: 'mpw-legend mpw-heatmap-legend', 'aria-label': 'underflow colour scale'},
+    el('span', {text: 'underflow:'}),
+    [...UNDERFLOW_BINS, NOT_PROBED].map((bin) => el('span', {class: 'mpw-legend-item'},
+      boxSwatch(bin.color), el('span', {text: bin.label}))));
+}
+
+function boxSwatch(color) {
+  const node = el('span', {class: 'mpw-swatch mpw-swatch-box'});
+  node.style.background = color;
+  return node;
+}
+
+const HEATMAP_ROW_PX = 14;  // every row tall enough for its label
+const HEATMAP_CHUNK = 1000;  // rows per canvas (a canvas is limited in height)
+
+// Layer × probe-step heatmap of underflow: one labelled row per layer (the panel scrolls), the
+// cells on canvases (one pixel per cell, scaled up), coloured on the absolute scale above.
 export function heatmap(map) {
   const wrap = el('div', {class: 'mpw-heatmap'});
-  const layers = map.layers || [];
-  const steps = map.steps || [];
+  const layers = (map && map.layers) || [];
+  const steps = (map && map.steps) || [];
   if (!layers.length || !steps.length) {
     wrap.appendChild(el('p', {class: 'mpw-empty', text: 'no probe results yet'}));
     return wrap;
   }
-  const labelW = 180;
-  const width = 640;
-  const rowH = Math.max(2, Math.min(16, Math.floor(480 / layers.length)));
-  const height = rowH * layers.length;
-  const colW = (width - labelW) / steps.length;
-  const canvas = el('canvas', {width, height, class: 'mpw-heatmap-canvas',
-    'aria-label': 'underflow by layer and probe step'});
-  const ctx = canvas.getContext('2d');
-  let vmax = 0;
-  for (const row of map.values) for (const v of row) if (v !== null && v > vmax) vmax = v;
-  vmax = vmax || 1;
-  ctx.fillStyle = '#fff';
-  ctx.fillRect(0, 0, width, height);
+  const labels = el('div', {class: 'mpw-heatmap-labels'});
+  const cells = el('div', {class: 'mpw-heatmap-cells'});
   for (let r = 0; r < layers.length; r++) {
-    for (let c = 0; c < steps.length; c++) {
-      const v = map.values[r][c];
-      if (v === null || v === undefined) { ctx.fillStyle = '#eeeeee'; } else {
-        const t = Math.sqrt(v / vmax);
-        ctx.fillStyle = `rgb(${255 - Math.round(t * 38)},${255 - Math.round(t * 207)},${255 - Math.round(t * 218)})`;
-      }
-      ctx.fillRect(labelW + c * colW, r * rowH, Math.ceil(colW), rowH);
-    }
-    if (rowH >= 10) {
-      ctx.fillStyle = '#333';
-      ctx.font = `${Math.min(12, rowH - 1)}px sans-serif`;
-      ctx.fillText(String(layers[r]).slice(0, 28), 2, r * rowH + rowH - 2);
-    }
+    const label = el('div', {class: 'mpw-heatmap-label', title: String(layers[r]), text: String(layers[r]),
+      'data-row': r});
+    label.style.height = `${HEATMAP_ROW_PX}px`;
+    labels.appendChild(label);
   }
-  canvas.addEventListener('mousemove', (event) => {
-    const box = canvas.getBoundingClientRect();
-    const x = ((event.clientX - box.left) / box.width) * width;
-    const y = ((event.clientY - box.top) / box.height) * height;
-    const r = Math.floor(y / rowH);
-    const c = Math.floor((x - labelW) / colW);
-    if (r < 0 || r >= layers.length) { hideTooltip(); return; }
-    if (c < 0 || c >= steps.length) { showTooltip(event, [`layer ${layers[r]}`]); return; }
-    showTooltip(event, [`layer ${layers[r]}`, `probe step ${fmt(steps[c])}`,
-      `underflow ${pct(map.values[r][c])}`]);
-  });
-  canvas.addEventListener('mouseleave', hideTooltip);
-  wrap.appendChild(canvas);
+  for (let first = 0; first < layers.length; first += HEATMAP_CHUNK) {
+    const rows = Math.min(HEATMAP_CHUNK, layers.length - first);
+    const canvas = el('canvas', {width: steps.length, height: rows, class: 'mpw-heatmap-canvas',
+      'aria-label': `underflow by layer and probe step, layers ${first + 1}–${first + rows}`});
+    canvas.style.height = `${rows * HEATMAP_ROW_PX}px`;
+    const ctx = canvas.getContext('2d');
+    for (let r = 0; r < rows; r++) {
+      for (let c = 0; c < steps.length; c++) {
+        ctx.fillStyle = underflowBin(map.values[first + r][c]).color;
+        ctx.fillRect(c, r, 1, 1);
+      }
+    }
+    canvas.addEventListener('mousemove', (event) => {
+      const box = canvas.getBoundingClientRect();
+      const r = first + Math.floor(((event.clientY - box.top) / box.height) * rows);
+      const c = Math.floor(((event.clientX - box.left) / box.width) * steps.length);
+      if (r < first || r >= first + rows || c < 0 || c >= steps.length) { hideTooltip(); return; }
+      const v = map.values[r][c];
+      showTooltip(event, [`layer ${layers[r]}`, `probe step ${fmt(steps[c])}`,
+        v === null || v === undefined ? 'not probed' : `underflow ${pct(v)}`]);
+    });
+    canvas.addEventListener('mouseleave', hideTooltip);
+    cells.appendChild(canvas);
+  }
+  const body = el('div', {class: 'mpw-heatmap-body'}, labels, cells);
+  wrap.appendChild(el('div', {class: 'mpw-heatmap-scroll', tabindex: 0}, body));
+  wrap.appendChild(el('div', {class: 'mpw-heatmap-axis'},
+    el('span', {text: `probe step ${fmt(steps[0])}`}),
+    steps.length > 1 ? el('span', {text: `${fmt(steps[steps.length - 1])}`}) : null));
+  wrap.appendChild(underflowLegend());
+  let vmax = null;
+  for (const row of map.values) for (const v of row) if (v !== null && (vmax === null || v > vmax)) vmax = v;
   wrap.appendChild(el('div', {class: 'mpw-caption',
-    text: `${layers.length} layers × ${steps.length} probe steps; darker = more gradient underflow (max ${pct(vmax)})`}));
+    text: `${fmt(layers.length)} layers × ${fmt(steps.length)} probe steps. Colour: the share of a layer's ` +
+      `nonzero float32-reference gradient values that are zero in the mixed-precision gradient ` +
+      `(largest here ${pct(vmax)}).`}));
   return wrap;
 }

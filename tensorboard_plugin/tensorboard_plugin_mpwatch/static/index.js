@@ -131,14 +131,22 @@ function series(view, tag, name, color) {
 function renderScalars(view) {
   clear(ui.lossScale);
   const ls = series(view, T.lossScale, 'loss scale', COLORS[0]);
-  ui.lossScale.appendChild(lineChart(ls ? [ls] : [], {log2: true, title: 'loss scale',
-    markers: view.skipped_steps, markerLabel: 'skipped step', format: (v) => fmt(v)}));
-  const marked = view.skipped_marked_all === false
-    ? `; ${fmt(view.skipped_steps.length)} of them marked in red (TensorBoard served a sample)`
-    : ', marked in red';
+  const spans = view.skipped_spans || [];
+  ui.lossScale.appendChild(lineChart(ls ? [ls] : [], {log2: true, title: 'loss scale', stepped: true,
+    markers: view.skipped_steps, spans, markerLabel: 'skipped step', format: (v) => fmt(v)}));
+  let marked = '';
+  if (spans.length) {
+    marked = '; which steps is not recorded (no mpwatch/step_skipped): the spans holding them are shaded';
+  } else if (view.skipped_total) {
+    marked = view.skipped_marked_all === false
+      ? `; ${fmt(view.skipped_steps.length)} of them marked in red (TensorBoard served a sample)`
+      : ', each marked in red at its step';
+  }
+  const first = ls && ls.steps.length ? `loss scale ${fmt(ls.values[0])} from step ${fmt(ls.steps[0])}` : null;
   ui.lossScale.appendChild(el('div', {class: 'mpw-caption',
     text: `${fmt(view.skipped_total)} skipped step(s)${marked}` +
-      (ls ? `; last loss scale ${fmt(ls.values[ls.values.length - 1])}` : '')}));
+      (ls ? `; ${first}, last ${fmt(ls.values[ls.values.length - 1])}` : '') +
+      (ls && ls.steps[0] === 0 ? ' (step 0: the scale before the first step)' : '')}));
   clear(ui.health);
   const parts = [
     series(view, T.zero, 'zero fraction (g·S)', COLORS[1]),
@@ -158,6 +166,24 @@ function renderProbes(view) {
   ui.heatmap.appendChild(heatmap(view.heatmap));
 }
 
+// Why this probe's underflow and recommended scale mean nothing, or null when they do: gradients
+// that were not finite (an overflow in the forward or backward pass), or a loss scale of 0.
+function probeNotMeasured(probe) {
+  const m = probe.model || {};
+  const reasons = [];
+  if (m.nonfinite > 0 || m.first_nonfinite_layer) {
+    const details = [];
+    if (m.nonfinite > 0) details.push(`${fmt(m.nonfinite)}${m.size ? ` of ${fmt(m.size)}` : ''} elements inf or NaN`);
+    if (m.first_nonfinite_layer === 'loss') details.push('first in the loss');
+    else if (m.first_nonfinite_layer) details.push(`first at layer ${m.first_nonfinite_layer}`);
+    reasons.push(`the gradients were not finite at this probe${details.length ? ` (${details.join(', ')})` : ''}`);
+  }
+  if (probe.mode !== 'bfloat16' && probe.loss_scale === 0) {
+    reasons.push('the loss scale had fallen to 0, so every scaled gradient is 0 or NaN');
+  }
+  return reasons.length ? reasons : null;
+}
+
 function renderProbe(probe) {
   clear(ui.histogram);
   clear(ui.probeFacts);
@@ -165,17 +191,25 @@ function renderProbe(probe) {
     ui.histogram.appendChild(el('p', {class: 'mpw-empty', text: 'no probe results yet'}));
     return;
   }
+  const notMeasured = probeNotMeasured(probe);
   ui.histogram.appendChild(histogramChart(probe.histogram));
   const m = probe.model || {};
+  const unmeasured = 'not measured';
   const facts = [
     ['mode', probe.mode],
     ['loss scale', fmt(probe.loss_scale)],
-    ['underflow', pct(m.underflow_fraction)],
-    ['grad error', fmt(m.grad_rel_error)],
+    ['underflow', notMeasured ? unmeasured : pct(m.underflow_fraction)],
+    ['grad error', notMeasured ? unmeasured : fmt(m.grad_rel_error)],
     ['max |activation|', fmt(m.max_abs_activation)],
-    ['recommended scale', fmt(probe.recommended_scale)],
+    ['recommended scale', notMeasured ? 'none' : fmt(probe.recommended_scale)],
   ];
   for (const [k, v] of facts) ui.probeFacts.appendChild(el('span', {class: 'mpw-fact'}, el('b', {text: `${k}: `}), v));
+  if (notMeasured) {
+    const said = notMeasured.join('; ');
+    const text = `${said.charAt(0).toUpperCase()}${said.slice(1)}. Underflow and gradient error are not ` +
+      'measured and no loss scale is recommended from this probe.';
+    ui.probeFacts.appendChild(el('div', {class: 'mpw-notice mpw-error mpw-not-finite', text}));
+  }
   if (probe.reference_note) ui.probeFacts.appendChild(el('div', {class: 'mpw-notice', text: probe.reference_note}));
 }
 
