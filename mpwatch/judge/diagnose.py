@@ -31,6 +31,7 @@ __all__ = [
     "compare_runs",
     "model_structure",
     "one_per_layer",
+    "fold_overflow_consequences",
 ]
 
 
@@ -70,16 +71,44 @@ def one_per_layer(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+#: rules whose findings follow from a forward pass that leaves float16's range (non-finite
+#: gradients at any scale: skipped steps, a scale driven down, meaningless gradient measures)
+OVERFLOW_CONSEQUENCES = ("skipped-steps", "loss-scale", "gradient-underflow", "gradient-error")
+
+
+def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
+    """Where ``activation-overflow`` found a float16 forward pass out of range (an error with
+    ``data["forward"]``: an activation, which no loss scale changes), the findings of
+    :data:`OVERFLOW_CONSEQUENCES` of the same run become its evidence (``"; also: ..."``,
+    ``data["also"]``) instead of findings of their own."""
+    roots = {
+        f.run: f
+        for f in findings
+        if f.rule == "activation-overflow" and f.severity == "error" and f.data.get("forward")
+    }
+    if not roots:
+        return findings
+    out = []
+    for f in findings:
+        root = roots.get(f.run)
+        if root is not None and f.rule in OVERFLOW_CONSEQUENCES:
+            root.evidence += f"; also: {f.title} ({f.rule})"
+            root.data = {**root.data, "also": [*root.data.get("also", []), f.rule]}
+            continue
+        out.append(f)
+    return out
+
+
 def diagnose_run(run: Run) -> list[Finding]:
-    """Every run-level rule on one Run, most severe first (one finding per layer cause:
-    :func:`one_per_layer`)."""
+    """Every run-level rule on one Run, most severe first, one finding per cause
+    (:func:`one_per_layer`, :func:`fold_overflow_consequences`)."""
     out: list[Finding] = []
     for rule in RUN_RULES:
         for f in rule.check(run):
             if f.run is None:
                 f.run = run.name
             out.append(f)
-    return most_severe_first(one_per_layer(out))
+    return most_severe_first(fold_overflow_consequences(one_per_layer(out)))
 
 
 def compare_runs(mixed: Run, fp32: Run) -> list[Finding]:

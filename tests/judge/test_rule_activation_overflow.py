@@ -174,3 +174,36 @@ def test_the_overflowing_custom_layer_is_the_only_error_of_the_layer_rules():
     ]
     assert "keras.layers.LogSumExpPool" not in mine[0].fix
     assert not [f for f in found if f.layer == "output" and f.action.get("dtype") == "float32"]
+
+
+def _skipping(run, steps=30):
+    """The run's training as recorded: every step skipped, the scale halved from 2^15 each time."""
+    scale = {s: 2.0 ** (15 - s) for s in range(1, steps + 1)}
+    run.scalars = make_run(
+        scalars={contract.LOSS_SCALE: scale, contract.STEP_SKIPPED: dict.fromkeys(scale, 1.0)}
+    ).scalars
+    return run
+
+
+def test_an_overflowing_custom_layer_is_exactly_one_error():
+    """Issue 17's acceptance: an overflowing custom layer gives exactly one error, at that layer.
+    The skipped steps and the scale driven down follow from it (the activation overflows whatever
+    the scale) and are its evidence."""
+    found = diagnose(_skipping(logsumexp_run()))
+    errors = [(f.rule, f.layer) for f in found if f.severity == "error"]
+    assert errors == [("activation-overflow", "logsumexp_pool")]
+    (root,) = [f for f in found if f.rule == RULE]
+    assert root.data["forward"] is True
+    assert not [f for f in found if f.rule in ("skipped-steps", "loss-scale")]
+    assert "skipped-steps" in root.data.get("also", []) or "skipped" in root.evidence
+
+
+def test_a_gradient_overflow_leaves_the_loss_scale_findings_alone():
+    """The first non-finite layer found in the backward pass (its activation finite): a scale
+    matter, so the skipped-steps finding stays a finding of its own."""
+    layers = [probe_layer("conv2d", mx=10.0), probe_layer("dense", mx=30.0, nonfinite=True)]
+    run = _skipping(make_run(probes={30: (model_row(mx=30.0, first="dense"), layers)}))
+    found = diagnose(run)
+    (root,) = findings_of(found, RULE)
+    assert root.data["forward"] is False and "also" not in root.data
+    assert findings_of(found, "skipped-steps")

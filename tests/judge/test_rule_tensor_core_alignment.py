@@ -4,7 +4,7 @@ Runs."""
 from __future__ import annotations
 
 import pytest
-from builders import assert_findings, findings_of, make_run, run_info
+from builders import assert_findings, findings_of, make_run, model_row, probe_layer, run_info
 
 from mpwatch.judge import diagnose
 
@@ -26,6 +26,27 @@ CASES = [
         id="no-tensor-cores-is-info",
     ),
     pytest.param(make_run(policy="float32"), [], id="float32-policy-nothing"),
+    pytest.param(
+        make_run(
+            info=run_info("mixed_float16", batch_size=None),
+            probes={
+                10: (
+                    {**model_row(), "batch_source": "training", "batch_size": 30},
+                    [probe_layer("dense")],
+                )
+            },
+        ),
+        [
+            {"layer": "conv2d", "severity": "warning"},
+            {"layer": None, "fix_has": "batch_size=32", "data": {"batch_size": 30}},
+        ],
+        id="keras-3-batch-size-from-the-probes-training-batch",
+    ),
+    pytest.param(
+        make_run(info=run_info("mixed_float16", batch_size=None)),
+        [{"layer": "conv2d"}],
+        id="batch-size-unknown-no-finding",
+    ),
 ]
 
 

@@ -31,6 +31,12 @@ its input was finite (max 21.6); consequences: non-finite outputs in 'dense', 'd
 non-finite gradients in 'proj', loss non-finite
 ```
 
+When the float16 probe's forward pass itself leaves float16's range (an activation, which the
+loss scale does not touch), the run's skipped steps, its stuck loss scale and its gradient
+measures are consequences too: `mpwatch.diagnose` folds those findings (`skipped-steps`,
+`loss-scale`, `gradient-underflow`, `gradient-error`) into this one, their titles in its
+evidence.
+
 ## Fix
 ```python
 LogSumExpPool(..., dtype="float32", name="logsumexp_pool")  # your class, by its own name
@@ -132,12 +138,21 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
         )
         + _consequences(over, loss_nonfinite)
     )
+    raw = r.get("max_abs_activation")
+    try:
+        raw_x = float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        raw_x = None
+    # the forward pass itself left float16's range (an activation, not a scaled gradient): the
+    # loss scale neither causes nor cures it
+    forward = raw_x is not None and (not math.isfinite(raw_x) or raw_x > FLOAT16.max)
     data: dict[str, Any] = {
         "step": step,
         "max_abs_activation": mx,
         "downstream": over.downstream,
         "nonfinite_gradients": over.nonfinite_gradients,
         "mode": model.get("mode"),
+        "forward": forward,
     }
     label = f"{root!r}" + (f" ({cls})" if cls else "")
     if preflight:

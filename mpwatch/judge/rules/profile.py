@@ -51,6 +51,7 @@ from mpwatch.judge.rule import (
     fast_16bit,
     finite,
     fmt,
+    layer_constructor,
     layer_row,
     pct,
     policy,
@@ -135,7 +136,7 @@ def check(run: Run) -> list[Finding]:
                     f"Layer {name!r} spends {pct(t32 / total)} of profiled time in float32",
                     f"{fmt(t32)} us in 32-bit ops of {fmt(total)} us total; policy "
                     f"{row.get('policy')}",
-                    fix=f"keras.layers.{row.get('class') or 'Layer'}(..., "
+                    fix=f"{layer_constructor(run, row.get('class'))}(..., "
                     f'dtype="{policy(run) or "mixed_float16"}")  # if its numerics allow',
                     layer=name,
                     data={"time_32bit_us": t32, "share": t32 / total},

@@ -2,7 +2,8 @@
 
 ## What it finds
 Under a 16-bit policy: non-output layers whose settable dimensions ({SETTABLE_DIMS}) are not
-multiples of 8, and a batch size that is not one.
+multiples of 8, and a batch size that is not one (run_info's batch size where Keras gives it,
+else the size of the first training batch the probe captured: Keras 3 does not tell callbacks).
 
 ## Why it matters
 Tensor Cores run float16 matrix multiplies and convolutions only when the dimensions (units,
@@ -42,7 +43,7 @@ import math
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import Rule, compute_dtype
+from mpwatch.judge.rule import Rule, compute_dtype, layer_constructor
 from mpwatch.read.run import Run
 
 # Tensor Core dims the user sets in the layer's constructor (input dims follow from the previous
@@ -96,7 +97,8 @@ def check(run: Run) -> list[Finding]:
             changes = ", ".join(f"{k}={int(v)} -> {_round8(int(v))}" for k, v in bad.items())
             settable = {k: _round8(int(v)) for k, v in bad.items() if k in ("units", "filters")}
             fix = (
-                f"keras.layers.{cls}({', '.join(f'{k}={v}' for k, v in settable.items())}, ...)"
+                f"{layer_constructor(run, cls)}"
+                f"({', '.join(f'{k}={v}' for k, v in settable.items())}, ...)"
                 if settable
                 else f"# {cls} {name!r}: "
                 + ", ".join(f"{k}={_round8(int(v))}" for k, v in bad.items())
@@ -111,7 +113,7 @@ def check(run: Run) -> list[Finding]:
                     data={"dims": {k: int(v) for k, v in bad.items()}, "tensor_cores": tc},
                 )
             )
-    bs = run.info.get("batch_size")
+    bs = run.batch_size  # run_info's (Keras 2), else the probe's first training batch (Keras 3)
     if isinstance(bs, (int, float)) and int(bs) % 8:
         found.append(
             RULE.finding(
