@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from builders import assert_findings, findings_of, make_run
+from builders import assert_findings, findings_of, make_run, run_info
 
 from mpwatch.judge import diagnose
 
@@ -41,6 +41,22 @@ CASES = [
         id="the-same-notice-three-times-is-one-finding",
     ),
     pytest.param(make_run(), [], id="no-notice"),
+    pytest.param(
+        make_run(
+            policy="float32",
+            info=run_info("float32"),
+            notices=[
+                {
+                    "step": 0,
+                    "part": "loss_scale",
+                    "level": "info",
+                    "message": "no loss scale: policy float32",
+                }
+            ],
+        ),
+        [],
+        id="no-loss-scale-under-float32-is-a-run-fact",
+    ),  # fmt: skip
 ]
 
 

@@ -8,7 +8,9 @@ or stopped after an error), with its part, step and message.
 Missing data means a missing diagnosis: say which part and why.
 
 ## Threshold
-Any notice record with level error: warning; info otherwise. Notices of one part with the same
+Any notice record with level error: warning; info otherwise, except an info notice that only
+restates a run fact (the loss-scale part's "no loss scale" under a policy that has none, which
+run_info records as `loss_scale.kind` "none"). Notices of one part with the same
 first line are one finding (with their count and steps); a title keeps the message's first line,
 cut at {TITLE_CHARS} characters, and the evidence at most {EVIDENCE_CHARS} characters of the
 full message (a Keras config dump does not fill the screen).
@@ -52,9 +54,12 @@ def _cut(text: str, n: int) -> str:
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run: one per part, level and message (first line)."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
+    no_scale = str((run.info.get("loss_scale") or {}).get("kind")) == "none"
     for n in run.notices:
         lvl = str(n.get("level") or "info")
         msg = str(n.get("message") or "")
+        if lvl != "error" and no_scale and str(n.get("part")) == "loss_scale":
+            continue  # "no loss scale": a run fact (run_info), not a recording problem
         first = _cut(msg.strip().splitlines()[0] if msg.strip() else "", TITLE_CHARS)
         groups.setdefault((str(n.get("part")), lvl, first), []).append(n)
     out = []
