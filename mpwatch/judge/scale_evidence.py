@@ -73,6 +73,8 @@ __all__ = [
     "overflows",
     "float16_probes",
     "probe_is_reliable",
+    "id_rounded_layers",
+    "without_layers",
     "unreliable_probes",
     "underflowing_layers",
     "underflow_without",
@@ -145,7 +147,10 @@ class ProbeView:
         recommended: the probe's recommended scale (None: none keeps the margin).
         edges / counts: the log2 histogram of the reference's nonzero gradients (integer edges).
         sweep: ``scale_log2 -> (predicted underflow, predicted overflow)``, mpwatch's own sweep.
-        layers: the probe's per-layer table.
+        layers: the probe's per-layer table (without ``excluded``).
+        excluded: layers left out of ``measured`` and ``layers``: those fed integer ids that a
+            16-bit cast rounded (:func:`id_rounded_layers`), whose gradient zeros are not
+            underflow.
     """
 
     step: int
@@ -156,6 +161,7 @@ class ProbeView:
     counts: np.ndarray
     sweep: dict[int, tuple[float, float]]
     layers: pd.DataFrame
+    excluded: list[str] = field(default_factory=list)
 
     def predicted(self, k: float) -> tuple[float, float] | None:
         """(underflow, overflow) predicted at ``2**k``: the sweep's row, else the histogram's bins
@@ -227,6 +233,39 @@ def _f(x: Any) -> float | None:
     return contract.finite_float(x)
 
 
+def id_rounded_layers(run: Run, step: int) -> list[str]:
+    """Layers that, at this probe, take integer ids a 16-bit cast changed (the probe's inputs
+    table: ``changed > 0``; the ``id-rounding`` rule's finding). Their mixed gradient lands on
+    other embedding rows than the reference's: zeros there are the rounding, not underflow."""
+    pi = run.probe_inputs
+    if not len(pi) or "step" not in pi or "consumers" not in pi or "changed" not in pi:
+        return []
+    out: list[str] = []
+    for r in pi[pi["step"] == step].to_dict("records"):
+        changed = _f(r.get("changed"))
+        if not changed:
+            continue
+        cons = r.get("consumers")
+        names = [cons] if isinstance(cons, str) else list(cons or [])
+        out += [str(n) for n in names if str(n) not in out]
+    return out
+
+
+def without_layers(
+    layers: pd.DataFrame, exclude: list[str]
+) -> tuple[pd.DataFrame, float | None, int | None, int | None]:
+    """The probe's layer table without ``exclude``, and the model-wide underflow (fraction, count,
+    reference-nonzero) its remaining per-layer counts give (None without counts)."""
+    if not exclude or not len(layers) or "layer" not in layers:
+        return layers, None, None, None
+    kept = layers[~layers["layer"].astype(str).isin(exclude)].reset_index(drop=True)
+    if not {"ref_nonzero", "underflow_count"} <= set(kept):
+        return kept, None, None, None
+    nz = pd.to_numeric(kept["ref_nonzero"], errors="coerce").fillna(0).sum()
+    uc = pd.to_numeric(kept["underflow_count"], errors="coerce").fillna(0).sum()
+    return kept, (float(uc / nz) if nz else 0.0), int(uc), int(nz)
+
+
 def float16_probes(run: Run) -> list[ProbeView]:
     """The run's reliable float16 probes measured against a float32 reference (with a scale, a
     measured underflow and a histogram or sweep), in step order."""
@@ -265,6 +304,11 @@ def float16_probes(run: Run) -> list[ProbeView]:
         pl = run.probe_layers
         if len(pl) and "step" in pl:
             layers = pl[pl["step"] == step].reset_index(drop=True)
+        excluded = id_rounded_layers(run, step)
+        if excluded:
+            layers, frac, _, _ = without_layers(layers, excluded)
+            if frac is not None:
+                measured = frac
         out.append(
             ProbeView(
                 step=step,
@@ -275,6 +319,7 @@ def float16_probes(run: Run) -> list[ProbeView]:
                 counts=counts,
                 sweep=sweep,
                 layers=layers,
+                excluded=excluded,
             )
         )
     return out
@@ -524,9 +569,15 @@ class Advice:
 
 def _advice_cached(run: Run) -> Advice | None:
     cached = run.__dict__.get("_judge_scale_advice")
-    if cached is not None and cached[0] is run.probe_model and cached[1] is run.scalars:
-        return cached[2]
+    if cached is not None and cached[0] == _key(run):
+        return cached[1]
     return None
+
+
+def _key(run: Run) -> tuple[int, ...]:
+    """The tables the advice reads (by identity: a Run's tables are replaced, not edited)."""
+    return tuple(id(t) for t in (run.probe_model, run.scalars, run.sweeps, run.probe_inputs,
+                                 run.probe_layers, run.histograms, run.info))  # fmt: skip
 
 
 def advise(run: Run) -> Advice:
@@ -535,7 +586,7 @@ def advise(run: Run) -> Advice:
     if got is not None:
         return got
     adv = _advise(run)
-    run.__dict__["_judge_scale_advice"] = (run.probe_model, run.scalars, adv)
+    run.__dict__["_judge_scale_advice"] = (_key(run), adv)
     return adv
 
 
@@ -626,6 +677,11 @@ def _advise(run: Run) -> Advice:
         adv.lines.append(
             f"underflow at the scale used ({scale_text(lt.scale)}, probe at step {lt.step}) is "
             f"{_pct(lt.measured)}, below {_pct(UNDERFLOW_MATERIAL)}: the scale is not the problem"
+            + (
+                f" (leaving out the id-rounded {', '.join(map(repr, lt.excluded))})"
+                if lt.excluded
+                else ""
+            )  # fmt: skip
         )
         return adv
     # predicted underflow at the scale used (at the next power of two up when it is not one: a
@@ -712,6 +768,12 @@ def _evidence(adv: Advice, pred_used: float | None, best_k: int | None, later_ca
         f"probe at step {lt.step}: {_pct(lt.measured)} of the reference's nonzero gradient values "
         f"are zero in float16 at the scale used, {scale_text(lt.scale)}"
         + (f" (the sweep predicts {_pct(pred_used)})" if pred_used is not None else "")
+        + (
+            f", leaving out {', '.join(repr(n) for n in lt.excluded)}: fed integer ids a float16 "
+            "cast rounds (id-rounding), its gradient lands on other rows"
+            if lt.excluded
+            else ""
+        )
     )
     ovs = [o for o in adv.overflows if o.scale is not None]
     if ovs:

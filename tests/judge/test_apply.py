@@ -176,6 +176,9 @@ def test_applied_optimizer_is_what_the_finding_and_the_snippet_say(policy, kind)
         )  # fmt: skip
         if kind == "growth":
             assert "initial_scale" not in res.snippet  # never Keras' default: a no-op
+        # the finding's printed fix and the applied snippet carry the same optimizer line
+        (fix_line,) = [x for x in f.fix.splitlines() if x.startswith("optimizer = ")]
+        assert fix_line in res.snippet.splitlines()
         # compiled and trained one step: Keras keeps the optimizer and starts at its scale
         clone = res.model
         clone.compile(optimizer=opt, loss="mse")

@@ -124,3 +124,61 @@ def test_bfloat16_underflow_is_said_in_bfloat16_terms():
     for text in (f.title, f.evidence, f.fix):
         assert "float16" not in text.replace("bfloat16", "")
         assert "loss scale" not in text and "LossScale" not in text
+
+
+def test_layers_underflowing_at_a_scale_held_down_by_overflows_blame_the_overflow():
+    # 13 skips bring 2^15 to 4 (the float16 softmax of ResNet50 at 32x32): layer 'a' loses 10%
+    # at 4, model-wide 0.3%; the probe's gradients would allow 2^19 (max 2^-8, 4 doublings spare)
+    import numpy as np
+    from builders import margin_scale
+
+    scales, skipped = keras_scale_history(30, lambda s, S: s <= 13)
+    assert scales[30] == 4.0
+    a = np.concatenate([log_uniform(-20, -10, 540), log_uniform(-40, -30, 60, seed=5)])
+    b = log_uniform(-20, -8, 20000, seed=6)
+    run = scale_run([grad_probe(30, {"a": a, "b": b}, 4.0)], scales, skipped)
+    assert f16_lost(a, 4.0) == pytest.approx(0.1) and f16_lost(b, 4.0) == 0.0
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.severity == "info" and f.action == {}  # no layer to change: fix the overflow
+    assert f.data["held_down_by_overflows"] == 13
+    assert f.data["allowed_scale"] == margin_scale(np.concatenate([a, b])) == 2.0**19
+    assert "13 overflows" in f.title
+    # the same layers at a scale nothing held down: keep them float32
+    scales, skipped = keras_scale_history(30, lambda s, S: False, initial=4.0)
+    run = scale_run([grad_probe(30, {"a": a, "b": b}, 4.0)], scales, skipped, initial=4.0)
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.severity == "warning" and f.action == {"float32_layers": ["a"]}
+
+
+def test_a_layer_fed_rounded_ids_is_not_underflow():
+    # keras.io's Transformer: float32 token ids cast to float16 by the embedding layer land on
+    # other rows; the reference's rows are "zero in float16" there. That is id-rounding's finding.
+    import numpy as np
+    import pandas as pd
+
+    scales, skipped = keras_scale_history(30, lambda s, S: False)
+    emb = log_uniform(-20, -10, 5000, seed=7)
+    rest = log_uniform(-20, -8, 10000, seed=8)
+    probe = grad_probe(30, {"emb": emb, "block": rest}, scales[30])
+    # what the mixed model got for 'emb': 70% of its reference-nonzero rows moved elsewhere
+    moved = int(0.7 * 5000)
+    probe["layers"][0] = probe_layer("emb", uf=moved / 5000)
+    probe["layers"][0][1] = 5000
+    probe["model"].update(underflow_fraction=moved / 15000, underflow_count=moved)
+    run = scale_run([probe], scales, skipped)
+    found = findings_of(diagnose(run), RULE)
+    assert found and found[0].layer == "emb"  # without the inputs table: taken for underflow
+    run.probe_inputs = pd.DataFrame(
+        [[30, "ids", "float32", 6400, True, 19990.0, ["emb"], "float16", 4679]],
+        columns=["step", *contract.PROBE_INPUT_COLUMNS],
+    )
+    assert f16_lost(rest, scales[30]) == 0.0
+    assert findings_of(diagnose(run), RULE) == []
+    assert findings_of(diagnose(run), "loss-scale") == []
+    # and the model-wide figure left is the other layers' own
+    from mpwatch.judge import scale_evidence as se
+
+    (view,) = se.float16_probes(run)
+    assert view.excluded == ["emb"] and view.measured == 0.0
+    assert "emb" not in set(view.layers["layer"])
+    assert np.isfinite(view.measured)

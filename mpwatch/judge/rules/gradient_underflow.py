@@ -3,12 +3,14 @@
 ## What it finds
 From the latest reliable probe of the run's own policy (float16 under `mixed_float16`, bfloat16
 under `mixed_bfloat16`), which runs the same batch in 16 bits and against a float32 reference: the
-share of the reference's nonzero gradient values that are zero in 16 bits (at the loss scale
-used, under float16), model-wide, and the layers that lose most, in one finding. Under float16 the
-fix is the `loss-scale` rule's advice, computed from the same evidence (never a scale that the
-sweep predicts to lose more). A float16 run without a usable probe: the share of the training
-gradients, scaled, in float16's subnormal range (precision lost, not yet underflow). Nothing about
-float16 is said of a bfloat16 run.
+share of the reference's nonzero gradient values that are zero in 16 bits (at the loss scale used,
+under float16), model-wide, and the layers that lose most, in one finding. A layer fed integer ids
+that a 16-bit cast rounds (the `id-rounding` rule) is left out: its mixed gradient lands on other
+embedding rows than the reference's, and those zeros are not underflow. Under float16 the fix is
+the `loss-scale` rule's advice, computed from the same evidence (never a scale that the sweep
+predicts to lose more). A float16 run without a usable probe: the share of the training gradients,
+scaled, in float16's subnormal range (precision lost, not yet underflow). Nothing about float16 is
+said of a bfloat16 run.
 
 ## Why it matters
 Gradient values below the format's smallest subnormal (2^-24 in float16, after the loss scale)
@@ -19,7 +21,9 @@ underflow, and no loss scale is used.
 ## Threshold
 Latest probe's model-wide underflow fraction > {UNDERFLOW_WARN:g}: warning, > {UNDERFLOW_ERROR:g}:
 error; layers above {LAYER_UNDERFLOW_WARN:g} are named in it (at most {LAYERS_NAMED}), or, when
-the model-wide fraction is below {UNDERFLOW_WARN:g}, make one warning of their own. A probe its
+the model-wide fraction is below {UNDERFLOW_WARN:g}, make one warning of their own to keep them in
+float32; only info, with no layer to change, when skipped steps brought the loss scale below the
+one the probe's gradients allow (the overflow is the cause: fixed, the scale grows). A probe its
 recorder marked unreliable is not used. Without a usable probe, on a float16 run only: median
 share of subnormal scaled gradients over the last quarter of logged steps > {SUBNORMAL_WARN:g}:
 info.
@@ -121,17 +125,31 @@ def check(run: Run) -> list[Finding]:
 
 
 def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
-    step, model = probe.step, probe.model
+    step, model = probe.step, dict(probe.model)
     uf = finite(model.get("underflow_fraction"))
+    # layers fed integer ids that the cast rounded: their zeros are the wrong rows (id-rounding)
+    excluded = se.id_rounded_layers(run, step)
+    layers_table = probe.layers
+    if excluded:
+        layers_table, frac, count, nonzero = se.without_layers(probe.layers, excluded)
+        if frac is not None:
+            uf = frac
+            model.update(underflow_count=count, ref_nonzero=nonzero)
+    note = (
+        f" (leaving out {', '.join(map(repr, excluded))}: fed integer ids that a {mode} cast "
+        "rounds, see id-rounding; its gradient lands on other rows)"
+        if excluded
+        else ""
+    )
     scale = finite(model.get("loss_scale")) if mode == "float16" else None
     at = f" at loss scale {se.scale_text(scale)}" if scale else ""
     if uf is not None and uf > UNDERFLOW_WARN:
         # the layers that lose most: above LAYER_UNDERFLOW_WARN, else above UNDERFLOW_WARN
-        layers = se.underflowing_layers(run, probe.layers, LAYER_UNDERFLOW_WARN, UNDERFLOW_WARN)
+        layers = se.underflowing_layers(run, layers_table, LAYER_UNDERFLOW_WARN, UNDERFLOW_WARN)
         lines = [
             f"probe at step {step}: {fmt(finite(model.get('underflow_count')))} of "
             f"{fmt(finite(model.get('ref_nonzero')))} reference-nonzero gradient elements are "
-            f"zero in {mode}{at.replace(' loss scale', ' scale')}"
+            f"zero in {mode}{at.replace(' loss scale', ' scale')}{note}"
         ]
         if layers:
             least = min(u for _, u in layers)
@@ -176,25 +194,56 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
                 },
             )
         ]
-    layers = se.underflowing_layers(run, probe.layers, LAYER_UNDERFLOW_WARN, None)
+    layers = se.underflowing_layers(run, layers_table, LAYER_UNDERFLOW_WARN, None)
     if not layers:
         return []
     n = len(layers)
+    title = (
+        f"{n} layer{'s' if n != 1 else ''} lose{'s' if n == 1 else ''} more than "
+        f"{pct(LAYER_UNDERFLOW_WARN)} of {'their' if n != 1 else 'its'} gradient values to "
+        f"underflow in {mode}"
+    )
+    evidence = (
+        f"probe at step {step}{at}: {se.names_text(layers)} of the reference's nonzero "
+        f"gradient values are zero in {mode} (model-wide {pct(uf or 0.0)}){note}"
+    )
+    data = {"step": step, "mode": mode, "underflow_fraction": uf,
+            "layers": {name: u for name, u in layers}}  # fmt: skip
+    held = _held_down(run, probe, scale) if mode == "float16" else None
+    if held is not None:
+        # the scale is low because steps overflowed: the overflow is the cause, not these layers
+        count, allowed = held
+        return [
+            RULE.finding(
+                "info",
+                title + f" at a loss scale held down by {count} overflows",
+                evidence + f"; {count} skipped steps brought the scale down to "
+                f"{se.scale_text(scale)} while this probe's gradients allow "
+                f"{se.scale_text(allowed)}: what overflows drives the scale down, and these "
+                "layers lose less at a higher one",
+                fix="# fix what overflows first (the skipped-steps, output-16bit and "
+                "activation-overflow findings); the loss scale then grows by itself",
+                data=data | {"held_down_by_overflows": count, "allowed_scale": allowed},
+            )
+        ]
     return [
         RULE.finding(
             "warning",
-            f"{n} layer{'s' if n != 1 else ''} lose more than {pct(LAYER_UNDERFLOW_WARN)} of "
-            f"{'their' if n != 1 else 'its'} gradient values to underflow in {mode}",
-            f"probe at step {step}{at}: {se.names_text(layers)} of the reference's nonzero "
-            f"gradient values are zero in {mode} (model-wide {pct(uf or 0.0)})",
+            title,
+            evidence,
             fix=_KEEP_FIX.format(names=se.names_text(layers, with_fraction=False)),
             layer=layers[0][0] if n == 1 else None,
             action={"float32_layers": [name for name, _ in layers]},
-            data={
-                "step": step,
-                "mode": mode,
-                "underflow_fraction": uf,
-                "layers": {name: u for name, u in layers},
-            },
-        )  # fmt: skip
+            data=data,
+        )
     ]
+
+
+def _held_down(run: Run, probe: ProbeResult, scale: float | None) -> tuple[int, float] | None:
+    """(skipped steps, the probe's recommended scale) when skipped steps brought the loss scale
+    below the one the probe's gradients allow (its recommended scale: margin kept), else None."""
+    rec = finite(probe.model.get("recommended_scale"))
+    if not scale or not rec or rec <= scale:
+        return None
+    count = sum(o.count for o in se.overflows(run) if o.step <= probe.step)
+    return (count, rec) if count else None

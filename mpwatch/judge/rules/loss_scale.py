@@ -41,7 +41,8 @@ at least {UNDERFLOW_MATERIAL:g}, no single scale fits: the layers losing more th
 GPU of compute capability {BFLOAT16_MIN_CC:g} or more). Measured underflow that is material while
 the sweep predicts less than {UNDERFLOW_MATERIAL:g} at the scale used is lost inside the backward
 pass, which the sweep does not predict: no scale is proposed, the layers are named. A probe its
-recorder marked unreliable, or one without a float32 reference, is not used.
+recorder marked unreliable, or one without a float32 reference, is not used; layers fed integer
+ids that a float16 cast rounds (`id-rounding`) are left out of the measured underflow.
 
 ## Example evidence
 ```text
