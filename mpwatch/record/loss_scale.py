@@ -1,5 +1,5 @@
-"""LossScaleMonitor: the dynamic loss scale after every step and the exact number of skipped
-steps."""
+"""LossScaleMonitor: the dynamic loss scale before the first step and after every step, and the
+exact number of skipped steps."""
 
 from __future__ import annotations
 
@@ -33,14 +33,18 @@ class LossScaleMonitor(RecordingCallback):
     Writes ``mpwatch/loss_scale`` and ``mpwatch/step_skipped`` at every batch step (exact also with
     ``steps_per_execution > 1``: the values are collected in the graph, one slot per batch), and
     ``mpwatch/skipped_steps`` (in the interval) and ``mpwatch/skipped_steps_total`` (cumulative,
-    across
-    fit calls) every ``log_every`` steps and at the end of training. A skipped step is one whose
-    update
-    the optimizer dropped for non-finite gradients (``optimizer.iterations`` did not advance).
+    across fit calls) every ``log_every`` steps and at the end of training. A skipped step is one
+    whose update the optimizer dropped for non-finite gradients (``optimizer.iterations`` did not
+    advance).
+
+    ``mpwatch/loss_scale`` at step ``s`` is the scale after step ``s``, the one step ``s + 1``
+    uses. So that the scale of the first step is recorded too, a run's first fit (one that starts
+    at step 0, with ``optimizer.iterations`` 0) also writes ``mpwatch/loss_scale`` at step 0: the
+    scale in effect before its first batch (the optimizer's initial scale). Later fits, and a
+    resumed training state, continue from a step already recorded and write no step-0 point.
 
     Under ``mixed_bfloat16`` and ``float32`` there is no loss scale: a ``notice`` record says so
-    once
-    and nothing else is written.
+    once and nothing else is written.
 
     Args:
         log_dir: the run directory (created if needed).
@@ -48,8 +52,8 @@ class LossScaleMonitor(RecordingCallback):
 
     Example:
         >>> import keras, mpwatch  # doctest: +SKIP
-        >>> model.fit(x, y, callbacks=[mpwatch.LossScaleMonitor(log_dir="logs/run1")])  # doctest:
-        +SKIP
+        >>> monitor = mpwatch.LossScaleMonitor(log_dir="logs/run1")  # doctest: +SKIP
+        >>> model.fit(x, y, callbacks=[monitor])  # doctest: +SKIP
     """
 
     part = "loss_scale"
@@ -70,6 +74,8 @@ class LossScaleMonitor(RecordingCallback):
         self._interval_steps = 0
         if not hasattr(self.state, "skipped_total"):
             self.state.skipped_total = 0
+        if self._has_scale:
+            self._write_initial_scale()
         if not self._has_scale:
             told = getattr(self.state, "notices", set())
             if self.part not in told:
@@ -78,6 +84,21 @@ class LossScaleMonitor(RecordingCallback):
                 )
                 told.add(self.part)
                 self.state.notices = told
+
+    def _write_initial_scale(self) -> None:
+        """At the first batch of a run's first fit (step 0, ``iterations`` 0): the scale its first
+        step uses, at step 0. ``state.start`` holds the optimizer's scale read just before that
+        batch (after any restore); an optimizer not built yet starts at its ``initial_scale``."""
+        start = getattr(self.state, "start", None) or {}
+        if self.state.step != 0 or start.get("iterations") != 0:
+            return  # a later fit or a resumed state: its starting scale is already recorded
+        scale = start.get("loss_scale")
+        if scale is None:
+            opt = loss_scale_optimizer(self.model.optimizer)
+            scale = getattr(opt, "initial_scale", None)
+        if scale is None or not math.isfinite(float(scale)):
+            return
+        self.writer.scalar_series(contract.LOSS_SCALE, [0], [float(scale)])
 
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
         if not self._has_scale or got.loss_scale is None:

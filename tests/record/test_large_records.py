@@ -142,7 +142,7 @@ def test_training_is_unaffected_by_large_records(big_fit, read_events):
     assert [n for n in run.notices if n["level"] == "error"] == []
     assert not any("limit" in n["message"] for n in run.notices)
     assert run.info["policy"] == "mixed_float16"
-    assert len(run.scalar(contract.LOSS_SCALE)) == 4
+    assert len(run.scalar(contract.LOSS_SCALE)) == 1 + 4  # step 0 (the start) and 4 steps
 
 
 def test_30000_variables_at_the_real_limit(tmp_path, read_events):

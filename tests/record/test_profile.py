@@ -162,7 +162,7 @@ def test_record_follows_the_schema(fitted, payload):
     assert payload["steps"] == list(STEPS)
     assert step == STEPS[1]
     loss_scale_steps = _scalar_steps(fitted["logdir"], contract.LOSS_SCALE)
-    assert loss_scale_steps[:BATCHES] == list(range(1, BATCHES + 1))
+    assert loss_scale_steps[: BATCHES + 1] == list(range(0, BATCHES + 1))  # 0: before the first
     for key in (
         "steps",
         "device",

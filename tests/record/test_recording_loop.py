@@ -44,7 +44,10 @@ def test_custom_loop_records_loss_scale_and_skips(tmp_path, policy, read_events)
                 scales.append(float(opt.dynamic_scale.numpy()))
                 its.append(int(opt.iterations.numpy()))
     scalars, records = read_events(tmp_path)
-    assert scalars["mpwatch/loss_scale"] == [(i + 1, s) for i, s in enumerate(scales)]
+    # step 0: the scale before the first step (the optimizer is built by its first apply, with
+    # dynamic_scale = initial_scale)
+    before = [(0, float(opt.initial_scale))]
+    assert scalars["mpwatch/loss_scale"] == before + [(i + 1, s) for i, s in enumerate(scales)]
     assert [v for _, v in scalars["mpwatch/step_skipped"]] == [0, 0, 1, 0, 0, 0]
     assert its[-1] == 5
     assert [s for s, _ in scalars["mpwatch/grad/zero_fraction"]] == [2, 4, 6]

@@ -1,5 +1,8 @@
 """Loss scale and skipped steps against the optimizer's own state (ground truth read by a test
-callback), with steps_per_execution 1 and 4, across several fit calls, under the three policies."""
+callback), with steps_per_execution 1 and 4, across several fit calls, under the three policies.
+
+``mpwatch/loss_scale`` at step s is the scale after step s; at step 0, written once by a run's
+first fit, the scale before its first step."""
 
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ def _model(spe=1):
 
 
 class Truth:
-    """Reads dynamic_scale and iterations after every Keras batch call (steps_per_execution=1)."""
+    """Reads dynamic_scale and iterations after every Keras batch call (steps_per_execution=1),
+    and the scale before the first batch runs (``before``)."""
 
     def __new__(cls):
         import keras
@@ -43,6 +47,13 @@ class Truth:
             def __init__(self):
                 super().__init__()
                 self.scales, self.iterations = [], []
+                self.before = None
+
+            def on_train_batch_begin(self, batch, logs=None):
+                if self.before is None:  # Keras builds the optimizer in the first train step:
+                    opt = self.model.optimizer  # until then dynamic_scale is its initial_scale
+                    built = getattr(opt, "dynamic_scale", None)
+                    self.before = float(opt.initial_scale if built is None else built.numpy())
 
             def on_train_batch_end(self, batch, logs=None):
                 opt = self.model.optimizer
@@ -70,8 +81,9 @@ def test_loss_scale_equals_dynamic_scale_each_step(tmp_path, policy, read_events
         )
     scalars, _ = read_events(tmp_path)
     steps = [s for s, _ in scalars["mpwatch/loss_scale"]]
-    assert steps == list(range(1, 13))
-    assert [v for _, v in scalars["mpwatch/loss_scale"]] == truth.scales
+    assert steps == list(range(0, 13))  # step 0: before the first step
+    assert truth.before == model.optimizer.initial_scale == 2.0**15
+    assert [v for _, v in scalars["mpwatch/loss_scale"]] == [truth.before, *truth.scales]
     # skipped = iterations did not advance
     its = [0, *truth.iterations]
     expected_skips = [float(its[i + 1] == its[i]) for i in range(12)]
@@ -106,8 +118,11 @@ def test_k_overflowing_batches_give_k_skipped_steps(tmp_path, policy, read_event
     assert final_iterations == 11 - len(bad)
     assert scalars["mpwatch/skipped_steps_total"] == [(11, float(len(bad)))]
     # the scale halves at each skip and never grows here (growth interval 2000)
-    scales = [v for _, v in scalars["mpwatch/loss_scale"]]
-    assert scales[-1] == 2.0**15 / 2 ** len(bad)
+    scales = dict(scalars["mpwatch/loss_scale"])
+    assert sorted(scales) == list(range(0, 12))
+    # step 1 overflowed at the initial scale (recorded at step 0), which it halved
+    assert (scales[0], scales[1]) == (2.0**15, 2.0**14)
+    assert scales[11] == 2.0**15 / 2 ** len(bad)
 
 
 def test_several_fit_calls_continue_steps(tmp_path, policy, read_events):
@@ -128,9 +143,17 @@ def test_several_fit_calls_continue_steps(tmp_path, policy, read_events):
             )
     scalars, records = read_events(tmp_path)
     steps = [s for s, _ in scalars["mpwatch/loss_scale"]]
-    assert steps == list(range(1, 16))  # 3 fits x 5 batches, no duplicates, no gaps
+    # 3 fits x 5 batches, no duplicates, no gaps; step 0 (the scale before the first step) written
+    # by the first fit only
+    assert steps == list(range(0, 16))
     assert scalars["mpwatch/skipped_steps_total"] == [(5, 1.0), (10, 2.0), (15, 3.0)]
     assert [s for s, _ in records["run_info"]] == [0, 5, 10]
+    # each later fit starts from the scale recorded at its previous step; the first from the
+    # initial scale (run_info's start has none there: Keras builds the optimizer in the first step)
+    starts = [info["start"]["loss_scale"] for _, info in records["run_info"]]
+    scale = dict(scalars["mpwatch/loss_scale"])
+    assert starts[1:] == [scale[5], scale[10]]
+    assert scale[0] == records["run_info"][0][1]["loss_scale"]["initial"] == 2.0**15
 
 
 @pytest.mark.parametrize("name", ["mixed_bfloat16", "float32"])

@@ -50,7 +50,7 @@ def test_model_kinds_and_policies(tmp_path, policy, read_events, kind, name):
     assert [s for s, _ in scalars["mpwatch/grad/zero_fraction"]] == [3, 6]
     assert [s for s, _ in scalars["mpwatch/perf/peak_memory_mb"]] == [3, 6]
     if name == "mixed_float16":
-        assert [s for s, _ in scalars["mpwatch/loss_scale"]] == list(range(1, 7))
+        assert [s for s, _ in scalars["mpwatch/loss_scale"]] == list(range(0, 7))  # 0: the start
         assert info["loss_scale"]["kind"] == "dynamic"
     else:
         assert "mpwatch/loss_scale" not in scalars
@@ -74,5 +74,5 @@ def test_quickstart_run_shows_the_float16_softmax(quickstart_logdir, read_events
     conv = [r for r in table if r["class"] == "Conv2D"]
     assert [r["tc_dims"]["filters"] for r in conv] == [32, 64]
     assert conv[0]["tc_dims"]["input_channels"] == 1 and conv[0]["tc_aligned"] is False
-    assert len(scalars["mpwatch/loss_scale"]) == 8  # 512 samples / 64
+    assert len(scalars["mpwatch/loss_scale"]) == 1 + 8  # step 0, then 512 samples / 64
     assert records["run_info"][0][1]["policy"] == "mixed_float16"

@@ -217,7 +217,8 @@ def test_huge_model_training_is_unaffected(huge_fit):
     assert (watched.iterations, watched.scale) == (plain.iterations, plain.scale)
     # what mpwatch recorded about the optimizer agrees with the optimizer
     run = mpwatch.load_run(huge_fit.logdir)
-    assert run.scalar(contract.LOSS_SCALE).index.tolist() == list(range(1, FIT_STEPS + 1))
+    # step 0: the scale before the first step
+    assert run.scalar(contract.LOSS_SCALE).index.tolist() == list(range(0, FIT_STEPS + 1))
     assert run.scalar(contract.LOSS_SCALE).iloc[-1] == watched.scale
     assert run.scalar(contract.STEP_SKIPPED).sum() == FIT_STEPS - watched.iterations
 

@@ -28,7 +28,8 @@ def single_run(tmp_path_factory):
 def test_single_process_series_is_the_optimizers(single_run):
     logdir, truth = single_run
     (series,) = events_by_file(logdir, "mpwatch/loss_scale").values()
-    assert [v for _, v in series] == truth["scales"]
+    assert series[0] == (0, 2.0**15)  # before the first step: Keras' initial_scale
+    assert [v for _, v in series[1:]] == truth["scales"]
     (flags,) = events_by_file(logdir, "mpwatch/step_skipped").values()
     skipped = [s for s, v in flags if v]
     assert len(skipped) == len(truth["scales"]) - truth["iterations"] > 0
@@ -67,7 +68,7 @@ def test_killed_and_resumed_run_reads_as_one_continuous_series(tmp_path):
     killed, resumed = (files[p] for p in sorted(files, key=lambda p: files[p][0][0]))
     flags = events_by_file(logdir, "mpwatch/step_skipped")
     killed_flags, resumed_flags = (flags[p] for p in sorted(flags, key=lambda p: flags[p][0][0]))
-    assert [s for s, _ in killed] == list(range(1, 13)), "flushed every 4 steps, up to 12"
+    assert [s for s, _ in killed] == list(range(0, 13)), "the start, then every 4 steps up to 12"
     # the restored state is the one after batch 8: the resumed life's first step is 9
     assert [s for s, _ in resumed] == list(range(9, 9 + len(truth["scales"])))
     assert [v for _, v in resumed] == truth["scales"], "each step carries its own optimizer state"
@@ -84,7 +85,7 @@ def test_killed_and_resumed_run_reads_as_one_continuous_series(tmp_path):
     run = mpwatch.load_run(logdir, warn=False)
     scale = run.scalar("mpwatch/loss_scale")
     last = 8 + len(truth["scales"])
-    assert list(scale.index) == list(range(1, last + 1)), "one continuous series"
+    assert list(scale.index) == list(range(0, last + 1)), "one continuous series from the start"
     assert scale.loc[9:].tolist() == truth["scales"]
     assert scale.loc[:8].tolist() == [v for s, v in killed if s <= 8]
     assert run.scalar("mpwatch/skipped_steps_total").iloc[-1] == skipped_total
@@ -104,7 +105,7 @@ def test_killed_and_resumed_run_reads_as_one_continuous_series(tmp_path):
         with urllib.request.urlopen(url, timeout=60) as r:
             view = json.loads(r.read())
     series = view["series"]["mpwatch/loss_scale"]
-    assert series["steps"] == list(range(1, last + 1))
+    assert series["steps"] == list(range(0, last + 1))
     assert series["values"] == scale.tolist()
     assert view["skipped_total"] == skipped_total
     assert view["skipped_steps"] == [s for s, v in killed_flags if v and s <= 8] + [
@@ -153,7 +154,8 @@ def test_multiworker_chief_records_what_a_single_process_records(tmp_path, singl
         (single,) = events_by_file(single_logdir, tag).values()
         assert multi == single, tag
     (multi,) = events_by_file(logdir, "mpwatch/loss_scale").values()
-    assert [v for _, v in multi] == single_truth["scales"]
+    assert multi[0] == (0, 2.0**15)  # before the first step
+    assert [v for _, v in multi[1:]] == single_truth["scales"]
     # the loss (summed over the workers' halves) is the single process's, to float16 precision
     (multi,) = events_by_file(logdir, "mpwatch/train/loss").values()
     (single,) = events_by_file(single_logdir, "mpwatch/train/loss").values()
