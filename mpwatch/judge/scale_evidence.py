@@ -235,16 +235,17 @@ def _f(x: Any) -> float | None:
 
 def id_rounded_layers(run: Run, step: int) -> list[str]:
     """Layers that, at this probe, take integer ids a 16-bit cast changed (the probe's inputs
-    table: ``changed > 0``; the ``id-rounding`` rule's finding). Their mixed gradient lands on
-    other embedding rows than the reference's: zeros there are the rounding, not underflow."""
+    table: ``integer_valued`` and ``changed > 0``; the ``id-rounding`` rule's finding). Their
+    mixed gradient lands on other embedding rows than the reference's: zeros there are the
+    rounding, not underflow."""
     pi = run.probe_inputs
     if not len(pi) or "step" not in pi or "consumers" not in pi or "changed" not in pi:
         return []
     out: list[str] = []
     for r in pi[pi["step"] == step].to_dict("records"):
         changed = _f(r.get("changed"))
-        if not changed:
-            continue
+        if not changed or r.get("integer_valued") is not True:
+            continue  # a real-valued input rounds too: that is precision, not ids
         cons = r.get("consumers")
         names = [cons] if isinstance(cons, str) else list(cons or [])
         out += [str(n) for n in names if str(n) not in out]
@@ -834,6 +835,14 @@ def _evidence(adv: Advice, pred_used: float | None, best_k: int | None, later_ca
             )
         elif math.isfinite(later_cap) and later_cap <= lt.used_log2:
             L.append("a larger scale overflowed later in the run")
+        free = [k for k, (_u, o) in lt.sweep.items() if o == 0]
+        top = max(free) if free else None
+        if top is not None and top > max(best_k if best_k is not None else -math.inf,
+                                         lt.used_log2):  # fmt: skip
+            L.append(
+                f"even {scale_text(2.0**top)}, the largest at which the sweep predicts no overflow "
+                f"on this batch (no margin kept), would lose {_pct(lt.under(top) or 0.0)}"
+            )
         if adv.layers:
             least = min(u for _, u in adv.layers)
             over = LAYER_UNDERFLOW_WARN if least > LAYER_UNDERFLOW_WARN else UNDERFLOW_MATERIAL

@@ -168,6 +168,12 @@ def test_a_layer_fed_rounded_ids_is_not_underflow():
     run = scale_run([probe], scales, skipped)
     found = findings_of(diagnose(run), RULE)
     assert found and found[0].layer == "emb"  # without the inputs table: taken for underflow
+    # a real-valued float input that the cast rounds is precision, not ids: still underflow
+    run.probe_inputs = pd.DataFrame(
+        [[30, "x", "float32", 6400, False, 3.9, ["emb"], "float16", 6400]],
+        columns=["step", *contract.PROBE_INPUT_COLUMNS],
+    )
+    assert findings_of(diagnose(run), RULE)[0].layer == "emb"
     run.probe_inputs = pd.DataFrame(
         [[30, "ids", "float32", 6400, True, 19990.0, ["emb"], "float16", 4679]],
         columns=["step", *contract.PROBE_INPUT_COLUMNS],
