@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from mpwatch import contract
 from mpwatch._version import __version__
 from mpwatch.judge import SEVERITIES, Finding
 from mpwatch.read import Run
-from mpwatch.show.charts_svg import histogram_chart, line_chart
+from mpwatch.show.charts_svg import heatmap_chart, histogram_chart, line_chart
 from mpwatch.show.summary import (
     NO_DATA,
     profile_lines,
@@ -50,6 +51,11 @@ tr.flag-error td{background:#fde8ea}tr.flag-warning td{background:#fff4e0}
 svg.chart{background:#fff;border:1px solid #e3e3e3;border-radius:4px;max-width:100%;height:auto}
 svg .ct{font-size:13px;font-weight:600}svg .al,svg .tick{font-size:10px;fill:#555}
 svg .grid{stroke:#eee}svg .plot{stroke:#ccc}svg .empty{font-size:12px;fill:#888}
+svg line.mark{stroke:#d62728;stroke-width:1.5;stroke-opacity:.8}
+svg .row-label{font:11px ui-monospace,Menlo,Consolas,monospace;fill:#333}
+.heatmap-scroll{max-height:560px;overflow-y:auto;border:1px solid #e3e3e3;border-radius:4px;
+background:#fff;max-width:100%}
+.heatmap-scroll svg.chart{border:0}
 .note{color:#666}
 """
 
@@ -137,19 +143,124 @@ def _layer_table(run: Run, findings: Sequence[Finding]) -> str:
     return "".join(out)
 
 
+def skip_marks(run: Run) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Where the optimizer skipped updates: ``(steps, spans)``.
+
+    ``steps``: exactly the skipped steps, from the per-step flag ``mpwatch/step_skipped``. A run
+    without the flag has only the cumulative ``mpwatch/skipped_steps_total``, which says how many
+    steps between two of its points were skipped, not which: ``spans`` of ``(first, last,
+    count)``, and no step."""
+    if len(run.scalar(contract.STEP_SKIPPED)):
+        return [int(s) for s in run.skipped_steps().index], []
+    total = run.scalar(contract.SKIPPED_STEPS_TOTAL)
+    total = total[np.isfinite(total)]
+    if not len(total):
+        return [], []
+    steps = total.index.to_numpy(dtype=np.int64)
+    rise = np.round(np.diff(total.to_numpy(), prepend=0.0)).astype(np.int64)
+    recorded = run.scalars.index.to_numpy(dtype=np.int64)
+    before = recorded[(recorded >= 1) & (recorded < steps[0])]
+    starts = np.concatenate([[int(before.min()) if len(before) else 1], steps[:-1] + 1])
+    return [], [(int(a), int(b), int(k)) for a, b, k in zip(starts, steps, rise) if k > 0]
+
+
+def loss_scale_series(run: Run) -> pd.Series:
+    """The loss scale by step from the first step: ``mpwatch/loss_scale`` (the scale after each
+    step; at step 0 the scale before the first), its step-0 point taken from the run's first
+    ``run_info`` (the optimizer's scale then, or its initial scale) for a run recorded without
+    it. A resumed or continued run (``iterations`` past 0 at its start) starts where it was."""
+    ls = run.scalar(contract.LOSS_SCALE)
+    infos = run.records.get(contract.KIND_RUN_INFO) or []
+    if not len(ls) or not infos:
+        return ls
+    step, info = min(infos, key=lambda item: item[0])
+    kind = (info.get("loss_scale") or {}) if isinstance(info, dict) else {}
+    start = info.get("start") if isinstance(info, dict) else None
+    if kind.get("kind") != "dynamic" or not isinstance(start, dict):
+        return ls
+    if start.get("iterations") != 0 or int(ls.index[0]) <= int(step):
+        return ls
+    scale = start.get("loss_scale")
+    scale = kind.get("initial") if scale is None else scale
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        return ls
+    first = pd.Series([float(scale)], index=pd.Index([int(step)], name=ls.index.name))
+    return pd.concat([first, ls])
+
+
+def probe_not_measured(model: dict[str, Any]) -> str | None:
+    """Why a probe's underflow and recommended scale mean nothing, or None when they do: its
+    gradients were not finite (an overflow), or the loss scale was 0."""
+    reasons = []
+    nonfinite = model.get("nonfinite")
+    first = model.get("first_nonfinite_layer")
+    if (isinstance(nonfinite, (int, float)) and nonfinite > 0) or (
+        isinstance(first, str) and first
+    ):
+        details = []
+        if isinstance(nonfinite, (int, float)) and nonfinite > 0:
+            size = model.get("size")
+            of = f" of {int(size)}" if isinstance(size, (int, float)) and size > 0 else ""
+            details.append(f"{int(nonfinite)}{of} elements inf or NaN")
+        if first == "loss":
+            details.append("first in the loss")
+        elif isinstance(first, str) and first:
+            details.append(f"first at layer {first}")
+        said = f" ({', '.join(details)})" if details else ""
+        reasons.append(f"the gradients were not finite at this probe{said}")
+    scale = model.get("loss_scale")
+    if model.get("mode") != "bfloat16" and isinstance(scale, (int, float)) and scale == 0:
+        reasons.append("the loss scale had fallen to 0")
+    return "; ".join(reasons) if reasons else None
+
+
+HEATMAP_MAX_STEPS = 100
+
+
+def _heatmap(run: Run, idx: int) -> str:
+    """Underflow by layer and probe step (at most :data:`HEATMAP_MAX_STEPS` probe steps, evenly
+    spread, the latest included), every layer row labelled, on the absolute colour scale."""
+    pl = run.probe_layers
+    title = "Underflow by layer and probe step"
+    if not len(pl) or not {"step", "layer", "underflow_fraction"} <= set(pl.columns):
+        return heatmap_chart(f"heatmap-{idx}", title, [], [], [])
+    pl = pl[pl["layer"].notna()]
+    steps = np.unique(pl["step"].to_numpy(dtype=np.int64))
+    if len(steps) > HEATMAP_MAX_STEPS:
+        keep = np.unique(np.linspace(0, len(steps) - 1, HEATMAP_MAX_STEPS).astype(int))
+        steps = steps[keep]
+        pl = pl[pl["step"].isin(steps)]
+    layers = list(pd.unique(pl["layer"].astype(str)))
+    grid = np.full((len(layers), len(steps)), np.nan)
+    rows = pd.Index(layers).get_indexer(pl["layer"].astype(str))
+    cols = np.searchsorted(steps, pl["step"].to_numpy(dtype=np.int64))
+    grid[rows, cols] = pd.to_numeric(pl["underflow_fraction"], errors="coerce").to_numpy()
+    values = [[float(v) if np.isfinite(v) else None for v in row] for row in grid]
+    chart = heatmap_chart(f"heatmap-{idx}", title, layers, steps.tolist(), values)
+    return f'<div class="heatmap-scroll">{chart}</div>'
+
+
 def _charts(run: Run, idx: int) -> str:
     charts = []
-    ls = run.scalar(contract.LOSS_SCALE)
-    marks = run.skipped_steps().index.tolist()
+    ls = loss_scale_series(run)
+    marks, spans = skip_marks(run)
+    skipped = sum(k for _, _, k in spans) if spans else len(marks)
+    label = ""
+    if marks:
+        label = f"{len(marks)} skipped (red lines: each at its step)"
+    elif spans:
+        label = f"{skipped} skipped (shaded: steps not recorded)"
     charts.append(
         line_chart(
             f"loss-scale-{idx}",
-            "Loss scale (red ticks: skipped steps)",
+            "Loss scale from the first step (red: skipped steps)",
             [("loss scale", ls.index.to_numpy(), ls.to_numpy())],
             ylabel="loss scale",
             log2_y=True,
             marks=marks,
-            mark_label=f"{len(marks)} skipped" if marks else "",
+            spans=spans,
+            mark_label=label,
+            stepped=True,
         )
     )
     series = []
@@ -173,14 +284,24 @@ def _charts(run: Run, idx: int) -> str:
     probe = run.latest_probe()
     if probe is not None and probe.histogram is not None:
         h = probe.histogram
+        reference = h.get("source") != "mixed_unscaled"
+        whose = "reference" if reference else "mixed (unscaled, no reference)"
+        not_measured = probe_not_measured(probe.model)
         charts.append(
             histogram_chart(
                 f"histogram-{idx}",
-                f"log2 |reference gradient| at step {probe.step}, float16 window at the scale used",
+                f"log2 |{whose} gradient| at step {probe.step}, float16 window at the scale used",
                 h.get("edges_log2") or [],
                 h.get("counts") or [],
                 h.get("window_log2"),
                 h.get("zeros"),
+                note=(
+                    f"{not_measured[0].upper()}{not_measured[1:]}: no underflow measured, "
+                    "no loss scale recommended"
+                    if not_measured
+                    else None
+                ),
+                xlabel=f"log2 |gradient| ({'float32 reference' if reference else 'mixed'})",
             )
         )
     else:
@@ -189,6 +310,7 @@ def _charts(run: Run, idx: int) -> str:
                 f"histogram-{idx}", "log2 |reference gradient| (no probe)", [], [], None
             )
         )
+    charts.append(_heatmap(run, idx))
     return '<div class="charts">' + "\n".join(charts) + "</div>"
 
 
@@ -220,6 +342,14 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
             "probes": sm["probes"],
             "latest underflow fraction": sm["underflow_fraction"],
             "recommended scale": sm["recommended_scale"],
+        }
+        probe = r.latest_probe()
+        not_measured = probe_not_measured(probe.model) if probe is not None else None
+        if not_measured:  # the probe's own underflow and recommendation do not hold
+            at = f"step {probe.step}"
+            facts["latest underflow fraction"] = f"not measured at {at}: {not_measured}"
+            facts["recommended scale"] = f"none (not measured at {at})"
+        facts |= {
             "median step time (ms)": sm["step_time_ms"],
             "peak memory (MiB)": sm["peak_memory_mb"],
         }

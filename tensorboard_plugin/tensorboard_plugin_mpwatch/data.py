@@ -644,13 +644,24 @@ def _heatmap(probes: pd.DataFrame) -> dict[str, Any]:
 
 
 # the probe_model columns that are the record's top-level keys, not its "model" dict
-_PROBE_TOP_KEYS = ("step", "loss_scale", "recommended_scale", "mode", "reference", "reference_note")
+_PROBE_TOP_KEYS = (
+    "step",
+    "loss_scale",
+    "recommended_scale",
+    "mode",
+    "reference",
+    "reference_note",
+    "reliable",
+    "unreliable_reason",
+)
 
 
 def _probe_at(model: Run, step: int) -> ProbeResult | None:
-    """The probe at ``step``: :meth:`Run.latest_probe` of the Run seen up to that probe."""
+    """The probe at ``step``: :meth:`Run.latest_probe` of the Run seen up to that probe, also when
+    it is marked unreliable (the panel says so)."""
     pm = model.probe_model
-    return dataclasses.replace(model, probe_model=pm[pm["step"] == step]).latest_probe()
+    at = dataclasses.replace(model, probe_model=pm[pm["step"] == step])
+    return at.latest_probe(reliable_only=False)
 
 
 def _probe_json(probe: ProbeResult) -> dict[str, Any]:
@@ -661,6 +672,8 @@ def _probe_json(probe: ProbeResult) -> dict[str, Any]:
         "loss_scale": row.get("loss_scale"),
         "reference": row.get("reference"),
         "reference_note": row.get("reference_note"),
+        "reliable": row.get("reliable"),
+        "unreliable_reason": row.get("unreliable_reason"),
         "model": {k: v for k, v in row.items() if k not in _PROBE_TOP_KEYS},
         "histogram": probe.histogram,
         "sweep": _split(probe.sweep),
@@ -668,11 +681,21 @@ def _probe_json(probe: ProbeResult) -> dict[str, Any]:
     }
 
 
+def _is_false(value: Any) -> bool:
+    """False, also numpy's (a missing flag, None or NaN, is not False)."""
+    return isinstance(value, (bool, np.bool_)) and not bool(value)
+
+
 def probes_view(model: Run, step: int | None) -> dict[str, Any]:
     """Probe steps and the probe at ``step`` (KeyError when there is none); without ``step``: the
-    latest probe and the layer × probe-step underflow heatmap."""
+    latest reliable probe (:meth:`Run.latest_probe`) and the layer × probe-step underflow heatmap.
+    ``unreliable_steps``: the probes whose loss disagreed with the train step's."""
     pm = model.probe_model
     steps = sorted({int(s) for s in pm["step"]}) if len(pm) else []
+    unreliable = []
+    if len(pm) and "reliable" in pm:
+        flags = pm["reliable"].astype(object)
+        unreliable = sorted({int(s) for s, ok in zip(pm["step"], flags) if _is_false(ok)})
     if step is None:
         probe = model.latest_probe()
         heatmap = _heatmap(model.probe_layers)
@@ -684,6 +707,7 @@ def probes_view(model: Run, step: int | None) -> dict[str, Any]:
         {
             "run": model.name,
             "steps": steps,
+            "unreliable_steps": unreliable,
             "heatmap": heatmap,
             "probe": _probe_json(probe) if probe is not None else None,
         }

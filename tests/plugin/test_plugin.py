@@ -391,6 +391,27 @@ def test_the_loss_scale_starts_at_the_first_step(tmp_path):
     assert served("resumed", 8, _run_info(6, s14), [9, 10]) == ([9, 10], [s14, s14])
 
 
+def test_an_unreliable_probe_is_shown_as_such(tmp_path):
+    """The latest probe is unreliable (its loss disagreed with the train step's): the default view
+    is the latest reliable one, and the unreliable one, picked by its step, says why."""
+    from tensorboard_plugin_mpwatch import data
+
+    w = write_synthetic_run(str(tmp_path / "run"), steps=20, probe_every=10, close=False)
+    bad = probe_payload(20, ["conv2d", "dense", "softmax"], 32768.0)
+    bad.update(reliable=False, unreliable_reason="probe loss 2.3 vs the train step's 0.02")
+    w.record(contract.KIND_PROBE, 20, bad)
+    w.close()
+    records = data.read_run(_provider(str(tmp_path)), CTX, "", "run")
+    model = data.build_model(records)
+    view = data.probes_view(model, None)
+    assert view["steps"] == [10, 20] and view["unreliable_steps"] == [20]
+    assert view["probe"]["step"] == 10
+    picked = data.probes_view(model, 20)["probe"]
+    assert picked["step"] == 20 and picked["reliable"] is False
+    assert picked["unreliable_reason"] == "probe loss 2.3 vs the train step's 0.02"
+    assert "reliable" not in picked["model"]
+
+
 def test_counts_are_recorded_steps_not_tensorboards_sample(synthetic_logdir):
     """run_a records the loss scale at each of its 120 steps and the interval counter every 10.
     With TensorBoard's whole series, ``count`` is exact; with a 20-point sample it is counted on

@@ -350,6 +350,35 @@ def test_frontend_builds_dom_without_html_strings():
             assert "https://" not in text
 
 
+def test_the_tab_and_the_html_report_share_the_underflow_colour_scale():
+    """static/charts.js UNDERFLOW_BINS and mpwatch.show.charts_svg.UNDERFLOW_BINS: same fixed
+    thresholds, colours and labels."""
+    import re
+
+    from mpwatch.show import charts_svg
+
+    path = os.path.join(
+        os.path.dirname(__file__),
+        "..",
+        "..",
+        "tensorboard_plugin",
+        "tensorboard_plugin_mpwatch",
+        "static",
+        "charts.js",
+    )
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    block = text[text.index("UNDERFLOW_BINS = [") : text.index("];", text.index("UNDERFLOW_BINS"))]
+    js = [
+        (math.inf if below == "Infinity" else float(below), colour, label)
+        for below, colour, label in re.findall(
+            r"\{below: ([^,]+), color: '(#[0-9a-f]{6})', label: '([^']+)'\}", block
+        )
+    ]
+    assert js == list(charts_svg.UNDERFLOW_BINS)
+    assert f"color: '{charts_svg.NOT_PROBED[0]}', label: '{charts_svg.NOT_PROBED[1]}'" in text
+
+
 def test_a_run_still_being_written_is_followed(server, logdir):
     status, before = server.route("scalars", run="live")
     assert max(before["series"][contract.LOSS_SCALE]["steps"]) == 20

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 
@@ -93,7 +94,49 @@ def test_html_is_self_contained_and_escaped(two_runs):
     # nothing fetched: no external resource (a finding's source may cite a URL as text)
     assert not re.search(r"""(src|href|xlink:href)\s*=\s*["']?(https?:)?//""", page)
     assert "url(" not in page and "@import" not in page and "<link" not in page
-    assert page.count("<svg") >= 6  # 3 charts per run with data
+    assert page.count("<svg") >= 8  # 4 charts per run with data
+
+
+# tests/builders.write_mixed_run: steps 1-5 (warm-up) and every 20th step skipped
+SKIPPED = [1, 2, 3, 4, 5, *range(20, 401, 20)]
+
+
+def _assert_skip_marks(chart, expected: list[int]) -> None:
+    """One red line per skipped step, visible, at its step on the chart's own axis."""
+    marks = chart.locator("line.mark")
+    drawn = marks.evaluate_all(
+        """(ls) => ls.map((l) => {
+            const cs = getComputedStyle(l);
+            return {stroke: cs.stroke, opacity: Number(cs.strokeOpacity) * Number(cs.opacity),
+                    width: parseFloat(cs.strokeWidth), visibility: cs.visibility,
+                    height: l.getBoundingClientRect().height, x: Number(l.getAttribute('x1'))};
+        })"""
+    )
+    assert len(drawn) == len(expected)
+    grid = chart.locator("line.grid").first.evaluate("(l) => getComputedStyle(l).stroke")
+    for m in drawn:
+        assert m["stroke"] == "rgb(214, 39, 40)" != grid, m
+        assert m["opacity"] >= 0.5 and m["width"] >= 1 and m["visibility"] == "visible", m
+        assert m["height"] > 50, m
+    ticks = chart.locator("text.xtick").evaluate_all(
+        "(ts) => ts.map((t) => [Number(t.getAttribute('x')), Number(t.textContent)])"
+    )
+    (x0, s0), (x1, s1) = ticks[0], ticks[-1]
+    steps = [s0 + (m["x"] - x0) * (s1 - s0) / (x1 - x0) for m in drawn]
+    assert [round(s) for s in steps] == expected
+    assert max(abs(s - round(s)) for s in steps) < 0.02
+
+
+def _assert_heatmap(chart) -> None:
+    """builders.probe_payload: conv2d 1%, dense 8%, layer_norm and predictions 0% underflow, at
+    both probe steps: every row labelled, cells in the bin the fixed thresholds put them."""
+    labels = chart.locator("text.row-label")
+    assert labels.all_text_contents() == ["conv2d", "dense", "layer_norm", "predictions"]
+    cells = chart.locator("rect.cell")
+    bins = [int(b) for b in cells.evaluate_all("(cs) => cs.map((c) => c.dataset.bin)")]
+    assert bins == [3, 3, 0, 0]  # one run of equal colour per row: [1%, 10%), [1%, 10%), 0, 0
+    legend = chart.locator("text.legend-label").all_text_contents()
+    assert legend == ["0", "< 0.1%", "0.1–1%", "1–10%", "≥ 10%", "not probed"]
 
 
 def test_unknown_format():
@@ -127,9 +170,10 @@ def test_html_opens_in_headless_chromium(two_runs, tmp_path):
             assert runs_shown.count() == 3
             mixed = page.locator("section.run", has=page.locator("h2", has_text="Run mixed"))
             # charts present and drawn
-            assert mixed.locator("svg.chart").count() == 3
+            assert mixed.locator("svg.chart").count() == 4
             assert mixed.locator("svg[id^=loss-scale] polyline.series").count() == 1
-            assert mixed.locator("svg[id^=loss-scale] line.mark").count() == 25
+            _assert_skip_marks(mixed.locator("svg[id^=loss-scale]"), SKIPPED)
+            _assert_heatmap(mixed.locator("svg[id^=heatmap]"))
             assert mixed.locator("svg[id^=histogram] rect.bar").count() > 10
             assert mixed.locator("svg[id^=histogram] rect.window").count() == 1
             assert mixed.locator("svg[id^=underflow] .series").count() >= 1
@@ -229,7 +273,40 @@ def test_skipped_steps_from_the_cumulative_count_only(tmp_path):
     run = load_runs(str(tmp_path))["."]
     assert summary.run_summary(run)["skipped_steps"] == 3
     page = report.render(run, [], "html")
-    assert page.count('class="mark"') == 2  # steps 10 and 20
+    # which steps were skipped is not recorded: no marker at the counter's steps 10 and 20, the
+    # spans that hold the skips shaded
+    assert page.count('class="mark"') == 0
+    assert page.count('class="span"') == 2
+    assert "1 skipped in steps 1-10" in page and "2 skipped in steps 11-20" in page
+
+
+def test_html_loss_scale_from_the_first_step_and_an_honest_probe(tmp_path):
+    """A run recorded without the step-0 point gets it from its first run_info; a probe whose
+    gradients were not finite at loss scale 0 shows no underflow and no recommended scale."""
+    from builders import probe_payload, run_info
+
+    w = RunWriter(str(tmp_path))
+    info = {**run_info(), "start": {"iterations": 0, "loss_scale": None}}
+    w.record(contract.KIND_RUN_INFO, 0, info)
+    w.scalar_series(contract.LOSS_SCALE, [1, 2, 3], [2.0**14, 2.0**13, 0.0])
+    w.scalar_series(contract.STEP_SKIPPED, [1, 2, 3], [1.0, 1.0, 1.0])
+    bad = probe_payload(3, 1024.0)
+    bad["loss_scale"] = 0.0
+    bad["histogram"]["window_log2"] = [math.inf, math.inf]
+    bad["model"].update(nonfinite=10, size=20, first_nonfinite_layer="dense")
+    w.record(contract.KIND_PROBE, 3, bad)
+    w.close()
+    run = load_runs(str(tmp_path))["."]
+    from mpwatch.show.html import loss_scale_series
+
+    ls = loss_scale_series(run)
+    assert ls.index.tolist() == [0, 1, 2, 3] and ls.iloc[0] == 2.0**15
+    page = report.render(run, [], "html")
+    assert page.count('class="mark"') == 3
+    assert "not measured at step 3: the gradients were not finite at this probe (10 of 20" in page
+    assert "first at layer dense); the loss scale had fallen to 0" in page
+    assert "none (not measured at step 3)" in page and "131072" not in page
+    assert 'class="window"' not in page  # no float16 window at S = 0
 
 
 def _info_run():

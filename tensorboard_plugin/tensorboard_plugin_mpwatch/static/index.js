@@ -159,7 +159,10 @@ function renderScalars(view) {
 
 function renderProbes(view) {
   clear(ui.probeSelect);
-  for (const s of view.steps) ui.probeSelect.appendChild(el('option', {value: s, text: `step ${s}`}));
+  const unreliable = new Set(view.unreliable_steps || []);
+  for (const s of view.steps) {
+    ui.probeSelect.appendChild(el('option', {value: s, text: `step ${s}${unreliable.has(s) ? ' (unreliable)' : ''}`}));
+  }
   if (view.probe) ui.probeSelect.value = String(view.probe.step);
   renderProbe(view.probe);
   clear(ui.heatmap);
@@ -209,6 +212,11 @@ function renderProbe(probe) {
     const text = `${said.charAt(0).toUpperCase()}${said.slice(1)}. Underflow and gradient error are not ` +
       'measured and no loss scale is recommended from this probe.';
     ui.probeFacts.appendChild(el('div', {class: 'mpw-notice mpw-error mpw-not-finite', text}));
+  }
+  if (probe.reliable === false) {
+    ui.probeFacts.appendChild(el('div', {class: 'mpw-notice mpw-error mpw-unreliable',
+      text: `Unreliable probe: ${probe.unreliable_reason || 'its loss disagreed with the train step\'s'}. ` +
+        'No finding rests on it.'}));
   }
   if (probe.reference_note) ui.probeFacts.appendChild(el('div', {class: 'mpw-notice', text: probe.reference_note}));
 }
