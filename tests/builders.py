@@ -386,7 +386,8 @@ def grad_probe(step: int, layers: dict[str, np.ndarray], scale: float, mode: str
     counts = np.bincount(e - lo, minlength=hi - lo)
     lost = f16_lost(g, scale)
     model = model_row(uf=lost, scale=scale, rec=margin_scale(g), mode=mode)
-    model.update(ref_nonzero=int(len(nz)), underflow_count=int(round(lost * len(nz))))
+    model.update(ref_nonzero=int(len(nz)), underflow_count=int(round(lost * len(nz))),
+                 max_abs_ref_grad=float(np.max(np.abs(g))), margin_bits=4.0)  # fmt: skip
     if reliable is not None:
         model["reliable"] = reliable
     rows = [probe_layer(name, uf=f16_lost(v, scale)) for name, v in layers.items()]

@@ -9,8 +9,8 @@ they never disagree (a rule proposing one scale while another proposes a lower o
   dropped and the scale halved), else the scale recorded before it;
 - **every reliable float16 probe** (not only the last): its measured underflow at the scale used,
   its log2 histogram of the float32 reference's gradients and its sweep (predicted underflow and
-  overflow at each power-of-two scale), its recommended scale (the largest that keeps the probe's
-  margin below 65504, activation gradients included), its per-layer underflow table;
+  overflow at each power-of-two scale), the largest reference gradient it saw (weights and, where
+  measured, activation gradients), its per-layer underflow table;
 - **Keras' dynamic rule**: the scale starts at ``initial_scale`` (2^15), halves on every step with
   non-finite gradients and doubles after ``dynamic_growth_steps`` (2000) finite steps in a row;
   the run's own values come from its ``run_info``.
@@ -21,24 +21,29 @@ The decision and its thresholds are documented in the ``loss-scale`` rule
 
 1. **Silence** unless the underflow measured at the scale used (latest reliable probe) is at least
    :data:`UNDERFLOW_MATERIAL`.
-2. The **level the gradients need** (target): the smallest power of two above the scale used whose
+2. **What a probe allows**: the powers of two at which its sweep predicts no overflow and its
+   largest reference gradient (activation gradients included) stays :data:`HEADROOM_BITS`
+   doublings below 65504 (room for batches with gradients up to 4x the probe's before Keras must
+   halve the scale).
+3. The **level the gradients need** (target): the smallest power of two above the scale used whose
    predicted underflow is at most :data:`UNDERFLOW_NEGLIGIBLE`, else the largest candidate; a
-   candidate keeps the latest probe's margin (at most its recommended scale) and stays below every
-   scale that overflowed after the first :data:`START_STEPS` steps. It must at least halve the
-   predicted underflow at the scale used (:data:`MIN_GAIN`), else there is no target.
-3. **initial_scale**: the target, lowered to what every probe allows (each probe's recommended
-   scale: the start's gradients are the earliest probe's) and to below every scale that
+   candidate is one the latest probe allows, below every scale that overflowed after the first
+   :data:`START_STEPS` steps. Its predicted underflow must be at least :data:`UNDERFLOW_MATERIAL`
+   below the one predicted at the scale used, else there is no target.
+4. **initial_scale**: the target, lowered to what every probe allows and to below every scale that
    overflowed in the run. Proposed only above both the run's initial scale and the scale used, and
    where the sweep predicts less underflow than at the scale used: a lower one can only lose more,
    an equal one changes nothing. (The earliest probe stands for the start: if the start's
    gradients are larger, the scale overflows and halves back in a few skipped steps; Keras: a
    scale too high is lowered far more quickly than one too low is raised.)
-4. **dynamic_growth_steps**: when the scale, doubling once per ``dynamic_growth_steps`` from where
-   it starts (the proposed initial scale at step 0, else where the descent of the first
-   :data:`START_STEPS` steps left it), would not reach each probe's need by that probe's step.
-   The proposal is the largest of :data:`GROWTH_LADDER` that keeps up, never below
-   :data:`MIN_GROWTH_STEPS`, and only below the run's own.
-5. **No single scale fits** when even the best scale allowed predicts underflow of at least
+5. **dynamic_growth_steps**: when the need rises over the probes faster than one doubling per
+   ``dynamic_growth_steps`` (least-squares slope; at least two probes and a rise of two
+   doublings), or when the scale, doubling once per ``dynamic_growth_steps`` from where it
+   starts (the proposed initial scale, else where the descent of the first :data:`START_STEPS`
+   steps left it, or the run's initial scale), would not reach each probe's need by that probe's
+   step. The proposal is the largest of :data:`GROWTH_LADDER` that
+   keeps up, never below :data:`MIN_GROWTH_STEPS`, and only below the run's own.
+6. **No single scale fits** when even the best scale allowed predicts underflow of at least
    :data:`UNDERFLOW_MATERIAL`: the histogram is wider than float16's window. The layers whose
    gradients underflow most at the scale used (the probe's per-layer table, above
    :data:`LAYER_UNDERFLOW_WARN`, not already float32) are named to keep in float32, and
@@ -86,7 +91,7 @@ __all__ = [
     "scale_text",
     "UNDERFLOW_MATERIAL",
     "UNDERFLOW_NEGLIGIBLE",
-    "MIN_GAIN",
+    "HEADROOM_BITS",
     "START_STEPS",
     "MIN_GROWTH_STEPS",
     "GROWTH_LADDER",
@@ -99,8 +104,8 @@ __all__ = [
 UNDERFLOW_MATERIAL = 0.01
 #: a target scale is the smallest whose predicted underflow is at most this (0.1%)
 UNDERFLOW_NEGLIGIBLE = 0.001
-#: a proposed scale must predict at most 1/MIN_GAIN of the underflow predicted at the scale used
-MIN_GAIN = 2.0
+#: a proposed scale keeps the probe's largest reference gradient this many doublings below 65504
+HEADROOM_BITS = 2
 #: skipped steps within the first START_STEPS steps are the scale's descent from its initial value
 #: at initialisation (``skipped-steps`` calls them warm-up)
 START_STEPS = 100
@@ -144,7 +149,10 @@ class ProbeView:
         step: the probe's step.
         scale: the loss scale its mixed gradients were taken at.
         measured: the measured underflow fraction at that scale (vs the float32 reference).
-        recommended: the probe's recommended scale (None: none keeps the margin).
+        recommended: the probe's recommended scale (None: none keeps the probe's margin).
+        max_ref: the largest |reference gradient| it saw, activation gradients included (None:
+            not recorded).
+        margin_bits: the margin the probe's recommended scale keeps.
         edges / counts: the log2 histogram of the reference's nonzero gradients (integer edges).
         sweep: ``scale_log2 -> (predicted underflow, predicted overflow)``, mpwatch's own sweep.
         layers: the probe's per-layer table (without ``excluded``).
@@ -162,6 +170,8 @@ class ProbeView:
     sweep: dict[int, tuple[float, float]]
     layers: pd.DataFrame
     excluded: list[str] = field(default_factory=list)
+    max_ref: float | None = None
+    margin_bits: float = 4.0
 
     def predicted(self, k: float) -> tuple[float, float] | None:
         """(underflow, overflow) predicted at ``2**k``: the sweep's row, else the histogram's bins
@@ -188,14 +198,28 @@ class ProbeView:
         return math.log2(self.scale)
 
     @property
-    def max_k(self) -> int | None:
-        """The largest power of two this probe allows: its recommended scale (the margin kept,
-        activation gradients included); without one, the largest the sweep predicts no overflow
-        at, less :data:`~mpwatch.record.underflow.DEFAULT_MARGIN_BITS` (4) doublings."""
-        if self.recommended is not None:
-            return math.floor(math.log2(self.recommended))
-        ok = [k for k, (_u, o) in self.sweep.items() if o == 0]
-        return max(ok) - 4 if ok else None
+    def max_k(self) -> float | None:
+        """The largest power of two this probe allows (log2): its largest reference gradient
+        (activation gradients included) at least HEADROOM_BITS doublings below 65504, and no
+        overflow predicted by its sweep. Without the largest gradient, from the probe's
+        recommended scale (which keeps ``margin_bits``); without either, the sweep's largest
+        overflow-free scale less HEADROOM_BITS. None: no scale is allowed (non-finite gradients);
+        ``inf``: no gradient at all."""
+        free = [k for k, (_u, o) in self.sweep.items() if o == 0]
+        sweep_cap = max(free) if free else (None if self.sweep else math.inf)
+        if self.max_ref is not None:
+            if not math.isfinite(self.max_ref):
+                return None
+            if self.max_ref <= 0:
+                return sweep_cap
+            k = math.floor(math.log2(65504.0 / 2.0**HEADROOM_BITS / self.max_ref))
+        elif self.recommended is not None:
+            k = math.floor(math.log2(self.recommended) + self.margin_bits - HEADROOM_BITS)
+        elif free:
+            k = max(free) - HEADROOM_BITS
+        else:
+            return None
+        return k if sweep_cap is None else min(k, sweep_cap)
 
     def need_k(self, cap: float) -> int | None:
         """The smallest ``k <= cap`` with predicted underflow at most UNDERFLOW_NEGLIGIBLE."""
@@ -231,6 +255,15 @@ def probe_is_reliable(row: dict[str, Any]) -> bool:
 
 def _f(x: Any) -> float | None:
     return contract.finite_float(x)
+
+
+def _num_or_none(x: Any) -> float | None:
+    """A number (inf kept: a non-finite gradient), or None when absent or NaN."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
 
 
 def id_rounded_layers(run: Run, step: int) -> list[str]:
@@ -316,6 +349,8 @@ def float16_probes(run: Run) -> list[ProbeView]:
                 scale=scale,
                 measured=measured,
                 recommended=_f(row.get("recommended_scale")),
+                max_ref=_num_or_none(row.get("max_abs_ref_grad")),
+                margin_bits=_f(row.get("margin_bits")) or 4.0,
                 edges=edges,
                 counts=counts,
                 sweep=sweep,
@@ -470,6 +505,28 @@ class Advice:
             out["float32_layers"] = [name for name, _ in self.layers]
         return out
 
+    @property
+    def proposed_scale(self) -> float | None:
+        """The scale the change is about: the proposed initial scale, else the target level a
+        faster growth is to reach; None without a change."""
+        if not self.changes_scale:
+            return None
+        return self.initial_scale if self.initial_scale is not None else self.target
+
+    def summary(self) -> dict[str, Any]:
+        """The proposal's numbers for a finding's ``data``: ``proposed_scale`` and, at the latest
+        probe, its ``predicted_underflow`` and ``predicted_overflow`` (the sweep's), with the
+        predicted underflow at the scale used; all None without a proposal."""
+        s = self.proposed_scale
+        p = self.latest.predicted(math.log2(s)) if s is not None and self.latest else None
+        used = self.latest.under(math.ceil(self.latest.used_log2)) if self.latest else None
+        return {
+            "proposed_scale": s,
+            "predicted_underflow": p[0] if p else None,
+            "predicted_overflow": p[1] if p else None,
+            "predicted_underflow_at_used": used,
+        }
+
     def predicted_rows(self) -> list[dict[str, Any]]:
         """Predicted underflow and overflow at each proposed value and at the scale used: at the
         latest probe, and the most any probe predicts."""
@@ -536,14 +593,14 @@ class Advice:
         """One line: what to change, and the predicted effect."""
         parts = []
         lt = self.latest
-        used_u = lt.under(lt.used_log2) if lt is not None else None
         if self.initial_scale is not None and lt is not None:
             u = lt.under(math.log2(self.initial_scale))
             parts.append(
                 f"start the loss scale at {scale_text(self.initial_scale)}"
                 + (
-                    f" (predicted underflow {_pct(used_u)} -> {_pct(u)})"
-                    if used_u is not None and u is not None
+                    f" (predicted underflow {_pct(u)}; {_pct(lt.measured)} measured at "
+                    f"{scale_text(lt.scale)})"
+                    if u is not None
                     else ""
                 )  # fmt: skip
             )
@@ -700,7 +757,7 @@ def _advise(run: Run) -> Advice:
     if cands and pred_used:
         good = [k for k in cands if lt.under(k) <= UNDERFLOW_NEGLIGIBLE]
         t = min(good) if good else max(cands)
-        if lt.under(t) * MIN_GAIN <= pred_used:
+        if lt.under(t) <= pred_used - UNDERFLOW_MATERIAL:
             target = t
     if target is not None:
         adv.target = 2.0**target
@@ -741,6 +798,8 @@ def _propose(adv: Advice, target: int, pred_used: float, all_cap: float, later_c
     # growth: from where the scale starts, one doubling per G finite steps must reach each
     # probe's need by that probe's step: G <= (step - t0) / (need - l0)
     if adv.initial_scale is not None:
+        # taken to hold: should the start's gradients bring it down, the run's next diagnosis
+        # sees those overflows (they bar the initial scale, and this bound uses the descent)
         l0, t0 = math.log2(adv.initial_scale), 0
     else:
         start = [o for o in adv.overflows if o.at_start and o.scale is not None]
@@ -749,14 +808,26 @@ def _propose(adv: Advice, target: int, pred_used: float, all_cap: float, later_c
         else:
             l0, t0 = math.log2(adv.run_initial), 0
     bounds = []
+    needs = []  # (step, need) of every probe, each within what it allows
     for p in adv.probes:
-        if p.step <= t0:
-            continue
         n = p.need_k(min(p.max_k if p.max_k is not None else -math.inf, later_cap))
         if p is lt:
             n = target if n is None else min(n, target)
-        if n is not None and n > l0:
+        if n is None:
+            continue
+        needs.append((p.step, n))
+        if p.step > t0 and n > l0:
             bounds.append((p.step - t0) / (n - l0))
+    # the need rising over the probes faster than one doubling per G steps: the least-squares
+    # slope of need against step (at least two probes, a rise of two doublings or more, so that a
+    # one-doubling wobble between close probes is not taken for a trend)
+    if len(needs) >= 2 and needs[-1][1] - needs[0][1] >= 2:
+        t = np.asarray([a for a, _ in needs], np.float64)
+        n = np.asarray([b for _, b in needs], np.float64)
+        if np.ptp(t) > 0:
+            slope = float(np.polyfit(t, n, 1)[0])
+            if slope > 0:
+                bounds.append(1.0 / slope)
     if bounds:
         adv.growth_steps = _ladder(min(bounds), adv.run_growth)
 

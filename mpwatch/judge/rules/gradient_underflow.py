@@ -155,7 +155,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
             least = min(u for _, u in layers)
             over = LAYER_UNDERFLOW_WARN if least > LAYER_UNDERFLOW_WARN else UNDERFLOW_WARN
             lines.append(f"layers losing more than {pct(over)}: {se.names_text(layers)}")
-        fix, action = "", {}
+        fix, action, advice = "", {}, {}
         if mode == "float16":
             adv = se.advise(run)
             if adv.latest is not None and adv.latest.step == step and adv.kind in (
@@ -163,6 +163,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
             ):  # fmt: skip
                 lines.append(f"the loss-scale advice: {adv.headline}")
                 fix, action = adv.fix, adv.action
+                advice = adv.summary()
             elif adv.latest is not None and adv.latest.step == step and adv.kind == "stays":
                 lines.append(
                     "no loss scale the run's overflows and the probe's margin allow is predicted "
@@ -191,6 +192,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
                     "underflow_fraction": uf,
                     "loss_scale": scale,
                     "layers": [n for n, _ in layers],
+                    **advice,
                 },
             )
         ]
