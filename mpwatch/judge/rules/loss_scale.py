@@ -22,25 +22,25 @@ unless the latest reliable float16 probe measures underflow of at least {UNDERFL
 the reference's nonzero gradient values at the scale used (then a warning). A probe allows a scale
 when its sweep predicts no overflow there and its largest reference gradient (activation gradients
 included) stays at least {HEADROOM_BITS} doublings below 65504 (room for batches whose gradients
-are up to 4x the probe's). The target is the smallest power of two above the scale used whose
-predicted underflow is at most {UNDERFLOW_NEGLIGIBLE:g} (else the largest candidate), allowed by
-the latest probe and below every scale that overflowed after the first {START_STEPS} steps; its
-predicted underflow must be at least {UNDERFLOW_MATERIAL:g} below the one predicted at the scale
-used. `initial_scale` is the target lowered to what every probe allows and to below every scale
-that overflowed in the run: overflows in the first {START_STEPS} steps (the descent at
-initialisation) bar an initial scale at or above them, since the run would skip again and halve
-back, but not a level the scale climbs to later; later overflows bar both. It is proposed only
-above the run's initial scale and the scale used, where the sweep predicts less underflow (never
-Keras' default when the run used it, never lower: a lower scale only loses more). The earliest
-probe stands for the start; should the start's gradients be larger, the scale halves back in a few
-skipped steps (a scale too high is lowered far more quickly than one too low is raised, as Keras'
-documentation says). `dynamic_growth_steps` is proposed when the need rises over the probes faster
-than one doubling per `dynamic_growth_steps` (least-squares slope over at least two probes and two
-doublings), or when, doubling once per `dynamic_growth_steps` from where the scale starts (the
-proposed initial scale, else where the descent of the first {START_STEPS} steps left it), it would
-miss a probe's need by that probe's step: the largest of {GROWTH_LADDER} that keeps up, at least
-{MIN_GROWTH_STEPS} (a failed doubling per {MIN_GROWTH_STEPS} steps already skips 1% of them), and
-below the run's own. When even the best allowed scale predicts underflow of at least
+are up to 2^{HEADROOM_BITS} times the probe's). The target is the smallest power of two above the
+scale used whose predicted underflow is at most {UNDERFLOW_NEGLIGIBLE:g} (else the largest
+candidate), allowed by the latest probe and below every scale that overflowed after the first
+{START_STEPS} steps; its predicted underflow must be at least {UNDERFLOW_MATERIAL:g} below the one
+predicted at the scale used. `initial_scale` is the target lowered to what every probe allows and
+to below every scale that overflowed in the run: overflows in the first {START_STEPS} steps (the
+descent at initialisation) bar an initial scale at or above them, since the run would skip again
+and halve back, but not a level the scale climbs to later; later overflows bar both. It is proposed
+only above the run's initial scale and the scale used, where the sweep predicts less underflow
+(never Keras' default when the run used it, never lower: a lower scale only loses more). The
+earliest probe stands for the start; should the start's gradients be larger, the scale halves back
+in a few skipped steps (a scale too high is lowered far more quickly than one too low is raised, as
+Keras' documentation says). `dynamic_growth_steps` is proposed when the need rises over the probes
+faster than one doubling per `dynamic_growth_steps` (least-squares slope over at least two probes
+and two doublings), or when, doubling once per `dynamic_growth_steps` from where the scale starts
+(the proposed initial scale, else where the descent of the first {START_STEPS} steps left it), it
+would miss a probe's need by that probe's step: the largest of {GROWTH_LADDER} that keeps up, at
+least {MIN_GROWTH_STEPS} (a failed doubling per {MIN_GROWTH_STEPS} steps already skips 1% of them),
+and below the run's own. When even the best allowed scale predicts underflow of at least
 {UNDERFLOW_MATERIAL:g}, no single scale fits: the layers losing more than {LAYER_UNDERFLOW_WARN:g}
 at the scale used are named to keep in float32, with the model-wide underflow their per-layer
 counts leave (or `mixed_bfloat16` on a GPU of compute capability {BFLOAT16_MIN_CC:g} or more).
@@ -52,7 +52,7 @@ out of the measured underflow.
 
 ## Example evidence
 ```text
-Start the loss scale at 2^22 (4194304) (predicted underflow 33.0% -> 0.04%)
+Start the loss scale at 2^22 (4194304) (predicted underflow 0.04%; 33.0% measured at 2^15 (32768))
 probe at step 400: 33.0% of the reference's nonzero gradient values are zero in float16 at the
 scale used, 2^15 (32768) (the sweep predicts 34.1%); no skipped step: no scale the run used
 overflowed; the run's LossScaleOptimizer: initial_scale=32768, dynamic_growth_steps=2000; predicted
