@@ -48,8 +48,9 @@ LAYER_CAUSE_RULES = (
 
 def one_per_layer(findings: list[Finding]) -> list[Finding]:
     """Findings of :data:`LAYER_CAUSE_RULES` about the same layer of the same run merged into the
-    most severe one (then the earliest rule of that list): the others' titles become its
-    evidence (``"; also: ..."``) and ``data["also"]`` lists their rules."""
+    most severe one (then the earliest rule of that list): the others' titles (and what they had
+    absorbed) become its evidence (``"; also: ..."``), ``data["also"]`` lists their rules and
+    ``data["also_titles"]`` ``(rule, title)`` pairs."""
     keep: dict[tuple[str | None, str], Finding] = {}
     out: list[Finding] = []
     rank = {r: i for i, r in enumerate(LAYER_CAUSE_RULES)}
@@ -62,8 +63,7 @@ def one_per_layer(findings: list[Finding]) -> list[Finding]:
         if head is None:
             keep[key] = f
             continue
-        head.evidence += f"; also: {f.title} ({f.rule})"
-        head.data = {**head.data, "also": [*head.data.get("also", []), f.rule]}
+        _absorb(head, f)
         merged.add(id(f))
     for f in findings:
         if id(f) not in merged:
@@ -77,14 +77,15 @@ OVERFLOW_CONSEQUENCES = ("skipped-steps", "loss-scale", "gradient-underflow", "g
 
 
 def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
-    """Where ``activation-overflow`` found a float16 forward pass out of range (an error with
-    ``data["forward"]``: an activation, which no loss scale changes), the findings of
+    """Where ``activation-overflow`` found what no loss scale changes (an error with
+    ``data["any_scale"]``: an activation out of float16's range, or gradients non-finite at a
+    scale of 1 or less), the findings of
     :data:`OVERFLOW_CONSEQUENCES` of the same run become its evidence (``"; also: ..."``,
     ``data["also"]``) instead of findings of their own."""
     roots = {
         f.run: f
         for f in findings
-        if f.rule == "activation-overflow" and f.severity == "error" and f.data.get("forward")
+        if f.rule == "activation-overflow" and f.severity == "error" and f.data.get("any_scale")
     }
     if not roots:
         return findings
@@ -92,11 +93,22 @@ def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
     for f in findings:
         root = roots.get(f.run)
         if root is not None and f.rule in OVERFLOW_CONSEQUENCES:
-            root.evidence += f"; also: {f.title} ({f.rule})"
-            root.data = {**root.data, "also": [*root.data.get("also", []), f.rule]}
+            _absorb(root, f)
             continue
         out.append(f)
     return out
+
+
+def _absorb(head: Finding, f: Finding) -> None:
+    """``f`` becomes evidence of ``head``: its title (and what it had absorbed) in ``head``'s
+    evidence, its rule (and theirs) in ``head.data["also"]``."""
+    absorbed = [(f.rule, f.title), *f.data.get("also_titles", [])]
+    head.evidence += "".join(f"; also: {t} ({r})" for r, t in absorbed)
+    head.data = {
+        **head.data,
+        "also": [*head.data.get("also", []), *(r for r, _ in absorbed)],
+        "also_titles": [*head.data.get("also_titles", []), *absorbed],
+    }
 
 
 def diagnose_run(run: Run) -> list[Finding]:
@@ -108,7 +120,7 @@ def diagnose_run(run: Run) -> list[Finding]:
             if f.run is None:
                 f.run = run.name
             out.append(f)
-    return most_severe_first(fold_overflow_consequences(one_per_layer(out)))
+    return most_severe_first(one_per_layer(fold_overflow_consequences(out)))
 
 
 def compare_runs(mixed: Run, fp32: Run) -> list[Finding]:

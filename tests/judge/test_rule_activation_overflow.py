@@ -207,3 +207,19 @@ def test_a_gradient_overflow_leaves_the_loss_scale_findings_alone():
     (root,) = findings_of(found, RULE)
     assert root.data["forward"] is False and "also" not in root.data
     assert findings_of(found, "skipped-steps")
+
+
+def test_a_float16_softmax_whose_gradient_overflows_at_any_scale_is_one_error():
+    """ResNet50 of issue 17 (a real run's probe at step 30): its float16 softmax 'predictions'
+    gives finite outputs (max 1) but non-finite gradients even at loss scale 0.5, so steps are
+    skipped and the scale is driven below 1. One cause, one error: output-16bit's, at
+    'predictions', the overflow and the skips as its evidence."""
+    layers = [probe_layer("conv2d", mx=8.7), probe_layer("predictions", mx=1.0, nonfinite=True)]
+    model = model_row(mx=8.7, first="predictions", scale=0.5)
+    found = diagnose(_skipping(make_run(probes={30: (model, layers)})))
+    errors = [(f.rule, f.layer) for f in found if f.severity == "error"]
+    assert errors == [("output-16bit", "predictions")]
+    (f,) = [f for f in found if f.severity == "error"]
+    assert {"activation-overflow", "skipped-steps"} <= set(f.data["also"])
+    assert "Gradients of layer 'predictions' (Dense) overflow float16" in f.evidence
+    assert not findings_of(found, RULE) and not findings_of(found, "skipped-steps")

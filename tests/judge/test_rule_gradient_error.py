@@ -48,6 +48,14 @@ def measured_rel_error(seed=0, n=4096, noise=0.14):
 
 
 E14 = measured_rel_error()  # about 0.14, as the first layer of issue 17
+# four layers with a float16 gradient error of a few units of rounding (0.2%)
+HEALTHY = [grad_row(f"h{i}", 0.002) for i in range(4)]
+# MobileNetV2 under mixed_float16 (keras.applications, 32x32, a real run's probe at step 30):
+# every layer's gradient is 16-40% off float32, none stands out, and the network trains well
+MOBILENET_LIKE = [
+    grad_row(f"m{i}", e)
+    for i, e in enumerate([0.319, 0.262, 0.298, 0.211, 0.162, 0.202, 0.166, 0.170, 0.182, 0.404])
+]
 
 
 CASES = [
@@ -72,7 +80,7 @@ CASES = [
                 ["act", None, None, None, None, 1e-4, 1.0, 16.0, 0.0, 0],
                 grad_row("b", 0.08),
                 grad_row("c", 0.06),
-                grad_row("d", 0.001),
+                *HEALTHY,
             ]
         ),
         [
@@ -85,10 +93,11 @@ CASES = [
         id="a-contiguous-run-is-one-finding-where-the-error-enters-backprop",
     ),  # fmt: skip
     pytest.param(
-        _run([grad_row("a", 0.14), grad_row("b", 0.01), grad_row("c", 0.09)]),
+        _run([grad_row("a", 0.14), grad_row("b", 0.01), grad_row("c", 0.09), *HEALTHY]),
         [{"layer": "a"}, {"layer": "c"}],
         id="two-separate-runs-two-findings",
     ),
+    pytest.param(_run(MOBILENET_LIKE), [], id="an-error-every-layer-shares-is-no-layers-fault"),
     pytest.param(
         _run([grad_row("a", 0.9, uf=0.3), grad_row("b", 0.2, uf=0.0)]),
         [],

@@ -2,7 +2,8 @@
 
 ## What it finds
 In the latest float16 probe: the layer where the 16-bit forward pass first goes out of float16's
-range (the first layer, in forward order, whose output is non-finite or above {FLOAT16_MAX:g}),
+range (the first layer, in forward order, whose output is non-finite or above {FLOAT16_MAX:g};
+where every output is finite, the first layer in backward order whose gradients are not),
 as one finding whose evidence holds what followed from it (later layers going non-finite, the
 loss, non-finite gradients); and the layers before it whose largest absolute activation leaves
 less than {HEADROOM_WARN_BITS:g} doublings of headroom below {FLOAT16_MAX:g}. In a float32 run's
@@ -32,10 +33,12 @@ non-finite gradients in 'proj', loss non-finite
 ```
 
 When the float16 probe's forward pass itself leaves float16's range (an activation, which the
-loss scale does not touch), the run's skipped steps, its stuck loss scale and its gradient
-measures are consequences too: `mpwatch.diagnose` folds those findings (`skipped-steps`,
-`loss-scale`, `gradient-underflow`, `gradient-error`) into this one, their titles in its
-evidence.
+loss scale does not touch), or its gradients are non-finite at a loss scale of 1 or less (no
+scale helps: a float16 softmax output's gradient, for one), the run's skipped steps, its stuck
+loss scale and its gradient measures are consequences too: `mpwatch.diagnose` folds those
+findings (`skipped-steps`, `loss-scale`, `gradient-underflow`, `gradient-error`) into this one,
+their titles in its evidence (and this one, where another rule names the same layer, into that
+rule's finding: see `output-16bit`).
 
 ## Fix
 ```python
@@ -122,22 +125,6 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
     order = list(rows)
     before = order[: order.index(root)] if root in order else []
     inp = next((_max(rows[n]) for n in reversed(before) if _max(rows[n]) is not None), None)
-    evidence = (
-        f"{'pre-flight ' if preflight else ''}probe at step {step}"
-        f"{' (a mixed_float16 twin of this float32 model)' if preflight else ''}: "
-        + (
-            "the loss is non-finite while every layer's output is finite"
-            if root == "loss"
-            else f"output of {root!r} {what} (max |activation| {fmt(mx)}, float16 max "
-            f"{FLOAT16.max:g})"
-            + (
-                f"; the layer before it peaks at {fmt(inp)}"
-                if inp is not None and math.isfinite(inp)
-                else ""
-            )  # fmt: skip
-        )
-        + _consequences(over, loss_nonfinite)
-    )
     raw = r.get("max_abs_activation")
     try:
         raw_x = float(raw) if raw is not None else None
@@ -146,6 +133,26 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
     # the forward pass itself left float16's range (an activation, not a scaled gradient): the
     # loss scale neither causes nor cures it
     forward = raw_x is not None and (not math.isfinite(raw_x) or raw_x > FLOAT16.max)
+    scale = finite(model.get("loss_scale"))
+    head = f"{'pre-flight ' if preflight else ''}probe at step {step}" + (
+        " (a mixed_float16 twin of this float32 model)" if preflight else ""
+    )
+    if root == "loss":
+        body = "the loss is non-finite while every layer's output is finite"
+    elif forward or root not in rows:
+        body = (
+            f"output of {root!r} {what} (max |activation| {fmt(mx)}, float16 max {FLOAT16.max:g})"
+        )
+        if inp is not None and math.isfinite(inp):
+            body += f"; the layer before it peaks at {fmt(inp)}"
+    else:
+        body = (
+            f"the forward pass stays finite (max |activation| of {root!r} {fmt(mx)}); the first "
+            f"layer, in backward order, whose gradients are non-finite: {root!r}, at loss scale "
+            f"{fmt(scale)}"
+            + (" (a scale of 1 or less: it overflows at any scale)" if scale and scale <= 1 else "")
+        )
+    evidence = f"{head}: {body}" + _consequences(over, loss_nonfinite)
     data: dict[str, Any] = {
         "step": step,
         "max_abs_activation": mx,
@@ -153,14 +160,19 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
         "nonfinite_gradients": over.nonfinite_gradients,
         "mode": model.get("mode"),
         "forward": forward,
+        "loss_scale": scale,
+        # no loss scale helps: the forward pass, or gradients non-finite at a scale of 1 or less
+        "any_scale": forward or (scale is not None and scale <= 1),
     }
     label = f"{root!r}" + (f" ({cls})" if cls else "")
     if preflight:
         title = f"Under mixed_float16, activations of layer {label} would overflow float16"
     elif root == "loss":
         title = "The loss overflows float16"
-    else:
+    elif forward or root not in rows:
         title = f"Activations of layer {label} overflow float16"
+    else:
+        title = f"Gradients of layer {label} overflow float16"
     if root == "loss":
         fix = (
             "# the loss is computed from the model's output: keep the output layer float32\n"
