@@ -104,7 +104,7 @@ CASES = [
     pytest.param(_probed(65504 / 16), [], id="4-doublings-of-headroom-is-fine"),
     pytest.param(
         make_run(probes={10: (model_row(first="dense"), [probe_layer("dense", mx=INF)])}),
-        [{"severity": "error", "layer": "dense", "title_has": "'dense' (Dense) overflow"}],
+        [{"severity": "error", "layer": "dense", "title_has": "first appear in layer 'dense'"}],
         id="first-nonfinite-layer-named-once",
     ),
     pytest.param(_probed(1e6, mode="bfloat16"), [], id="bfloat16-probe-not-checked-against-65504"),
@@ -221,5 +221,5 @@ def test_a_float16_softmax_whose_gradient_overflows_at_any_scale_is_one_error():
     assert errors == [("output-16bit", "predictions")]
     (f,) = [f for f in found if f.severity == "error"]
     assert {"activation-overflow", "skipped-steps"} <= set(f.data["also"])
-    assert "Gradients of layer 'predictions' (Dense) overflow float16" in f.evidence
+    assert "first appear in the gradients of layer 'predictions' (Dense)" in f.evidence
     assert not findings_of(found, RULE) and not findings_of(found, "skipped-steps")

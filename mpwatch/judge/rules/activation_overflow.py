@@ -26,7 +26,8 @@ computes in float32 gets no "keep float32" advice: its overflow is not float16's
 
 ## Example evidence
 ```text
-Activations of layer 'logsumexp_pool' (LogSumExpPool) overflow float16
+Non-finite values first appear in layer 'logsumexp_pool' (LogSumExpPool): its activations overflow
+float16
 probe at step 30: output of 'logsumexp_pool' non-finite (max |activation| inf, float16 max 65504);
 its input was finite (max 21.6); consequences: non-finite outputs in 'dense', 'dense_1', 'output',
 non-finite gradients in 'proj', loss non-finite
@@ -169,10 +170,12 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
         title = f"Under mixed_float16, activations of layer {label} would overflow float16"
     elif root == "loss":
         title = "The loss overflows float16"
+    elif over.kind == "non-finite" and (forward or root not in rows):
+        title = f"Non-finite values first appear in layer {label}: its activations overflow float16"
     elif forward or root not in rows:
         title = f"Activations of layer {label} overflow float16"
     else:
-        title = f"Gradients of layer {label} overflow float16"
+        title = f"Non-finite values first appear in the gradients of layer {label}"
     if root == "loss":
         fix = (
             "# the loss is computed from the model's output: keep the output layer float32\n"
