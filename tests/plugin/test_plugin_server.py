@@ -626,6 +626,16 @@ def test_every_heatmap_row_is_labelled_on_an_absolute_scale(tab, server):
         assert box["y"] + box["height"] <= view["y"] + view["height"] + 1, (r, box, view)
         assert label.evaluate("(l) => getComputedStyle(l).visibility") == "visible"
         assert float(label.evaluate("(l) => parseFloat(getComputedStyle(l).fontSize)")) >= 10
+    # TensorBoard's reload re-fetches the views: the panel stays where the user scrolled it
+    top = scroll.evaluate("(s) => s.scrollTop")
+    assert top > 0
+    before = frame.locator("#mpw-status").inner_text()
+    tab.page.wait_for_timeout(1100)  # the status shows the time to the second
+    tab.page.locator("app-header-reload button").click()
+    frame.wait_for_function(
+        "(b) => document.querySelector('#mpw-status').textContent !== b", arg=before, timeout=30_000
+    )
+    assert scroll.evaluate("(s) => s.scrollTop") == top
     # the legend: fixed, logarithmic thresholds
     legend = frame.locator("#mpw-heatmap .mpw-heatmap-legend .mpw-legend-item")
     assert legend.all_inner_texts() == ["0", "< 0.1%", "0.1–1%", "1–10%", "≥ 10%", "not probed"]

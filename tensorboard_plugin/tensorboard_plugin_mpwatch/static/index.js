@@ -165,8 +165,18 @@ function renderProbes(view) {
   }
   if (view.probe) ui.probeSelect.value = String(view.probe.step);
   renderProbe(view.probe);
+  // a reload with the same heatmap keeps it (and where the user scrolled it); a new one keeps the
+  // scroll position too
+  const key = `${state.run}\u0000${JSON.stringify(view.heatmap)}`;
+  if (key === ui.heatmapKey) return;
+  ui.heatmapKey = key;
+  const old = ui.heatmap.querySelector('.mpw-heatmap-scroll');
+  const top = old && ui.heatmapRun === state.run ? old.scrollTop : 0;
   clear(ui.heatmap);
   ui.heatmap.appendChild(heatmap(view.heatmap));
+  ui.heatmapRun = state.run;
+  const fresh = ui.heatmap.querySelector('.mpw-heatmap-scroll');
+  if (fresh && top) fresh.scrollTop = top;
 }
 
 // Why this probe's underflow and recommended scale mean nothing, or null when they do: gradients
