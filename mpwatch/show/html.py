@@ -23,6 +23,7 @@ from mpwatch.read import Run
 from mpwatch.show.charts_svg import heatmap_chart, histogram_chart, line_chart
 from mpwatch.show.summary import (
     NO_DATA,
+    probe_not_measured,
     profile_lines,
     profile_summary,
     run_summary,
@@ -188,32 +189,6 @@ def loss_scale_series(run: Run) -> pd.Series:
     return pd.concat([first, ls])
 
 
-def probe_not_measured(model: dict[str, Any]) -> str | None:
-    """Why a probe's underflow and recommended scale mean nothing, or None when they do: its
-    gradients were not finite (an overflow), or the loss scale was 0."""
-    reasons = []
-    nonfinite = model.get("nonfinite")
-    first = model.get("first_nonfinite_layer")
-    if (isinstance(nonfinite, (int, float)) and nonfinite > 0) or (
-        isinstance(first, str) and first
-    ):
-        details = []
-        if isinstance(nonfinite, (int, float)) and nonfinite > 0:
-            size = model.get("size")
-            of = f" of {int(size)}" if isinstance(size, (int, float)) and size > 0 else ""
-            details.append(f"{int(nonfinite)}{of} elements inf or NaN")
-        if first == "loss":
-            details.append("first in the loss")
-        elif isinstance(first, str) and first:
-            details.append(f"first at layer {first}")
-        said = f" ({', '.join(details)})" if details else ""
-        reasons.append(f"the gradients were not finite at this probe{said}")
-    scale = model.get("loss_scale")
-    if model.get("mode") != "bfloat16" and isinstance(scale, (int, float)) and scale == 0:
-        reasons.append("the loss scale had fallen to 0")
-    return "; ".join(reasons) if reasons else None
-
-
 HEATMAP_MAX_STEPS = 100
 
 
@@ -341,14 +316,15 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
             "skipped steps": sm["skipped_steps"],
             "probes": sm["probes"],
             "latest underflow fraction": sm["underflow_fraction"],
-            "recommended scale": sm["recommended_scale"],
+            # a fact about the probe's gradients, not the advice (the findings weigh the evidence)
+            "largest safe scale (latest probe)": sm["recommended_scale"],
         }
         probe = r.latest_probe()
         not_measured = probe_not_measured(probe.model) if probe is not None else None
         if not_measured:  # the probe's own underflow and recommendation do not hold
             at = f"step {probe.step}"
             facts["latest underflow fraction"] = f"not measured at {at}: {not_measured}"
-            facts["recommended scale"] = f"none (not measured at {at})"
+            facts["largest safe scale (latest probe)"] = f"none (not measured at {at})"
         facts |= {
             "median step time (ms)": sm["step_time_ms"],
             "peak memory (MiB)": sm["peak_memory_mb"],

@@ -77,10 +77,38 @@ def _skipped_total(run: Run) -> int | None:
     return int(run.skipped_steps().sum())
 
 
+def probe_not_measured(model: dict[str, Any]) -> str | None:
+    """Why a probe's underflow and recommended scale mean nothing, or None when they do: its
+    gradients were not finite (an overflow), or the loss scale was 0."""
+    reasons = []
+    nonfinite = model.get("nonfinite")
+    first = model.get("first_nonfinite_layer")
+    if (isinstance(nonfinite, (int, float)) and nonfinite > 0) or (
+        isinstance(first, str) and first
+    ):
+        details = []
+        if isinstance(nonfinite, (int, float)) and nonfinite > 0:
+            size = model.get("size")
+            of = f" of {int(size)}" if isinstance(size, (int, float)) and size > 0 else ""
+            details.append(f"{int(nonfinite)}{of} elements inf or NaN")
+        if first == "loss":
+            details.append("first in the loss")
+        elif isinstance(first, str) and first:
+            details.append(f"first at layer {first}")
+        said = f" ({', '.join(details)})" if details else ""
+        reasons.append(f"the gradients were not finite at this probe{said}")
+    scale = model.get("loss_scale")
+    if model.get("mode") != "bfloat16" and isinstance(scale, (int, float)) and scale == 0:
+        reasons.append("the loss scale had fallen to 0")
+    return "; ".join(reasons) if reasons else None
+
+
 def run_summary(run: Run) -> dict[str, Any]:
     """The headline numbers of a run (the JSON ``runs[].summary``)."""
     probe = run.latest_probe()
     model = probe.model if probe is not None else {}
+    if model and probe_not_measured(model):  # its underflow and safe scale mean nothing
+        model = {}
     st = run.scalar(contract.STEP_TIME_MS)
     mem = run.scalar(contract.PEAK_MEMORY_MB)
     return {

@@ -679,7 +679,7 @@ def test_histogram_panel_is_honest_when_gradients_are_not_finite(tab):
         "layer wide); the loss scale had fallen to 0" in text
     )
     assert "no loss scale is recommended from this probe" in text
-    assert "recommended scale: none" in text and "underflow: not measured" in text
+    assert "doublings headroom): none" in text and "underflow: not measured" in text
     assert "256" not in text and "underflow: 0%" not in text
     assert frame.locator("#mpw-histogram svg rect.mpw-window").count() == 0  # no window at S = 0
     assert tab.errors == []

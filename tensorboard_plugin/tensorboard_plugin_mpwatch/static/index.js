@@ -214,7 +214,10 @@ function renderProbe(probe) {
     ['underflow', notMeasured ? unmeasured : pct(m.underflow_fraction)],
     ['grad error', notMeasured ? unmeasured : fmt(m.grad_rel_error)],
     ['max |activation|', fmt(m.max_abs_activation)],
-    ['recommended scale', notMeasured ? 'none' : fmt(probe.recommended_scale)],
+    // a fact about this probe's gradients (its largest scale with headroom below overflow), not
+    // the advice: the findings weigh every probe, the skipped steps and Keras' dynamic rule
+    [`largest safe scale (${fmt(m.margin_bits ?? 4)} doublings headroom)`,
+      notMeasured ? 'none' : fmt(probe.recommended_scale)],
   ];
   for (const [k, v] of facts) ui.probeFacts.appendChild(el('span', {class: 'mpw-fact'}, el('b', {text: `${k}: `}), v));
   if (notMeasured) {
