@@ -32,6 +32,7 @@ __all__ = [
     "model_structure",
     "one_per_layer",
     "fold_overflow_consequences",
+    "fold_shared_advice",
 ]
 
 
@@ -99,6 +100,27 @@ def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+def fold_shared_advice(findings: list[Finding]) -> list[Finding]:
+    """A run's ``loss-scale`` finding whose action is the one its model-wide
+    ``gradient-underflow`` finding already gives (the two rules share
+    :mod:`mpwatch.judge.scale_evidence`) is the same advice for the same cause: it is dropped,
+    its rule listed in the underflow finding's ``data["also"]`` (whose evidence quotes the
+    advice already)."""
+    heads = {
+        f.run: f
+        for f in findings
+        if f.rule == "gradient-underflow" and f.layer is None and f.action
+    }
+    out = []
+    for f in findings:
+        head = heads.get(f.run)
+        if head is not None and f.rule == "loss-scale" and f.action == head.action:
+            head.data = {**head.data, "also": [*head.data.get("also", []), f.rule]}
+            continue
+        out.append(f)
+    return out
+
+
 def _absorb(head: Finding, f: Finding) -> None:
     """``f`` becomes evidence of ``head``: its title (and what it had absorbed) in ``head``'s
     evidence, its rule (and theirs) in ``head.data["also"]``."""
@@ -113,14 +135,15 @@ def _absorb(head: Finding, f: Finding) -> None:
 
 def diagnose_run(run: Run) -> list[Finding]:
     """Every run-level rule on one Run, most severe first, one finding per cause
-    (:func:`one_per_layer`, :func:`fold_overflow_consequences`)."""
+    (:func:`one_per_layer`, :func:`fold_overflow_consequences`, :func:`fold_shared_advice`)."""
     out: list[Finding] = []
     for rule in RUN_RULES:
         for f in rule.check(run):
             if f.run is None:
                 f.run = run.name
             out.append(f)
-    return most_severe_first(one_per_layer(fold_overflow_consequences(out)))
+    out = fold_shared_advice(fold_overflow_consequences(out))
+    return most_severe_first(one_per_layer(out))
 
 
 def compare_runs(mixed: Run, fp32: Run) -> list[Finding]:

@@ -78,7 +78,9 @@ def input_rows(model: Any, x: Any, mode: str) -> list[list[Any]]:
         if not np.issubdtype(v.dtype, np.floating) or v.size == 0:
             continue
         if i < len(symbolic):
-            name = getattr(symbolic[i], "name", f"input_{i}")
+            history = getattr(symbolic[i], "_keras_history", None)
+            owner = getattr(history[0], "name", None) if history else None
+            name = owner or getattr(symbolic[i], "name", f"input_{i}")  # the Input layer's name
             layers = _consumers(model, symbolic[i])
         else:  # a subclassed model: the model itself takes the input
             name, layers = f"input_{i}", [model]

@@ -109,6 +109,22 @@ def test_one_finding_per_layer_cause():
     assert LAYER_CAUSE_RULES.index("output-16bit") == 0
 
 
+def test_the_same_scale_advice_is_one_finding():
+    """gradient-underflow and loss-scale share scale_evidence: when both give the same action for
+    one run, the loss-scale finding is dropped (its rule in data["also"]); other runs and other
+    actions are kept."""
+    from mpwatch.judge.diagnose import fold_shared_advice
+
+    act = {"loss_scale": 131072.0, "float32_layers": ["d1", "d2"]}
+    under = Finding("gradient-underflow", "error", "30% underflow", "e", run="r", action=dict(act))
+    same = Finding("loss-scale", "warning", "start at 2^17", "e", run="r", action=dict(act))
+    other_run = Finding("loss-scale", "warning", "x", "e", run="q", action=dict(act))
+    other_act = Finding("loss-scale", "warning", "y", "e", run="r", action={"loss_scale": 8.0})
+    out = fold_shared_advice([under, same, other_run, other_act])
+    assert out == [under, other_run, other_act]
+    assert under.data["also"] == ["loss-scale"]
+
+
 def test_pairing_needs_the_same_structure():
     from mpwatch.judge.diagnose import model_structure
 

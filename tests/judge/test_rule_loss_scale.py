@@ -41,7 +41,11 @@ def _no_overflow(step, scale):
 
 
 def _loss_scale(run):
-    return findings_of(diagnose(run), RULE)
+    """The rule's own findings (diagnose drops one whose action gradient-underflow already gives:
+    tests/judge/test_diagnose.py)."""
+    from mpwatch.judge.rules import loss_scale
+
+    return loss_scale.check(run)
 
 
 def _every_scale_proposed(findings):

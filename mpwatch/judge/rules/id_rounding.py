@@ -103,7 +103,7 @@ def check(run: Run) -> list[Finding]:
             "max_abs": largest,
             "probe_step": step,
         }
-        fix = f'keras.Input(shape=..., dtype="int32", name={name!r})  # ids stay integers'
+        fix = f'keras.Input(shape=..., dtype="int32")  # input {name!r}: ids stay integers'
         if changed > 0:
             found.append(
                 RULE.finding(
