@@ -1,7 +1,7 @@
 """GPU truth on a real trace: an H100 capture of a mixed_float16 convnet (Keras 3 on JAX).
 
-The trace (``shared/data/h100/seed004_convnet_mixed_float16_bs128.xplane.pb``, beside the
-repository) holds three training steps of a Conv2D 32/64/128 + BatchNormalization convnet at batch
+The trace (``tests/data/h100/seed004_convnet_mixed_float16_bs128.xplane.pb``, with its README)
+holds three training steps of a Conv2D 32/64/128 + BatchNormalization convnet at batch
 128. Known about it: xprof's ``kernel_stats`` marks 79.5% of device time "Op is TensorCore
 eligible" but only 12.5% "Kernel uses TensorCore", while the convolution kernels are float16 Tensor
 Core kernels by their names (``sm80/sm90_xmma_*_f16f16_f16f32``, ``cutlass_tensorop_f16_s16816*``,
@@ -23,7 +23,9 @@ from mpwatch import contract, kernels, profile
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE_NAME = "seed004_convnet_mixed_float16_bs128.xplane.pb"
-TRACE = ROOT / ".." / "shared" / "data" / "h100" / TRACE_NAME
+#: a real H100 trace, shipped with the tests (536 KB; its README says how it was captured) so CI,
+#: which has no GPU, runs these tests on it
+TRACE = ROOT / "tests" / "data" / "h100" / TRACE_NAME
 CONV_LAYERS = ("conv2d", "conv2d_1", "conv2d_2")
 
 
@@ -31,7 +33,7 @@ CONV_LAYERS = ("conv2d", "conv2d_1", "conv2d_2")
 def logdir(tmp_path_factory):
     if not TRACE.is_file():
         pytest.skip(
-            f"the H100 trace is not here: {TRACE.resolve()} (shared/ beside the repository)"
+            f"the H100 trace is not here: {TRACE.resolve()}"
         )
     logdir = tmp_path_factory.mktemp("h100") / "logs"
     run = logdir / "plugins" / "profile" / "2025_01_01_00_00_00"
