@@ -137,7 +137,7 @@ class Run:
             if not len(pm):
                 return None
         if reliable_only and "reliable" in pm:
-            pm = pm[pm["reliable"].map(lambda v: v is not False)]
+            pm = pm[~pm["reliable"].map(_marked_unreliable)]
             if not len(pm):
                 return None
         row = pm.sort_values("step", kind="stable").iloc[-1].to_dict()
@@ -157,6 +157,20 @@ class Run:
             histogram=self.histograms.get(step),
             inputs=at(self.probe_inputs),
         )
+
+    def unreliable_probe_steps(self) -> list[int]:
+        """The steps of the probes marked unreliable (their loss disagreed with the train step's
+        on the same batch and weights), sorted.
+
+        Example:
+            >>> Run(name=".", path="").unreliable_probe_steps()
+            []
+        """
+        pm = self.probe_model
+        if not len(pm) or "reliable" not in pm:
+            return []
+        hit = pm[pm["reliable"].map(_marked_unreliable)]
+        return sorted({int(s) for s in hit["step"]})
 
     @property
     def batch_size(self) -> int | None:
@@ -234,6 +248,24 @@ class ProbeResult:
     sweep: pd.DataFrame
     histogram: dict[str, Any] | None = None
     inputs: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+#: the probe record's top-level keys that ``probe_model`` carries beside its ``model`` dict
+PROBE_TOP_KEYS = (
+    "loss_scale",
+    "recommended_scale",
+    "mode",
+    "reference",
+    "reference_note",
+    "reliable",
+    "unreliable_reason",
+)
+
+
+def _marked_unreliable(value: Any) -> bool:
+    """Whether a probe's ``reliable`` flag is False (numpy's too); None or NaN (not checked, or an
+    older record) is not."""
+    return isinstance(value, (bool, np.bool_)) and not bool(value)
 
 
 def _empty_scalars() -> pd.DataFrame:
@@ -441,15 +473,7 @@ def _build_run(name: str, path: str, events: Events) -> Run:
         model = p.get("model")
         if isinstance(model, dict):
             row.update(model)
-        for k in (
-            "loss_scale",
-            "recommended_scale",
-            "mode",
-            "reference",
-            "reference_note",
-            "reliable",
-            "unreliable_reason",
-        ):
+        for k in PROBE_TOP_KEYS:
             row[k] = p.get(k)
         batch = p.get("batch") if isinstance(p.get("batch"), dict) else {}
         row["batch_size"] = batch.get("size")

@@ -219,7 +219,6 @@ class Probe:
             )
         self.margin_bits = margin_bits
         self.fmt = formats.BFLOAT16 if self.mode == "bfloat16" else formats.FLOAT16
-        self.twin: PolicyView | None = None
         self.reference = "none"
         self.note: str | None = None
         self.kind = model_kind(model)
@@ -229,12 +228,11 @@ class Probe:
         self.random_off: list[Any] = []
 
     # --- setup ---------------------------------------------------------------------------------
-    def _prepare(self, x: Any) -> None:
+    def _prepare(self) -> None:
         self._prepared = True
         # the twin is the same model under another policy (record/twin.py): always available
         target = "mixed_float16" if self.mode == "preflight" else "float32"
         self.view = PolicyView(self.model, target)
-        self.twin = self.view
         self.reference = "float32_twin"
         self.random_off = random_layers(self.model)
         if self.mode == "preflight":
@@ -243,8 +241,6 @@ class Probe:
                 "switched to mixed_float16 was run at scale "
                 f"2**{int(math.log2(formats.KERAS_INITIAL_SCALE))}"
             )
-        # roles: `low` computes in 16 bits, `ref` in float32; each is (use the view?)
-        self.low_view = self.mode == "preflight"
         self.layer_names, self.tap = self._taps()
         self._var_layer = self._variable_layers()
 
@@ -252,7 +248,7 @@ class Probe:
         """The view's pass failed to trace: no twin; say which layer class and the fix."""
         layer = _failing_layer(error)
         where = f"{layer} " if layer else ""
-        target = "mixed_float16" if self.mode == "preflight" else "float32"
+        target = self.view.policy if self.view is not None else "float32"
         fix = (
             f"make {layer}.call compute in self.compute_dtype (no hard-coded dtype)"
             if layer
@@ -272,7 +268,6 @@ class Probe:
                 "underflow cannot be told from genuine zeros (model.zero_fraction counts all "
                 f"zeros of the mixed gradient). Fix: {fix}"
             )
-        self.twin = None
         logger.warning("mpwatch: probe: %s", self.note)
 
     def _taps(self) -> tuple[list[str], Any]:
@@ -499,7 +494,7 @@ class Probe:
 
         x, y, sw = split_data(first_batch(data))
         if not self._prepared:
-            self._prepare(x)
+            self._prepare()
             self._fn = self._build_fn()
         s = float(self.current_scale() if scale is None else scale)
         out = self._fn(x, y, sw, tf.constant(s, tf.float32))

@@ -63,19 +63,6 @@ def model_kind(model: Any) -> str:
     return "subclassed"
 
 
-@contextlib.contextmanager
-def global_policy(policy: str) -> Iterator[None]:
-    """Temporarily set Keras' global dtype policy."""
-    import keras
-
-    old = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(old)
-
-
 def sources_for(target: str) -> tuple[str, ...]:
     """The policies a view to ``target`` switches: float32 for a mixed target, else mixed ones."""
     return ("float32",) if target.startswith("mixed_") else MIXED_POLICIES

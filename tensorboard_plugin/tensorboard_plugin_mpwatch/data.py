@@ -41,7 +41,7 @@ from tensorboard.data import provider as tb_provider
 from mpwatch import contract
 from mpwatch.contract import json_safe
 from mpwatch.read import ProbeResult, Run, run_from_records
-from mpwatch.read.run import later_writes_win
+from mpwatch.read.run import PROBE_TOP_KEYS, later_writes_win
 
 __all__ = [
     "RunRecords",
@@ -643,17 +643,8 @@ def _heatmap(probes: pd.DataFrame) -> dict[str, Any]:
     return {"layers": list(layers), "steps": steps.tolist(), "values": values}
 
 
-# the probe_model columns that are the record's top-level keys, not its "model" dict
-_PROBE_TOP_KEYS = (
-    "step",
-    "loss_scale",
-    "recommended_scale",
-    "mode",
-    "reference",
-    "reference_note",
-    "reliable",
-    "unreliable_reason",
-)
+# the probe_model columns that are not the record's "model" dict
+_PROBE_TOP_KEYS = ("step", *PROBE_TOP_KEYS)
 
 
 def _probe_at(model: Run, step: int) -> ProbeResult | None:
@@ -681,21 +672,13 @@ def _probe_json(probe: ProbeResult) -> dict[str, Any]:
     }
 
 
-def _is_false(value: Any) -> bool:
-    """False, also numpy's (a missing flag, None or NaN, is not False)."""
-    return isinstance(value, (bool, np.bool_)) and not bool(value)
-
-
 def probes_view(model: Run, step: int | None) -> dict[str, Any]:
     """Probe steps and the probe at ``step`` (KeyError when there is none); without ``step``: the
     latest reliable probe (:meth:`Run.latest_probe`) and the layer × probe-step underflow heatmap.
     ``unreliable_steps``: the probes whose loss disagreed with the train step's."""
     pm = model.probe_model
     steps = sorted({int(s) for s in pm["step"]}) if len(pm) else []
-    unreliable = []
-    if len(pm) and "reliable" in pm:
-        flags = pm["reliable"].astype(object)
-        unreliable = sorted({int(s) for s, ok in zip(pm["step"], flags) if _is_false(ok)})
+    unreliable = model.unreliable_probe_steps()
     if step is None:
         probe = model.latest_probe()
         heatmap = _heatmap(model.probe_layers)

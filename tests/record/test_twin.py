@@ -73,14 +73,6 @@ class Sub(keras.Model):
         return self.b(self.a(x))
 
 
-@pytest.fixture
-def mixed16():
-    old = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    yield
-    keras.mixed_precision.set_global_policy(old)
-
-
 @pytest.mark.parametrize("make", [sequential, functional, lambda: Sub(object())])
 def test_float32_view_computes_what_a_float32_model_computes(mixed16, make):
     model = make()
