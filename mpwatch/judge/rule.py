@@ -279,9 +279,12 @@ def computes_float32(run: Run, name: str) -> bool:
     row = layer_row(run, name)
     if row is None:
         return False
-    if str(row.get("compute_dtype") or "") == "float32":
-        return True
-    return str(row.get("effective_dtype") or "") == "float32"
+    return row_computes_float32(row)
+
+
+def row_computes_float32(row: Mapping[str, Any]) -> bool:
+    """:func:`computes_float32` of one row of the layers table."""
+    return "float32" in (str(row.get("compute_dtype") or ""), str(row.get("effective_dtype") or ""))
 
 
 # --- fixes written as the user's code ------------------------------------------------------------
@@ -399,6 +402,10 @@ def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
 
 
 # --- the device ----------------------------------------------------------------------------------
+#: the compute capability from which a GPU has fast math in each 16-bit dtype (Tensor Cores)
+MIN_COMPUTE_CAPABILITY = {"float16": 7.0, "bfloat16": 8.0}
+
+
 def fast_16bit(run: Run, dtype: str | None = None) -> bool | None:
     """Whether the run's device has fast math in ``dtype`` (default: the run's compute dtype):
     float16 on a GPU with Tensor Cores (compute capability 7.0 or more), bfloat16 on one of
@@ -415,7 +422,7 @@ def fast_16bit(run: Run, dtype: str | None = None) -> bool | None:
     cc = finite(str(dev.get("compute_capability") or "").split(" ")[0] or None)
     if cc is None:  # the recorder sets tensor_cores False when it cannot read the capability
         return None
-    return cc >= (8.0 if dtype == "bfloat16" else 7.0)
+    return cc >= MIN_COMPUTE_CAPABILITY["bfloat16" if dtype == "bfloat16" else "float16"]
 
 
 # --- one finding per root cause ------------------------------------------------------------------

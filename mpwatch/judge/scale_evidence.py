@@ -69,6 +69,7 @@ import pandas as pd
 
 from mpwatch import contract
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
+from mpwatch.judge.rule import MIN_COMPUTE_CAPABILITY, fast_16bit, row_computes_float32
 from mpwatch.read.run import Run
 
 __all__ = [
@@ -119,7 +120,7 @@ LAYER_UNDERFLOW_WARN = 0.05
 #: layers named in one finding at most (the rest counted)
 LAYERS_NAMED = 8
 #: a GPU of at least this compute capability has bfloat16 (Ampere and later)
-BFLOAT16_MIN_CC = 8.0
+BFLOAT16_MIN_CC = MIN_COMPUTE_CAPABILITY["bfloat16"]
 
 _UNDER_LOG2 = -24  # float16's smallest subnormal: |g| * S below 2**-24 is predicted lost
 _OVER_LOG2 = 16  # |g| * S at or above 2**16 (past 65504) is predicted inf
@@ -398,17 +399,11 @@ def _growth_facts(run: Run) -> tuple[float, int]:
 
 def bfloat16_device(run: Run) -> str | None:
     """A phrase naming the device's bfloat16 when it has it (a GPU of compute capability >=
-    BFLOAT16_MIN_CC), else None."""
+    BFLOAT16_MIN_CC: :func:`mpwatch.judge.rule.fast_16bit`), else None."""
+    if not fast_16bit(run, "bfloat16"):
+        return None
     dev = run.info.get("device") or {}
-    if not isinstance(dev, dict) or dev.get("type") != "GPU":
-        return None
     raw = str(dev.get("compute_capability") or "").split(" ")[0]
-    try:
-        cc = float(raw)
-    except ValueError:
-        return None
-    if cc < BFLOAT16_MIN_CC:
-        return None
     return f"this GPU ({dev.get('name') or 'GPU'}, compute capability {raw}) has bfloat16"
 
 
@@ -654,11 +649,7 @@ def float32_layer_names(run: Run) -> set[str]:
     lt = run.layers
     if not len(lt) or "name" not in lt:
         return set()
-    out = set()
-    for r in lt.to_dict("records"):
-        if "float32" in (str(r.get("compute_dtype")), str(r.get("effective_dtype"))):
-            out.add(str(r["name"]))
-    return out
+    return {str(r["name"]) for r in lt.to_dict("records") if row_computes_float32(r)}
 
 
 def underflowing_layers(
