@@ -76,7 +76,7 @@ class LossScaleMonitor(RecordingCallback):
             self.state.skipped_total = 0
         if self._has_scale:
             self._write_initial_scale()
-        if not self._has_scale:
+        else:
             told = getattr(self.state, "notices", set())
             if self.part not in told:
                 self._notice(
