@@ -105,7 +105,8 @@ class Tap:
         self.variable_names: list[str] = []
         self._orig_apply = None
         self.rebuild = True  # rebuild Keras' train function (False for custom training loops)
-        self._num_vars: int | None = None  # known when the train function is traced
+        self._num_vars: int | None = None  # known at install (built model) or when traced
+        self._prebuilt_vars: int | None = None  # counts buffer created at install, for so many
         strategy = model.distribute_strategy
         self._distributed = strategy.num_replicas_in_sync > 1
 
@@ -171,8 +172,42 @@ class Tap:
 
         apply._mpwatch_tap = True  # type: ignore[attr-defined]
         object.__setattr__(opt, "apply", apply)
+        self._prebuild()
         if self.rebuild:
             self.model.make_train_function(force=True)
+
+    def _prebuild(self) -> None:
+        """Create now what the first trace would otherwise create: the LossScaleOptimizer's
+        variables and the gradient counts buffer. A ``tf.function`` that creates variables while
+        tracing is traced a second time, so this halves the tap's (and the train step's) tracing
+        cost. Only for a built model; a subclassed model that builds in its first call keeps
+        creating them in the trace (:meth:`_before`)."""
+        if not getattr(self.model, "built", False):
+            return
+        try:
+            tvs = list(self.model.trainable_variables)
+            if not tvs:
+                return
+            with self._strategy.scope():
+                self._build_lso(tvs)
+            if self.grad_every:
+                self._num_vars = len(tvs)
+                self._counts_var()
+                self._prebuilt_vars = len(tvs)
+        except Exception as e:  # noqa: BLE001  (the trace builds them instead)
+            logger.debug("mpwatch: could not create the tap's variables ahead: %r", e)
+            self._num_vars, self.counts, self._prebuilt_vars = None, None, None
+
+    def _build_lso(self, trainable_variables: Any) -> None:
+        """Build the LossScaleOptimizer as its own ``apply()`` would, so the scale used for the
+        first gradients can be read before it."""
+        if self.lso is None or self.lso.built:
+            return
+        import keras
+
+        with keras.name_scope(self.lso.name, caller=self.lso):
+            self.lso.build(list(trainable_variables))
+        self.lso.built = True
 
     def uninstall(self) -> None:
         opt = self.optimizer
@@ -218,13 +253,11 @@ class Tap:
     def _before(self, grads: Any, trainable_variables: Any) -> dict[str, Any]:
         import tensorflow as tf
 
-        if self.lso is not None and not self.lso.built and trainable_variables is not None:
-            # build it as its own apply() would, so the scale used for these gradients is read
-            import keras
-
-            with keras.name_scope(self.lso.name, caller=self.lso):
-                self.lso.build(list(trainable_variables))
-            self.lso.built = True
+        if trainable_variables is not None:
+            self._build_lso(trainable_variables)
+        if self._prebuilt_vars is not None and len(grads) != self._prebuilt_vars:
+            # the model grew since install (built in its first call): count what the step has
+            self._num_vars, self.counts, self._prebuilt_vars = None, None, None
         pre: dict[str, Any] = {"it": self._iterations()}
         if self.lso is not None and self.lso.built:
             pre["scale_used"] = tf.identity(self.lso.dynamic_scale.value)
