@@ -1,27 +1,38 @@
 """Records too large for one event: the gradient table and the layer table of a model with many
 variables and layers are split into parts (record/writer.py), joined back by ``mpwatch.load_run``.
 
-Two tests, because a real fit cannot reach the real limit cheaply:
+Three tests:
 
+- **A real model of 32,000 trainable variables at the real limit.** 320 custom layers holding 100
+  trainable variables each (1 to 16 elements, gradients of spread magnitudes), trained under
+  ``mixed_float16`` with a real ``LossScaleOptimizer`` in an eager custom loop recorded by
+  :class:`mpwatch.TrainingLoopRecorder` (the same tap and writers as ``fit``). Its
+  ``grad_variables`` record (one row per variable, ~18 bytes a row compressed, ~560 KiB) is split
+  at the real ``contract.MAX_RECORD_BYTES``; its ``layers`` record (321 rows, a few KB) is
+  written whole. Why not ``model.fit``: Keras' own cost of tracing a train step with 30,000
+  variables on 2 CPU cores (optimizer update ops per variable, then Grappler) grows faster than
+  linearly: 3,000 variables already take 2 minutes without mpwatch. Eager, this model steps in
+  ~10 s. Why the layer table stays whole: it needs ~65,000 layers to pass 512 KiB compressed
+  (~8 bytes a row), hence the next test.
 - **A real fit, with the limit lowered.** A functional model of 100 custom layers holding 3 tiny
   trainable variables each (302 trainable variables) is trained under ``mixed_float16`` with
   :class:`mpwatch.MixedPrecisionMonitor` (gradient health per variable and the layer table on;
   probe and profile off). ``contract.MAX_RECORD_BYTES`` is monkeypatched down to 512 bytes for the
   fit, so the ``grad_variables`` records (~1.5 KB compressed) and the ``layers`` record (~0.8 KB)
-  are split while ``run_info`` (~370 bytes) still fits. Why not ~30,000 variables at the real
-  512 KiB limit: on 2 CPU cores a fit costs ~70 ms per trainable variable under the monitor (~5 ms
-  in Keras' own per-variable optimizer step, the rest in the gradient tap's per-variable statistics
-  graph, ``record/stats.py: counts_table``, traced twice), so 30,000 variables would take ~35 min.
-- **The real limit, 30,000 variables.** A ``grad_variables`` record of 30,000 rows (the statistics
-  computed by ``record/stats.py: shares`` from counts) and a probe record with a 30,000-row
-  variables table go through ``RunWriter.record`` at the real ``contract.MAX_RECORD_BYTES``.
+  are split while ``run_info`` (~370 bytes) still fits.
+- **The real limit, 30,000 rows written directly.** A ``grad_variables`` record of 30,000 rows
+  (the statistics computed by ``record/stats.py: shares`` from counts) and a probe record with a
+  30,000-row variables table go through ``RunWriter.record`` at the real
+  ``contract.MAX_RECORD_BYTES``.
 
-Both check the parts with the independent event parser (conftest ``read_events``): several parts
+All check the parts with the independent event parser (conftest ``read_events``): several parts
 at one step, each compressed payload under the limit, rows in order, and that ``mpwatch.load_run``
 gives exactly one row per variable back.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import keras
 import numpy as np
@@ -36,22 +47,116 @@ LAYERS, PER_LAYER = 100, 3
 
 
 class ManyScalars(keras.layers.Layer):
-    """``n`` trainable variables of shape (1,), summed into the output."""
+    """``n`` trainable variables summed into the output.
 
-    def __init__(self, n, **kwargs):
+    By default each of shape (1,), summed as they are. With ``varied=True`` variable ``i`` has
+    shape ``(1 + i % 5,)`` and enters as ``c_i * sum(w_i**2)`` with fixed ``c_i`` spread over
+    ``1e-12 .. 1``: gradients of different sizes and magnitudes (some under float16's normal
+    range), as a real model's are, so the gradient table does not compress to nothing.
+    """
+
+    def __init__(self, n, varied=False, **kwargs):
         super().__init__(**kwargs)
         self.n = n
+        self.varied = varied
 
     def build(self, input_shape):
+        init = "random_normal" if self.varied else "zeros"
+        shapes = [(1 + i % 16 if self.varied else 1,) for i in range(self.n)]
         self.ws = [
-            self.add_weight(shape=(1,), initializer="zeros", name=f"w{i}") for i in range(self.n)
+            self.add_weight(shape=shape, initializer=init, name=f"w{i}")
+            for i, shape in enumerate(shapes)
         ]
+        rng = np.random.default_rng(zlib.crc32(self.name.encode()))
+        self.cs = (10.0 ** rng.uniform(-9, 0, self.n)).astype("float32")
 
     def call(self, x):
-        return x + ops.sum(ops.concatenate(self.ws))
+        if not self.varied:
+            return x + ops.sum(ops.concatenate(self.ws))
+        terms = [float(c) * ops.sum(ops.square(w)) for c, w in zip(self.cs, self.ws)]
+        return x + ops.sum(ops.stack(terms))
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+
+BIG_LAYERS, BIG_PER_LAYER = 320, 100  # 32,000 variables
+
+
+@pytest.fixture(scope="module")
+def big_model_run(tmp_path_factory):
+    """A 30,000-variable model trained 2 steps in an eager custom loop, recorded at log_every=1."""
+    import tensorflow as tf
+
+    import mpwatch
+
+    logdir = str(tmp_path_factory.mktemp("huge_vars") / "run")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(1)
+        inp = keras.Input((4,))
+        h = inp
+        for j in range(BIG_LAYERS):
+            h = ManyScalars(BIG_PER_LAYER, varied=True, name=f"block_{j:03d}")(h)
+        out = keras.layers.Dense(1, dtype="float32", name="head")(h)
+        model = keras.Model(inp, out)
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1e-4), initial_scale=2.0**10)
+        x = tf.constant(np.random.default_rng(1).normal(size=(8, 4)).astype("float32"))
+        y = tf.ones((8, 1))
+        losses = []
+        with mpwatch.TrainingLoopRecorder(
+            model, logdir, optimizer=opt, log_every=1, probe=False, profile=False
+        ) as rec:
+            for _ in range(2):
+                with tf.GradientTape() as tape:
+                    loss = ops.mean(ops.square(model(x, training=True) - y))
+                    scaled = opt.scale_loss(loss)
+                grads = tape.gradient(scaled, model.trainable_variables)
+                opt.apply(grads, model.trainable_variables)
+                rec.step_end(loss=loss)
+                losses.append(float(loss))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return {"logdir": logdir, "model": model, "losses": losses}
+
+
+def test_a_model_of_30000_variables_records_its_tables(big_model_run, read_events):
+    import mpwatch
+
+    model = big_model_run["model"]
+    paths = [v.path for v in model.trainable_variables]
+    assert len(paths) == BIG_LAYERS * BIG_PER_LAYER + 2 and len(set(paths)) == len(paths)
+    assert all(np.isfinite(big_model_run["losses"]))
+    _, records = read_events(big_model_run["logdir"])
+
+    grads = _parts_by_step(records["grad_variables"])
+    assert sorted(grads) == [1, 2]
+    written = {}
+    for step, parts in grads.items():
+        rows = _check_split(parts, "variables", contract.MAX_RECORD_BYTES)
+        assert [r[0] for r in rows] == paths  # one row per trainable variable, in order
+        sizes = [r[contract.GRAD_VARIABLE_COLUMNS.index("size")] for r in rows]
+        assert sizes == [int(np.prod(v.shape)) for v in model.trainable_variables]
+        nonfinite = contract.GRAD_VARIABLE_COLUMNS.index("nonfinite_count")
+        assert all(r[nonfinite] == 0 for r in rows)  # no overflow at this scale: real statistics
+        written[step] = rows
+
+    (layer_parts,) = _parts_by_step(records["layers"]).values()  # written once, whole
+    assert len(layer_parts) == 1 and "part" not in layer_parts[0]
+    assert len(contract.encode_payload(layer_parts[0])) <= contract.MAX_RECORD_BYTES
+    names = [r[0] for r in layer_parts[0]["layers"]["data"]]
+    want = [f"block_{j:03d}" for j in range(BIG_LAYERS)] + ["head"]
+    assert [n for n in names if n in want] == want
+
+    run = mpwatch.load_run(big_model_run["logdir"])
+    assert run.warnings == []
+    assert [n for n in run.notices if n["level"] == "error"] == []
+    gv = run.grad_variables
+    for step, rows in written.items():
+        at = gv[gv["step"] == step]
+        assert at["variable"].tolist() == paths
+        assert at[contract.GRAD_VARIABLE_COLUMNS].values.tolist() == rows
+    assert run.layers["name"].tolist() == names
 
 
 @pytest.fixture(scope="module")
