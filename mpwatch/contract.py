@@ -499,7 +499,13 @@ _RUN_INFO = _record_schema(
             "the model",
         ),
         "optimizer": _str('"LossScaleOptimizer(Adam)", or the optimizer\'s class'),
-        "strategy": _str("the tf.distribute strategy's class"),
+        "backend": _enum(
+            ["tensorflow", "jax"], "Keras' backend (absent in older records: tensorflow)"
+        ),
+        "strategy": _str(
+            "the tf.distribute strategy's class (TensorFlow), the keras.distribution's class or "
+            '"None" (JAX)'
+        ),
         "num_replicas": _int("replicas in sync"),
         "steps_per_execution": _int("batches per train-function call"),
         "batch_size": _int("Keras' batch size (None when unknown)", nullable=True),
@@ -524,7 +530,14 @@ _RUN_INFO = _record_schema(
             "the device trained on",
         ),
         "versions": _obj(
-            {"mpwatch": _str(), "tensorflow": _str(), "keras": _str()}, "library versions"
+            {
+                "mpwatch": _str(),
+                "keras": _str(),
+                "tensorflow": _str("None where TensorFlow is not in play", nullable=True),
+                "jax": _str("None where JAX is not in play", nullable=True),
+            },
+            "library versions",
+            required=["mpwatch", "keras", "tensorflow"],
         ),
     },
     [

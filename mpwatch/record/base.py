@@ -10,6 +10,7 @@ isolation.
   ``"mpwatch"``), written as a ``notice`` record, and that part stops; training and the other parts
   go
   on.
+- **Unsupported backends fail before training** (:func:`mpwatch.record.backend.check_supported`).
 - **Only the chief writes** under ``tf.distribute`` (all replicas of a MirroredStrategy live in one
   process, which is the chief; in multi-worker training the chief is task ``chief`` or worker 0).
 """
@@ -26,6 +27,7 @@ from typing import Any
 import keras
 
 from mpwatch import contract
+from mpwatch.record import backend
 from mpwatch.record.state import ModelState, state_of
 from mpwatch.record.writer import RunWriter
 
@@ -86,8 +88,9 @@ def check_model(model: Any, who: str = "mpwatch", compiled: bool = True) -> None
         )
 
 
-def is_chief(strategy: Any = None) -> bool:
-    """True where this process should write (always, outside multi-worker training)."""
+def tf_is_chief(strategy: Any = None) -> bool:
+    """True where this TensorFlow process should write (always, outside multi-worker training).
+    The backend-neutral question is :func:`mpwatch.record.backend.is_chief`."""
     import tensorflow as tf
 
     strategy = strategy or tf.distribute.get_strategy()
@@ -192,12 +195,12 @@ class RecordingCallback(keras.callbacks.Callback):
 
     # --- Keras hooks ---------------------------------------------------------------------------
     def on_train_begin(self, logs: Any = None) -> None:
-        check_model(
-            self.model, type(self).__name__, self.require_compiled
-        )  # raises: bad input stops before training
+        # raises: bad input (or a backend mpwatch cannot record on) stops before training
+        backend.check_supported(type(self).__name__)
+        check_model(self.model, type(self).__name__, self.require_compiled)
         self._failed = set()
         self.state = state_of(self.model)
-        self.writer = acquire_writer(self.log_dir, enabled=is_chief(self.model.distribute_strategy))
+        self.writer = acquire_writer(self.log_dir, enabled=backend.is_chief(self.model))
         self._active = True
         self._begun = False
         self.state.require(self, self.grad_every)

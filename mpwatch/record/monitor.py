@@ -2,50 +2,23 @@
 
 from __future__ import annotations
 
-import platform
 from typing import Any
 
 import keras
 
 from mpwatch import contract
-from mpwatch._version import __version__
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
-from mpwatch.record.base import RecordingCallback, check_positive_int, is_chief
+from mpwatch.record import backend
+from mpwatch.record.backend import device_info  # noqa: F401  (old import path)
+from mpwatch.record.base import RecordingCallback, check_positive_int
 from mpwatch.record.gradient_health import GradientHealthMonitor
 from mpwatch.record.layer_dtypes import LayerDtypeMonitor
 from mpwatch.record.loss_scale import LossScaleMonitor, no_loss_scale_reason
 from mpwatch.record.probe import ProbeMonitor
 from mpwatch.record.profile_capture import DEFAULT_STEPS, ProfileMonitor
 from mpwatch.record.state import loss_scale_optimizer
-from mpwatch.record.step_time import StepTimeMonitor, gpu_device
+from mpwatch.record.step_time import StepTimeMonitor
 from mpwatch.record.twin import model_kind
-
-
-def device_info() -> dict[str, Any]:
-    import tensorflow as tf
-
-    gpu = gpu_device()
-    if gpu is None:
-        return {
-            "type": "CPU",
-            "name": platform.processor() or platform.machine(),
-            "compute_capability": None,
-            "tensor_cores": False,
-        }
-    details: dict[str, Any] = {}
-    try:
-        details = tf.config.experimental.get_device_details(
-            tf.config.list_physical_devices("GPU")[0]
-        )
-    except Exception:  # noqa: BLE001
-        pass
-    cc = details.get("compute_capability")
-    return {
-        "type": "GPU",
-        "name": details.get("device_name", gpu),
-        "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
-        "tensor_cores": bool(cc and cc[0] >= 7),
-    }
 
 
 class MixedPrecisionMonitor(RecordingCallback):
@@ -175,8 +148,6 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     # --- own records -----------------------------------------------------------------------------
     def run_info(self) -> dict[str, Any]:
-        import tensorflow as tf
-
         model = self.model
         policy = model.dtype_policy
         lso = loss_scale_optimizer(model.optimizer)
@@ -196,7 +167,7 @@ class MixedPrecisionMonitor(RecordingCallback):
                 "growth_interval": None,
             }
             opt_name = type(model.optimizer).__name__
-        strategy = model.distribute_strategy
+        strategy, replicas = backend.strategy_facts(model)
         try:
             params = int(model.count_params()) if model.built else 0
         except Exception:  # noqa: BLE001
@@ -213,19 +184,16 @@ class MixedPrecisionMonitor(RecordingCallback):
                 "params": params,
             },
             "optimizer": opt_name,
-            "strategy": type(strategy).__name__,
-            "num_replicas": int(strategy.num_replicas_in_sync),
+            "backend": backend.name(),
+            "strategy": strategy,
+            "num_replicas": replicas,
             "steps_per_execution": int(getattr(model, "steps_per_execution", 1) or 1),
             "batch_size": (self.params or {}).get("batch_size"),
             "log_every": self.log_every,
-            "chief": is_chief(strategy),
+            "chief": backend.is_chief(model),
             "start": dict(self.state.start) if self.state is not None else None,
-            "device": device_info(),
-            "versions": {
-                "mpwatch": __version__,
-                "tensorflow": tf.__version__,
-                "keras": keras.__version__,
-            },
+            "device": backend.device_info(),
+            "versions": backend.versions(),
         }
 
     def _begin(self) -> None:

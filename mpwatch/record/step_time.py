@@ -2,46 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import resource
 import statistics
-import sys
 import time
 from typing import Any
 
 from mpwatch import contract
+from mpwatch.record.backend import (  # noqa: F401  (old import path of these)
+    gpu_device,
+    peak_memory_mb,
+    process_peak_rss_mb,
+    reset_peak_memory,
+)
 from mpwatch.record.base import RecordingCallback
-
-
-def gpu_device() -> str | None:
-    """The first visible GPU's name ("GPU:0"), None without one."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_logical_devices("GPU")
-    return gpus[0].name.replace("/device:", "") if gpus else None
-
-
-def process_peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB (``/proc`` VmHWM, else ``getrusage``)."""
-    try:
-        with open(f"/proc/{os.getpid()}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes
-    return rss / (1024.0 * 1024.0) if sys.platform == "darwin" else rss / 1024.0
-
-
-def peak_memory_mb(device: str | None) -> float:
-    """Device peak memory on a GPU (TensorFlow's allocator), process peak RSS otherwise."""
-    if device is not None:
-        import tensorflow as tf
-
-        return tf.config.experimental.get_memory_info(device)["peak"] / (1024.0 * 1024.0)
-    return process_peak_rss_mb()
 
 
 class StepTimeMonitor(RecordingCallback):
@@ -51,8 +23,9 @@ class StepTimeMonitor(RecordingCallback):
     time
     of one train-function call divided by the batches it ran (``steps_per_execution``), in ms per
     batch. The first call of each ``fit`` (tracing, warm-up) is left out.
-    ``mpwatch/perf/peak_memory_mb``: on a GPU the device's peak memory (TensorFlow's allocator; the
-    peak is reset when training begins), otherwise the process's peak RSS.
+    ``mpwatch/perf/peak_memory_mb``: on a GPU the device's peak memory (the backend's allocator;
+    TensorFlow's peak is reset when training begins, JAX's is the process's peak so far),
+    otherwise the process's peak RSS.
 
     Args:
         log_dir: the run directory.
@@ -75,13 +48,7 @@ class StepTimeMonitor(RecordingCallback):
         self._times = []
         self._calls = 0
         self._device = gpu_device()
-        if self._device is not None:
-            import tensorflow as tf
-
-            try:
-                tf.config.experimental.reset_memory_stats(self._device)
-            except (ValueError, RuntimeError):
-                pass
+        reset_peak_memory(self._device)
 
     def _batch_begin(self, batch: int) -> None:
         self._t0 = time.perf_counter()

@@ -118,11 +118,48 @@ def _row_chunks(key: str, columns: list[str], rows: list[Any], limit: int) -> li
     return [c for i in range(0, len(rows), step) for c in fit(rows[i : i + step])]
 
 
+class _TensorBoardEvents:
+    """Event files written with TensorBoard's own writer, for processes without TensorFlow (Keras'
+    JAX backend). The events are those ``tf.summary.scalar`` and ``tf.summary.write`` write: a
+    float32 scalar tensor under the scalar plugin's metadata, and a string tensor under mpwatch's
+    (tests/record/test_writer_backends.py compares the two writers' events field by field)."""
+
+    def __init__(self, logdir: str) -> None:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._writer = EventFileWriter(logdir)
+
+    def add(self, tag: str, step: int, tensor: Any, metadata: Any) -> None:
+        import time
+
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        value = summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=metadata)
+        event = event_pb2.Event(
+            wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=[value])
+        )
+        self._writer.add_event(event)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _scalar_metadata() -> Any:
+    from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+    return scalar_metadata.create_summary_metadata(display_name=None, description=None)
+
+
 class RunWriter:
     """Writes mpwatch scalars and records into one run directory.
 
     ``enabled=False`` makes every call a no-op (a non-chief worker under ``tf.distribute``).
     Several writers may share a logdir: TensorFlow shares one file writer per directory.
+    On Keras' TensorFlow backend the events go through ``tf.summary``; on other backends through
+    TensorBoard's own event writer (no TensorFlow needed), in the same on-disk contract.
 
     Example:
         >>> import tempfile
@@ -132,22 +169,45 @@ class RunWriter:
         >>> w.flush()
     """
 
-    def __init__(self, logdir: str, enabled: bool = True) -> None:
+    def __init__(
+        self, logdir: str, enabled: bool = True, use_tensorflow: bool | None = None
+    ) -> None:
         self.logdir = str(logdir)
         self.enabled = enabled
+        if use_tensorflow is None:
+            from mpwatch.record import backend
+
+            use_tensorflow = backend.name() == backend.TENSORFLOW
+        self.use_tensorflow = bool(use_tensorflow)
         self._writer = None
         self._series_fn = None
 
     def _get(self):  # noqa: ANN202
         if self._writer is None:
-            import tensorflow as tf
+            if self.use_tensorflow:
+                import tensorflow as tf
 
-            self._writer = tf.summary.create_file_writer(self.logdir)
+                self._writer = tf.summary.create_file_writer(self.logdir)
+            else:
+                self._writer = _TensorBoardEvents(self.logdir)
         return self._writer
+
+    def _tb_scalars(self, tag_steps_values: list[tuple[str, int, float]]) -> None:
+        import numpy as np
+        from tensorboard.util import tensor_util
+
+        meta = _scalar_metadata()
+        writer = self._get()
+        for tag, step, value in tag_steps_values:
+            proto = tensor_util.make_tensor_proto(np.float32(value))
+            writer.add(tag, step, proto, meta)
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Write several scalars at one step (tags from this module)."""
         if not self.enabled or not values:
+            return
+        if not self.use_tensorflow:
+            self._tb_scalars([(tag, int(step), float(v)) for tag, v in values.items()])
             return
         import tensorflow as tf
 
@@ -163,6 +223,9 @@ class RunWriter:
         """
         if not self.enabled or not len(steps):
             return
+        if not self.use_tensorflow:
+            self._tb_scalars([(tag, int(s), float(v)) for s, v in zip(steps, values)])
+            return
         import tensorflow as tf
 
         with self._get().as_default():
@@ -171,9 +234,7 @@ class RunWriter:
                     tf.summary.scalar(tag, float(value), step=int(step))
                 return
             if self._series_fn is None:
-                from tensorboard.plugins.scalar import metadata as scalar_metadata
-
-                meta = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+                meta = _scalar_metadata()
 
                 @tf.function(reduce_retracing=True)
                 def series(tag, steps, values):  # noqa: ANN001, ANN202
@@ -205,7 +266,6 @@ class RunWriter:
         return sum(len(blob) for _, blob in records)
 
     def _write_record(self, kind: str, step: int, blob: bytes) -> None:
-        import tensorflow as tf
         from tensorboard.compat.proto import summary_pb2
 
         metadata = summary_pb2.SummaryMetadata(
@@ -215,6 +275,15 @@ class RunWriter:
             data_class=summary_pb2.DATA_CLASS_TENSOR,
             summary_description=f"mpwatch {kind} record",
         )
+        if not self.use_tensorflow:
+            import numpy as np
+            from tensorboard.util import tensor_util
+
+            proto = tensor_util.make_tensor_proto(np.array(blob, dtype=object))
+            self._get().add(contract.record_tag(kind), int(step), proto, metadata)
+            return
+        import tensorflow as tf
+
         with self._get().as_default():
             tf.summary.write(
                 contract.record_tag(kind),

@@ -1,0 +1,197 @@
+"""Which Keras backend trains the model, and the facts only a backend can give: the device (GPU
+name, compute capability, peak memory), whether this process writes (the chief), library versions.
+
+mpwatch records on Keras 3's TensorFlow backend (the reference) and its JAX backend, with the same
+records. Everything backend-specific that is not the in-graph tap (:mod:`mpwatch.record.state` for
+TensorFlow, :mod:`mpwatch.record.jax_tap` for JAX) lives here, so the callbacks ask one place.
+Nothing here imports TensorFlow unless the backend is TensorFlow: a JAX machine may not have it.
+
+Example:
+    >>> from mpwatch.record import backend
+    >>> backend.name() in backend.SUPPORTED or backend.name() == "torch"
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+from typing import Any
+
+TENSORFLOW = "tensorflow"
+JAX = "jax"
+SUPPORTED = (TENSORFLOW, JAX)
+
+
+class UnsupportedBackendError(NotImplementedError):
+    """The Keras backend is one mpwatch does not record on (yet)."""
+
+
+def name() -> str:
+    """Keras' backend: ``"tensorflow"``, ``"jax"``, ``"torch"`` or ``"numpy"``."""
+    import keras
+
+    return keras.backend.backend()
+
+
+def check_supported(who: str = "mpwatch") -> str:
+    """The backend's name, or :class:`UnsupportedBackendError` saying what to do."""
+    backend = name()
+    if backend not in SUPPORTED:
+        raise UnsupportedBackendError(
+            f"{who}: Keras' {backend!r} backend is not supported yet; mpwatch records on the "
+            "'tensorflow' and 'jax' backends (set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax "
+            "before importing keras). Training is not started."
+        )
+    return backend
+
+
+def is_chief(model: Any = None) -> bool:
+    """True where this process should write: always in one process; under TensorFlow's
+    multi-worker training the chief (task ``chief``, or worker 0 without one); under JAX process
+    0 of a multi-process run."""
+    if name() == JAX:
+        import jax
+
+        return jax.process_index() == 0
+    from mpwatch.record.base import tf_is_chief
+
+    return tf_is_chief(getattr(model, "distribute_strategy", None))
+
+
+def strategy_facts(model: Any) -> tuple[str, int]:
+    """(the distribution's class name, replicas in sync) of a model."""
+    if name() == JAX:
+        import keras
+
+        dist = keras.distribution.distribution()
+        if dist is None:
+            return "None", 1
+        import numpy as np
+
+        return type(dist).__name__, int(np.size(dist.device_mesh.devices))
+    strategy = model.distribute_strategy
+    return type(strategy).__name__, int(strategy.num_replicas_in_sync)
+
+
+# --- the device ---------------------------------------------------------------------------------
+def gpu_device() -> str | None:
+    """The first visible GPU (``"GPU:0"``), None without one."""
+    if name() == JAX:
+        import jax
+
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:  # no GPU backend
+            return None
+        return f"GPU:{gpus[0].id}" if gpus else None
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus[0].name.replace("/device:", "") if gpus else None
+
+
+def _jax_gpu() -> Any:
+    import jax
+
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        return None
+    return gpus[0] if gpus else None
+
+
+def device_info() -> dict[str, Any]:
+    """The device trained on: type, name, compute capability, whether it has Tensor Cores."""
+    gpu = gpu_device()
+    if gpu is None:
+        return {
+            "type": "CPU",
+            "name": platform.processor() or platform.machine(),
+            "compute_capability": None,
+            "tensor_cores": False,
+        }
+    cc: str | None = None
+    device_name = gpu
+    if name() == JAX:
+        dev = _jax_gpu()
+        device_name = getattr(dev, "device_kind", None) or gpu
+        cc = getattr(dev, "compute_capability", None)
+    else:
+        import tensorflow as tf
+
+        try:
+            details = tf.config.experimental.get_device_details(
+                tf.config.list_physical_devices("GPU")[0]
+            )
+        except Exception:  # noqa: BLE001
+            details = {}
+        device_name = details.get("device_name", gpu)
+        pair = details.get("compute_capability")
+        cc = f"{pair[0]}.{pair[1]}" if pair else None
+    major = int(str(cc).split(".")[0]) if cc else None
+    return {
+        "type": "GPU",
+        "name": str(device_name),
+        "compute_capability": str(cc) if cc else None,
+        "tensor_cores": bool(major is not None and major >= 7),
+    }
+
+
+def process_peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB (``/proc`` VmHWM, else ``getrusage``)."""
+    try:
+        with open(f"/proc/{os.getpid()}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes
+    return rss / (1024.0 * 1024.0) if sys.platform == "darwin" else rss / 1024.0
+
+
+def peak_memory_mb(device: str | None) -> float:
+    """Device peak memory on a GPU (the backend's allocator: TensorFlow's ``get_memory_info``,
+    JAX's ``memory_stats()["peak_bytes_in_use"]``), the process's peak RSS otherwise."""
+    if device is None:
+        return process_peak_rss_mb()
+    if name() == JAX:
+        stats = (_jax_gpu().memory_stats() or {}) if _jax_gpu() is not None else {}
+        peak = stats.get("peak_bytes_in_use")
+        return peak / (1024.0 * 1024.0) if peak is not None else process_peak_rss_mb()
+    import tensorflow as tf
+
+    return tf.config.experimental.get_memory_info(device)["peak"] / (1024.0 * 1024.0)
+
+
+def reset_peak_memory(device: str | None) -> None:
+    """Reset the device's peak where the backend can (TensorFlow; JAX keeps a process peak)."""
+    if device is None or name() == JAX:
+        return
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats(device)
+    except (ValueError, RuntimeError):
+        pass
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of the libraries in play (None for one not installed)."""
+    import keras
+
+    from mpwatch._version import __version__
+
+    out: dict[str, str | None] = {"mpwatch": __version__, "keras": keras.__version__}
+    for lib in ("tensorflow", "jax"):
+        mod = sys.modules.get(lib)
+        if mod is None and lib == name():
+            import importlib
+
+            mod = importlib.import_module(lib)
+        out[lib] = getattr(mod, "__version__", None) if mod is not None else None
+    return out

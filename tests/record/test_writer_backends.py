@@ -1,0 +1,80 @@
+"""The event files of RunWriter's two implementations carry the same events.
+
+On Keras' TensorFlow backend mpwatch writes through ``tf.summary``; on the JAX backend (where
+TensorFlow may be absent) through TensorBoard's own ``EventFileWriter``. The reader, the tab and
+any user's parser must not see a difference: the same scalars and records are written with both,
+and each event is compared field by field (tag, step, summary metadata, tensor dtype, shape and
+value), parsed with TensorBoard's loader.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from mpwatch import contract
+from mpwatch.record.writer import RunWriter
+
+
+def _events(logdir):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    out = []
+    for event in EventFileLoader(path).Load():
+        for v in event.summary.value:
+            arr = tensor_util.make_ndarray(v.tensor)
+            out.append(
+                (
+                    v.tag,
+                    event.step,
+                    v.metadata.SerializeToString(deterministic=True),
+                    v.tensor.dtype,
+                    list(v.tensor.tensor_shape.dim),
+                    arr.item() if arr.dtype == object else float(arr),
+                )
+            )
+    return out
+
+
+def _write(logdir, use_tensorflow):
+    w = RunWriter(logdir, use_tensorflow=use_tensorflow)
+    w.scalars(1, {contract.LOSS_SCALE: 32768.0, contract.STEP_SKIPPED: 1.0})
+    w.scalar_series(contract.TRAIN_LOSS, [1, 2, 3, 4, 5], [0.5, 0.25, np.nan, 1e-30, 3.0])
+    w.scalar_series(contract.LOSS_SCALE, [2, 3], [16384.0, 16384.0])
+    w.record(contract.KIND_NOTICE, 3, {"part": "probe", "level": "info", "message": "é ok"})
+    rows = [[f"layer_{i}/kernel", "layer", i] for i in range(3)]
+    w.record(contract.KIND_GRAD_VARIABLES, 4, {"loss_scale": 2.0, "variables": contract.table(
+        ["variable", "layer", "size"], rows)})  # fmt: skip
+    w.close()
+    return _events(logdir)
+
+
+def test_tensorboard_writer_writes_what_tf_summary_writes(tmp_path):
+    pytest.importorskip("tensorflow")
+    with_tf = _write(str(tmp_path / "tf"), use_tensorflow=True)
+    with_tb = _write(str(tmp_path / "tb"), use_tensorflow=False)
+    assert len(with_tf) == 2 + 5 + 2 + 1 + 1
+    assert [e[:5] for e in with_tb] == [e[:5] for e in with_tf]
+    for a, b in zip(with_tb, with_tf):
+        if isinstance(a[5], float):
+            assert a[5] == b[5] or (np.isnan(a[5]) and np.isnan(b[5]))
+        else:
+            assert a[5] == b[5]
+
+
+def test_mpwatch_reads_both_the_same(tmp_path, read_events):
+    import mpwatch
+
+    _write(str(tmp_path / "tb"), use_tensorflow=False)
+    scalars, records = read_events(str(tmp_path / "tb"))
+    assert scalars[contract.TRAIN_LOSS][0] == (1, 0.5)
+    assert records["notice"] == [(3, {"part": "probe", "level": "info", "message": "é ok"})]
+    run = mpwatch.load_run(str(tmp_path / "tb"))
+    scale = run.scalar(contract.LOSS_SCALE)
+    assert scale.index.tolist() == [1, 2, 3] and scale.tolist() == [32768.0, 16384.0, 16384.0]
+    assert run.grad_variables["variable"].tolist() == [f"layer_{i}/kernel" for i in range(3)]
