@@ -721,6 +721,19 @@ class ProbeMonitor(RecordingCallback):
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
+        from mpwatch.record import backend
+
+        if backend.name() != backend.TENSORFLOW:
+            self._failed.add(self.part)  # the probe's hooks stop here; the other parts go on
+            self._notice(
+                self.part,
+                "warning",
+                f"the float32-reference probe runs on Keras' TensorFlow backend only for now: on "
+                f"the {backend.name()} backend gradient underflow against float32, per-layer "
+                "errors and the loss-scale sweep are not measured (gradient health, the subnormal "
+                "share of the scaled gradients, still is)",
+            )
+            return
         if self.probe is None or self.probe.model is not self.model:
             self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
         if self._data is None and self.probe_data is not None:

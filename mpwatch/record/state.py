@@ -222,6 +222,10 @@ class Tap:
     def set_step(self, step: int) -> None:
         self.step.assign(int(step))
 
+    def current_step(self) -> int:
+        """The step of the last batch the tap wrote."""
+        return int(self.step.numpy())
+
     # --- in the graph ------------------------------------------------------------------------
     def _apply(self, grads: Any, trainable_variables: Any) -> Any:
         grads = list(grads)
@@ -469,13 +473,20 @@ class ModelState:
         if tap is not None:
             self._sync_step()
             tap.uninstall()
-        self.tap = Tap(self._model, spe, grad_every, self.step)
+        from mpwatch.record import backend
+
+        if backend.name() == backend.JAX:
+            from mpwatch.record.jax_tap import JaxTap
+
+            self.tap = JaxTap(self._model, spe, grad_every, self.step)
+        else:
+            self.tap = Tap(self._model, spe, grad_every, self.step)
         self.tap.rebuild = self.rebuild
         self.tap.install()
 
     def _sync_step(self) -> None:
         if self.tap is not None:
-            self.step = int(self.tap.step.numpy())
+            self.step = self.tap.current_step()
 
     def collect(self, user: object, keras_batches: int = 1) -> Collected:
         """The batches since the last read. Every user calls this once per on_train_batch_end; the

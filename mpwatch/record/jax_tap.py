@@ -1,0 +1,281 @@
+"""The in-graph tap on Keras' JAX backend: the same per-batch facts as the TensorFlow tap
+(:class:`mpwatch.record.state.Tap`), from inside the jitted train step.
+
+Under JAX, Keras' train step is a pure function of its state ``(trainable, non_trainable,
+optimizer, metrics)`` variables, jitted with the state donated; it reaches the optimizer through
+``optimizer.stateless_apply(optimizer_variables, grads, trainable_variables)``. The tap:
+
+- **carries its ring buffers in the state**, appended to the *optimizer_variables* list of the
+  state Keras builds (``model._get_jax_state`` is wrapped on the model instance). They are not
+  optimizer variables: ``optimizer.variables`` (what checkpoints save) is unchanged, and Keras'
+  ``jax_state_sync`` zips ``optimizer.variables`` with the state, so it never sees them. The
+  buffers leave every train-function call as outputs (device arrays; no host transfer) and come
+  back as the next call's inputs, like the optimizer's own ``iterations``;
+- **wraps** ``optimizer.stateless_apply`` on the instance: it takes its buffers off the end of the
+  list, calls the real one, and from the values before and after it writes into the ring slot of
+  this batch: the loss scale after the step, the scale the gradients were scaled with, whether the
+  update was skipped (``iterations`` did not advance), and every ``grad_every`` steps the
+  per-variable gradient counts (:func:`mpwatch.record.stats.jax_counts_table`);
+- is **read on the host** from ``model._jax_state``, which Keras sets after every train-function
+  call: ``count`` only grows (the host cannot reset device state it does not feed back), so the
+  batches since the last read are ``count - last count``.
+
+With ``steps_per_execution > 1`` Keras runs several train steps in one call, each through
+``stateless_apply``, so each batch has its slot (the ring holds ``steps_per_execution`` of them).
+A ``keras.distribution`` is not supported by the tap (its state shardings are fixed per variable):
+there the tap stops with a notice and the steps are counted from Keras' batch numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from mpwatch.record import stats
+from mpwatch.record.state import Collected, loss_scale_optimizer
+
+logger = logging.getLogger("mpwatch")
+
+_BUFFERS = ("count", "scale", "scale_used", "skipped", "valid", "counts")
+
+
+def _index_of(items: list[Any], target: Any) -> int | None:
+    """Position of ``target`` in ``items`` by identity (Keras variables compare elementwise)."""
+    for i, item in enumerate(items):
+        if item is target:
+            return i
+    return None
+
+
+class JaxTap:
+    """The JAX backend's tap; the interface :class:`~mpwatch.record.state.ModelState` uses is
+    that of the TensorFlow :class:`~mpwatch.record.state.Tap` (``install``, ``uninstall``,
+    ``read``, ``set_step``, ``current_step``). See the module docstring."""
+
+    def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:
+        self.model = model
+        self.optimizer = model.optimizer
+        self.lso = loss_scale_optimizer(self.optimizer)
+        self.capacity = max(1, int(capacity))
+        self.grad_every = grad_every
+        self.failed: str | None = None
+        self.variable_names: list[str] = []
+        self.rebuild = True
+        self._step = int(start_step)  # the batch step of the last batch read
+        self._install_step = int(start_step)  # the step before the first batch written (count 0)
+        self._read_count = 0
+        self._values: list[Any] | None = None  # the buffers' latest values (device arrays)
+        self._num_vars: int | None = None
+        self._installed = False
+
+    # --- the buffers --------------------------------------------------------------------------
+    def _initial_values(self) -> list[Any]:
+        import jax.numpy as jnp
+
+        cap, nv = self.capacity, self._num_vars or 0
+        return [
+            jnp.zeros((), jnp.int32),  # count: batches ever written
+            jnp.zeros((cap,), jnp.float32),  # scale after the step
+            jnp.zeros((cap,), jnp.float32),  # scale used
+            jnp.zeros((cap,), jnp.float32),  # skipped
+            jnp.zeros((cap,), jnp.float32),  # valid: counts computed at this slot's step
+            jnp.zeros((cap, nv, stats.NUM_COUNTS), jnp.float32),  # gradient counts
+        ]
+
+    # --- installation -------------------------------------------------------------------------
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    def install(self) -> None:
+        import keras
+
+        if keras.distribution.distribution() is not None:
+            self.failed = "the tap does not support keras.distribution yet"
+            self._installed = True  # nothing wrapped: the steps are counted from Keras' batches
+            logger.warning(
+                "mpwatch: %s; loss scale and skipped steps are not recorded", self.failed
+            )
+            return
+        model, opt = self.model, self.optimizer
+        if not hasattr(model, "_get_jax_state") or not hasattr(opt, "stateless_apply"):
+            self.failed = "this Keras version has no _get_jax_state/stateless_apply to tap"
+            self._installed = True
+            return
+        if not opt.built and model.built and model.trainable_variables:
+            opt.build(model.trainable_variables)
+        tvs = list(model.trainable_variables)
+        self._num_vars = len(tvs) if self.grad_every else 0
+        self.variable_names = [getattr(v, "path", None) or v.name for v in tvs]
+        self._values = self._initial_values()
+        self._read_count = 0
+        orig_state, orig_apply = model._get_jax_state, opt.stateless_apply
+        tap = self
+
+        def get_jax_state(*args: Any, **kwargs: Any) -> Any:
+            state = orig_state(*args, **kwargs)
+            return tap._extend_state(state, args, kwargs)
+
+        def stateless_apply(optimizer_variables: Any, grads: Any, trainable_variables: Any) -> Any:
+            return tap._apply(orig_apply, optimizer_variables, grads, trainable_variables)
+
+        get_jax_state._mpwatch_tap = True  # type: ignore[attr-defined]
+        stateless_apply._mpwatch_tap = True  # type: ignore[attr-defined]
+        object.__setattr__(model, "_get_jax_state", get_jax_state)
+        object.__setattr__(opt, "stateless_apply", stateless_apply)
+        self._installed = True
+        if self.rebuild:
+            model.make_train_function(force=True)
+            # the state Keras feeds the next call was built without the buffers: write it back
+            # to the variables, then have Keras build it again (with them)
+            model.jax_state_sync()
+            model._jax_state_synced = True
+
+    def uninstall(self) -> None:
+        if not self._installed:
+            return
+        model, opt = self.model, self.optimizer
+        for obj, attr in ((model, "_get_jax_state"), (opt, "stateless_apply")):
+            if getattr(obj.__dict__.get(attr), "_mpwatch_tap", False):
+                object.__delattr__(obj, attr)
+        self._installed = False
+        if self.rebuild:
+            model.train_function = None  # a later fit traces a clean one
+
+    def set_step(self, step: int) -> None:
+        self._step = int(step)
+
+    def current_step(self) -> int:
+        return self._step
+
+    # --- in the jitted step ---------------------------------------------------------------------
+    def _extend_state(self, state: tuple, args: tuple, kwargs: dict) -> tuple:
+        names = ("trainable_variables", "non_trainable_variables", "optimizer_variables")
+        flags = [kwargs.get(n, args[i] if i < len(args) else False) for i, n in enumerate(names)]
+        if not flags[2] or self._values is None:
+            return state
+        i = int(bool(flags[0])) + int(bool(flags[1]))
+        state = list(state)
+        state[i] = list(state[i]) + list(self._values)
+        return tuple(state)
+
+    def _apply(
+        self, orig: Any, optimizer_variables: Any, grads: Any, trainable_variables: Any
+    ) -> Any:
+        k = len(_BUFFERS)
+        n_opt = len(self.optimizer.variables)
+        optimizer_variables = list(optimizer_variables)
+        if self.failed is not None or len(optimizer_variables) != n_opt + k:
+            return orig(optimizer_variables[:n_opt], grads, trainable_variables)
+        theirs, ours = optimizer_variables[:n_opt], optimizer_variables[n_opt:]
+        try:
+            before = self._before(theirs, grads)
+        except Exception as e:  # noqa: BLE001  (never lose training to mpwatch)
+            self._fail(f"could not trace the gradient tap: {e!r}")
+            new_tvs, new_theirs = orig(theirs, grads, trainable_variables)
+            return new_tvs, list(new_theirs) + list(ours)
+        new_tvs, new_theirs = orig(theirs, grads, trainable_variables)
+        try:
+            ours = self._after(before, list(new_theirs), ours)
+        except Exception as e:  # noqa: BLE001
+            self._fail(f"could not trace the gradient tap: {e!r}")
+        return new_tvs, list(new_theirs) + list(ours)
+
+    def _fail(self, message: str) -> None:
+        if self.failed is None:
+            self.failed = message
+            logger.error("mpwatch: %s; loss scale, skipped steps and gradient health stop", message)
+
+    def _before(self, theirs: list[Any], grads: Any) -> dict[str, Any]:
+        import jax.numpy as jnp
+
+        variables = list(self.optimizer.variables)
+        self._it = _index_of(variables, self.optimizer.iterations)
+        self._scale = _index_of(variables, self.lso.dynamic_scale) if self.lso is not None else None
+        pre: dict[str, Any] = {"it": theirs[self._it]}
+        one = jnp.ones((), jnp.float32)
+        pre["scale_used"] = (
+            theirs[self._scale].astype(jnp.float32) if self._scale is not None else one
+        )
+        grads = list(grads)
+        if self.grad_every and len(grads) == self._num_vars:
+            pre["grads"] = grads
+        elif self.grad_every:
+            raise ValueError(
+                f"the optimizer got {len(grads)} gradients for {self._num_vars} trainable variables"
+            )
+        return pre
+
+    def _after(self, pre: dict[str, Any], new_theirs: list[Any], ours: list[Any]) -> list[Any]:
+        import jax
+        import jax.numpy as jnp
+
+        count, scale, scale_used, skipped, valid, counts = ours
+        slot = jnp.mod(count, self.capacity)
+        skip = jnp.equal(new_theirs[self._it], pre["it"]).astype(jnp.float32)
+        after = (
+            new_theirs[self._scale].astype(jnp.float32)
+            if self._scale is not None
+            else jnp.ones((), jnp.float32)
+        )
+        scale = scale.at[slot].set(after)
+        scale_used = scale_used.at[slot].set(pre["scale_used"])
+        skipped = skipped.at[slot].set(skip)
+        if "grads" in pre:
+            step_next = self._install_step + count + 1  # this batch's step
+            do = jnp.equal(jnp.mod(step_next, self.grad_every), 0)
+            grads = pre["grads"]
+            table = jax.lax.cond(
+                do,
+                lambda g: stats.jax_counts_table(g, jnp.minimum(count, 0)),
+                lambda g: jnp.zeros((len(g), stats.NUM_COUNTS), jnp.float32),
+                grads,
+            )
+            counts = counts.at[slot].set(table)
+            valid = valid.at[slot].set(do.astype(jnp.float32))
+        return [count + 1, scale, scale_used, skipped, valid, counts]
+
+    # --- on the host --------------------------------------------------------------------------
+    def _latest(self) -> list[Any] | None:
+        state = getattr(self.model, "_jax_state", None)
+        if state and state.get("optimizer_variables") is not None:
+            ov = state["optimizer_variables"]
+            if len(ov) == len(self.optimizer.variables) + len(_BUFFERS):
+                self._values = list(ov[-len(_BUFFERS) :])
+        return self._values
+
+    def read(self) -> Collected:
+        values = self._latest()
+        if values is None:
+            return Collected(steps=[])
+        count, scale, scale_used, skipped, valid, counts = (np.asarray(v) for v in values)
+        n = int(count) - self._read_count
+        self._read_count = int(count)
+        steps = list(range(self._step + 1, self._step + n + 1))
+        self._step += n
+        if n > self.capacity:
+            logger.warning(
+                "mpwatch: %d batches since the last read, only the last %d are kept",
+                n,
+                self.capacity,
+            )
+        first_kept = max(0, n - self.capacity)
+        # the batch written as number c (0-based, ever) went into slot c % capacity
+        written = [int(count) - n + k for k in range(first_kept, n)]
+        slots = [c % self.capacity for c in written]
+        kept = steps[first_kept:]
+        out = Collected(steps=steps)
+        if self.lso is not None and self.failed is None:
+            out.loss_scale = np.full(n, np.nan, np.float32)
+            out.scale_used = np.full(n, np.nan, np.float32)
+            out.skipped = np.full(n, np.nan, np.float32)
+            out.loss_scale[first_kept:] = scale[slots]
+            out.scale_used[first_kept:] = scale_used[slots]
+            out.skipped[first_kept:] = skipped[slots]
+        if self.grad_every and self.failed is None:
+            for s, slot in zip(kept, slots):
+                if valid[slot] > 0:
+                    out.grad_counts[s] = counts[slot].astype(np.float64)
+        return out
