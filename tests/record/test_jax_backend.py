@@ -106,3 +106,20 @@ def test_the_diagnosis_names_the_float16_softmax(jax_runs, read_events):
     assert len(probe_notices) == 1 and "TensorFlow backend only" in probe_notices[0]["message"]
     assert not [n for n in run.notices if n["level"] == "error" and n["part"] != "profile"]
     assert np.isfinite(run.scalar(contract.TRAIN_LOSS)).all()
+
+
+def test_an_unsupported_backend_is_refused_before_training(monkeypatch, tmp_path):
+    """Keras' torch (or numpy) backend: a clear error at on_train_begin, nothing written."""
+    import keras
+
+    import mpwatch
+    from mpwatch.record import backend
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    monitor = mpwatch.MixedPrecisionMonitor(str(tmp_path / "run"))
+    monitor.set_model(model)
+    monkeypatch.setattr(backend, "name", lambda: "torch")
+    with pytest.raises(backend.UnsupportedBackendError, match="'torch' backend is not supported"):
+        monitor.on_train_begin()
+    assert not list((tmp_path / "run").glob("events.*"))
