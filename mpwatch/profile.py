@@ -52,6 +52,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ from typing import Any
 
 import pandas as pd
 
-from mpwatch import contract
+from mpwatch import contract, xplane
 from mpwatch.formats import FLOAT32_INSIDE, is_16bit
 from mpwatch.kernels import PRECISIONS, SIXTEEN_BIT_PRECISIONS, classify
 from mpwatch.layers import layer_path, sublayers
@@ -83,12 +84,13 @@ AMP_FLOAT32_OPS = frozenset(
     }
 )
 
-CAST_OPS = frozenset({"Cast"})
+CAST_OPS = frozenset({"Cast", "convert_element_type"})  # TensorFlow's, JAX's
 # Op types that never compute in the layer's dtype: variables are float32, input pipeline is host
 # code.
 ALWAYS_32BIT_OPS = frozenset(
     {
         "Cast",
+        "convert_element_type",
         "ReadVariableOp",
         "AssignVariableOp",
         "AssignAddVariableOp",
@@ -191,18 +193,12 @@ def convert(traces: Sequence[str], tool: str = TOOL) -> Any:
 
 
 def _unreadable(traces: Sequence[str]) -> str | None:
-    """Why a trace is no XSpace at all (None when it parses, or when that cannot be checked)."""
-    try:
-        from google.protobuf.message import DecodeError
-        from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    except ImportError:
-        return None
+    """Why a trace is no XSpace at all (None when it parses). Read with :mod:`mpwatch.xplane`, so
+    no TensorFlow is imported."""
     for path in traces:
-        space = xplane_pb2.XSpace()
         try:
-            with open(path, "rb") as f:
-                space.ParseFromString(f.read())
-        except (DecodeError, OSError) as e:
+            space = xplane.read_xspace(path, planes=lambda name: False)
+        except (xplane.XSpaceError, OSError) as e:
             return f"{path} is not a readable profiler trace (XSpace): {e}"
         if not space.planes:
             return f"{path} is not a profiler trace: it holds no planes"
@@ -437,6 +433,49 @@ def attribute_ops(op_names: Iterable[str], root: LayerInfo) -> dict[str, LayerIn
     return out
 
 
+def attribute_jax_ops(op_names: Iterable[str], root: LayerInfo) -> dict[str, LayerInfo | None]:
+    """For each JAX op name, the deepest layer of ``root`` its scopes name (None: outside every
+    layer): ``jit(train_step)/jvp(block)/jvp(dense)/dot_general`` walks ``block`` then its child
+    ``dense``; a scope that is no child of the layer reached so far is taken by its name when one
+    layer of the model alone has that name (JAX may leave a container's scope out).
+
+    >>> root = LayerInfo("m", "m", "Functional", "float32", children=[
+    ...     LayerInfo("conv2d", "m/conv2d", "Conv2D", "float16")])
+    >>> {k: v.path if v else None for k, v in attribute_jax_ops(
+    ...     ["jit(train_step)/transpose(jvp(conv2d))/conv_general_dilated",
+    ...      "jit(train_step)/jvp(compile_loss)/log"], root).items()}
+    {'jit(train_step)/transpose(jvp(conv2d))/conv_general_dilated': 'm/conv2d', \
+'jit(train_step)/jvp(compile_loss)/log': None}
+    """
+    infos = list(iter_layers(root))
+    count: dict[str, int] = {}
+    for info in infos:
+        count[info.name] = count.get(info.name, 0) + 1
+    unique = {info.name: info for info in infos if count[info.name] == 1}
+    out: dict[str, LayerInfo | None] = {}
+    for name in dict.fromkeys(op_names):
+        node, found = root, None
+        for scope, _, _ in jax_scopes(name):
+            child = next((c for c in node.children if c.name == scope), None)
+            if child is None:
+                child = unique.get(scope)
+            if child is not None:
+                node = found = child
+        out[name] = found
+    return out
+
+
+def attribute_any_ops(op_names: Iterable[str], root: LayerInfo) -> dict[str, LayerInfo | None]:
+    """:func:`attribute_ops` for TensorFlow op names, :func:`attribute_jax_ops` for JAX ones."""
+    names = list(dict.fromkeys(op_names))
+    jax_names = [n for n in names if is_jax_op_name(n)]
+    if not jax_names:
+        return attribute_ops(names, root)
+    out = attribute_ops([n for n in names if not is_jax_op_name(n)], root)
+    out.update(attribute_jax_ops(jax_names, root))
+    return out
+
+
 # --- the join ------------------------------------------------------------------------------------
 @dataclass
 class ProfileResult:
@@ -531,9 +570,11 @@ def layer_time(
     model: Any,
     dtype_overrides: Mapping[str, str] | None = None,
 ) -> ProfileResult:
-    """Join an :func:`op_table` to a model's layers.
+    """Join an :func:`op_table` (or an :func:`xla_op_table`) to a model's layers.
 
-    ``model`` is a Keras model or a :class:`LayerInfo` tree from :func:`describe_model`.
+    ``model`` is a Keras model or a :class:`LayerInfo` tree from :func:`describe_model` (None: no
+    layers, every op unattributed). TensorFlow op names join by scope (:func:`attribute_ops`), JAX
+    op names by their layer scopes (:func:`attribute_jax_ops`).
     ``dtype_overrides`` maps layer paths to the dtype they really compute in, where the caller knows
     better (e.g. the ``effective_dtype`` of mpwatch's layer table).
 
@@ -545,14 +586,17 @@ def layer_time(
     get a row only for ops of their own (their layers have rows). Every op lands in exactly one
     layer or in the unattributed time, so ``layers.time_us.sum() + unattributed_us == total_us``.
     """
-    root = model if isinstance(model, LayerInfo) else describe_model(model)
+    if model is None:  # no model: no layer to join to (every op unattributed)
+        root = LayerInfo(name="", path="", cls="", compute_dtype="unknown")
+    else:
+        root = model if isinstance(model, LayerInfo) else describe_model(model)
     if dtype_overrides:
         for info in iter_layers(root):
             if info.path in dtype_overrides:
                 info.compute_dtype = str(dtype_overrides[info.path])
                 info.dtype_given = True
     ops = ops.copy()
-    owner = attribute_ops(ops["op_name"], root)
+    owner = attribute_any_ops(ops["op_name"], root)
     layer_of = ops["op_name"].map(owner)
     ops["layer"] = layer_of.map(lambda li: li.path if li is not None else None)
     ops["bits"] = [op_bits(t, li) for t, li in zip(ops["op_type"], layer_of)]
@@ -619,16 +663,253 @@ def layer_time(
     )
 
 
+# --- XLA: op names from the trace's HLO metadata -------------------------------------------------
+#: op names xprof gives kernels it could not map to a framework op (XLA launched them from a CUDA
+#: graph, or outside any op)
+_NO_OP_NAMES = frozenset({"", "XlaModule", "XlaModule:"})
+_NON_WORD = re.compile(r"[^A-Za-z0-9_]")
+
+
+class HloIndex:
+    """HLO instructions of the traces' compiled programs, by name: the framework op each came from.
+
+    Built from the metadata plane of each trace (:func:`mpwatch.xplane.hlo_ops`). An instruction's
+    op name is its own metadata's; a fusion without one takes its fused instructions' op name when
+    they all have the same. Where several programs (or instructions whose names differ only in
+    punctuation) give different op names, the name is left empty: never guessed.
+    """
+
+    def __init__(self, programs: Mapping[str, Mapping[str, xplane.HloOp]]) -> None:
+        self.programs = {str(k): dict(v) for k, v in programs.items()}
+        self._by_base: dict[str, list[str]] = {}
+        for key in self.programs:
+            self._by_base.setdefault(xplane.module_base(key), []).append(key)
+        self._kernel_names: dict[str, dict[str, list[xplane.HloOp]]] = {}
+
+    @classmethod
+    def of_traces(cls, traces: Sequence[str], planes: Any = None) -> tuple[HloIndex, list[Any]]:
+        """``(index, spaces)`` of traces (spaces: the decoded :class:`mpwatch.xplane.XSpace` s)."""
+        spaces = [xplane.read_xspace(t, planes) for t in traces]
+        programs: dict[str, dict[str, xplane.HloOp]] = {}
+        for space in spaces:
+            programs.update(xplane.hlo_ops(space))
+        return cls(programs), spaces
+
+    def __bool__(self) -> bool:
+        return bool(self.programs)
+
+    @staticmethod
+    def own_op_name(op: xplane.HloOp) -> str:
+        """The op name an instruction stands for (its own, else its fused ops' common one)."""
+        if op.op_name:
+            return op.op_name
+        fused = set(op.fused_op_names)
+        return next(iter(fused)) if len(fused) == 1 else ""
+
+    def _candidates(self, module: str) -> list[str]:
+        if module in self.programs:
+            return [module]
+        return self._by_base.get(xplane.module_base(module), [])
+
+    def op_name(self, module: str, instruction: str) -> tuple[str, str]:
+        """``(op name, HLO opcode)`` of an instruction of a program (``""`` where unknown);
+        ``module`` with or without its program id."""
+        names, codes = set(), set()
+        for key in self._candidates(module):
+            op = self.programs[key].get(instruction)
+            if op is not None:
+                names.add(self.own_op_name(op))
+                codes.add(op.opcode)
+        name = next(iter(names)) if len(names) == 1 else ""
+        return name, next(iter(codes)) if len(codes) == 1 else ""
+
+    def kernel_op_name(self, kernel_name: str, modules: Iterable[str] = ()) -> str:
+        """The op name of a GPU kernel XLA named after its HLO instruction
+        (``input_reduce_fusion_4`` for ``input_reduce_fusion.4``), searched in ``modules`` (the
+        programs the device plane ran it in) or in every program; ``""`` when unknown or
+        ambiguous."""
+        keys = [k for m in modules for k in self._candidates(m)] or list(self.programs)
+        names = set()
+        for key in dict.fromkeys(keys):
+            table = self._kernel_names.get(key)
+            if table is None:
+                table = {}
+                for op in self.programs[key].values():
+                    table.setdefault(_NON_WORD.sub("_", op.name), []).append(op)
+                self._kernel_names[key] = table
+            for op in table.get(_NON_WORD.sub("_", kernel_name), []):
+                names.add(self.own_op_name(op))
+        return next(iter(names)) if len(names) == 1 else ""
+
+
+def xla_op_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
+    """The op table of a trace of XLA's CPU runtime (``jax.profiler`` on a CPU), where xprof's
+    ``framework_op_stats`` has no rows: one row per framework op, from the host plane's events
+    that carry ``hlo_module``/``hlo_op`` stats, their op names from the trace's HLO metadata
+    (:class:`HloIndex`).
+
+    Columns as :func:`op_table` (:data:`OP_COLUMNS`); ``op_type`` is the op name's last component
+    (the JAX primitive: ``conv_general_dilated``, ``dot_general``, ``convert_element_type``), or
+    the HLO opcode where the metadata names no op (then ``op_name`` is ``<program>/<instruction>``).
+    ``self_time_us`` leaves out HLO events nested inside (a conditional's branches).
+    ``df.attrs["side"]`` is ``"host"``, ``df.attrs["source"]`` ``"xla_host"``. Raises
+    :class:`ProfileError` when the trace holds no XLA op.
+    """
+    traces = list(path) if isinstance(path, (list, tuple)) else find_traces(path)
+    try:
+        index, spaces = HloIndex.of_traces(traces, xplane.metadata_and_host)
+    except (xplane.XSpaceError, OSError) as e:
+        raise ProfileError(f"{traces[0]} is not a readable profiler trace (XSpace): {e}") from e
+    rows: dict[tuple[str, str], list[float]] = {}
+    for space in spaces:
+        for ev in xplane.xla_host_events(space):
+            op_name, opcode = index.op_name(ev.module, ev.hlo_op)
+            if op_name:
+                op_type = _split_top(op_name)[-1] or opcode or ev.hlo_op
+            else:
+                op_name = f"{xplane.module_base(ev.module)}/{ev.hlo_op}"
+                op_type = opcode or ev.hlo_op
+            row = rows.setdefault((op_name, op_type), [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += ev.duration_ps / 1e6
+            row[2] += ev.self_ps / 1e6
+    if not rows:
+        raise ProfileError(
+            f"the trace {traces[0]} holds no XLA ops (no host events with hlo_op stats): was the "
+            "profiler started and stopped around training steps?"
+        )
+    df = pd.DataFrame(
+        [
+            ("Host", op_type, op_name, int(n), total, own, "XLA")
+            for (op_name, op_type), (n, total, own) in rows.items()
+        ],
+        columns=OP_COLUMNS,
+    )
+    df = df.sort_values("self_time_us", ascending=False, kind="stable").reset_index(drop=True)
+    df.attrs["side"] = "host"
+    df.attrs["source"] = "xla_host"
+    df.attrs["traces"] = traces
+    return df
+
+
+#: where the op table of :func:`summarize` comes from
+OP_SOURCES = ("framework", "xla", "auto")
+
+
+def trace_ops(traces: Sequence[str], ops: str = "framework") -> pd.DataFrame:
+    """The op table of a trace: ``"framework"`` xprof's (:func:`op_table`: TensorFlow's ops),
+    ``"xla"`` XLA's host ops (:func:`xla_op_table`: JAX on a CPU), ``"auto"`` xprof's, else XLA's
+    when xprof's has none (the first error is raised when neither has ops)."""
+    if ops not in OP_SOURCES:
+        raise ValueError(f"ops must be one of {OP_SOURCES}, not {ops!r}")
+    if ops == "xla":
+        return xla_op_table(traces)
+    try:
+        return op_table(traces)
+    except ProfileError:
+        if ops == "framework":
+            raise
+        first = sys.exc_info()[1]
+    try:
+        return xla_op_table(traces)
+    except ProfileError:
+        raise first from None
+
+
 def summarize(
     trace: str | os.PathLike,
     model: Any,
     steps: Sequence[int] | None = None,
     dtype_overrides: Mapping[str, str] | None = None,
+    ops: str = "framework",
+    dims: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """Trace (file, run directory or logdir) + model → the ``profile`` record payload."""
+    """Trace (file, run directory or logdir) + model → the ``profile`` record payload.
+
+    The op part (``layers``, ``op_types``, ``share_16bit``, ``cast_us``...: :func:`layer_time`)
+    comes from :func:`trace_ops` (``ops``). When the trace has GPU kernels, the kernel part is
+    added (:meth:`KernelProfile.record_fields`: ``kernel_summary``, ``kernel_layers``,
+    ``kernels``; ``dims``: layer name or path -> its Tensor Core dimensions) and ``source`` is
+    ``"device_kernels"``: precision and Tensor Core use per layer are then what the GPU ran.
+    Otherwise ``source`` is ``"host_ops"`` (CPU: precision from the layer's dtype) or
+    ``"device_ops"``. ``model`` None: no layer join for the op part (``share_16bit`` NaN: the ops'
+    precision is unknown), the kernel part joins JAX scopes by name.
+    """
     traces = find_traces(trace)
-    result = layer_time(op_table(traces), model, dtype_overrides)
-    return result.payload(steps=steps, trace_dir=os.path.dirname(traces[0]))
+    trace_dir = os.path.dirname(traces[0])
+    kernels: KernelProfile | None = None
+    kernel_note = ""
+    try:
+        table = kernel_table(traces)
+        if len(table):
+            kernels = kernel_time(table, model, dims)
+    except ProfileError as e:
+        kernel_note = f"no GPU kernel figures: {e}"
+    try:
+        result = layer_time(trace_ops(traces, ops), model, dtype_overrides)
+        payload = result.payload(steps=steps, trace_dir=trace_dir)
+        if result.ops.attrs.get("source") == "xla_host":
+            payload["tool"] = "xla_host_events"
+            payload["bits_rule"] += (
+                "; ops from the XLA CPU runtime's events (op names from the trace's HLO metadata)"
+            )
+    except ProfileError:
+        if kernels is None:
+            raise
+        payload = _ops_part_from_kernels(kernels, steps, trace_dir)
+    if model is None:
+        payload["share_16bit"] = float("nan")
+        payload["bits_rule"] += "; no model given: the ops' precision is unknown"
+    if kernels is not None:
+        payload["source"] = "device_kernels"
+        payload.update(kernels.record_fields())
+        _trim_kernels(payload, kernels)
+    else:
+        payload["source"] = "device_ops" if payload.get("side") == "device" else "host_ops"
+        if kernel_note:
+            payload["kernel_note"] = kernel_note
+    return payload
+
+
+def _ops_part_from_kernels(
+    kernels: KernelProfile, steps: Sequence[int] | None, trace_dir: str
+) -> dict[str, Any]:
+    """The op part of a record when the trace has GPU kernels but no framework op table."""
+    s = kernels.summary
+    empty = layer_time(pd.DataFrame(columns=OP_COLUMNS), None)
+    payload = empty.payload(steps=steps, trace_dir=trace_dir)
+    payload.update(
+        device="GPU",
+        total_us=float(s["total_us"]),
+        unattributed_us=float(s["unattributed_us"]),
+        unattributed_by_category={},
+        cast_us=0.0,
+        cast_share=float("nan"),
+        share_16bit=float(s["share_16bit"]),
+        side="device",
+        tool=KERNEL_TOOL,
+        bits_rule="no framework op table in the trace: figures from the GPU kernels",
+    )
+    return payload
+
+
+def _trim_kernels(payload: dict[str, Any], kernels: KernelProfile) -> None:
+    """Keep the whole record under the size limit: the longest kernels stay (the summaries cover
+    every kernel; ``kernels_dropped`` says how many went)."""
+    table = kernels.kernel_rows()
+    keep = len(table)
+    while keep > 1 and len(contract.encode_payload(payload)) > contract.MAX_RECORD_BYTES * 0.9:
+        keep = keep // 2
+        payload["kernels"] = _split(table.head(keep))
+        payload["kernels_dropped"] = int(len(table) - keep)
+
+
+def _split(df: pd.DataFrame) -> dict[str, Any]:
+    """A DataFrame as a record table (NaN kept; JSON-safe values)."""
+    clean = df.astype(object).where(df.notna(), None)
+    return contract.json_safe(
+        contract.table(list(df.columns), clean.values.tolist()), nonfinite="keep"
+    )
 
 
 # --- GPU kernels: xprof's kernel_stats, classified by name, joined to layers ----------------------
@@ -637,6 +918,7 @@ KERNEL_TOOL = "kernel_stats"
 KERNEL_COLUMNS = [
     "kernel_name",
     "op_name",
+    "op_name_from",
     "total_duration_us",
     "occurrences",
     "avg_duration_us",
@@ -691,17 +973,23 @@ _JAX_MARK = re.compile(r"(?:^|/)(?:jit|pjit|xla_pmap|pmap)\(|(?:^|/)(?:transpose
 _WRAPPED = re.compile(r"^([A-Za-z_][\w.]*)\((.*)\)$", re.S)
 
 DIRECTIONS = ("forward", "backward", "unknown")
+#: JAX name scopes that hold no layer: Keras 3's trainer computes the loss under ``compile_loss``
+#: (inside ``jvp``, beside the layers)
+JAX_NON_LAYER_SCOPES = frozenset({"compile_loss"})
 
 
 def kernel_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
     """The GPU kernel table of a trace (xprof's ``kernel_stats`` tool): one row per kernel and op.
 
-    Columns (:data:`KERNEL_COLUMNS`): ``kernel_name, op_name, total_duration_us, occurrences,
-    avg_duration_us, min_duration_us, max_duration_us, xprof_tensor_core_eligible`` (xprof's "Op is
-    TensorCore eligible"), ``xprof_tensor_core`` (xprof's "Kernel uses TensorCore"), ``grid_dim,
-    block_dim, registers_per_thread, shmem_bytes, occupancy_pct``. Columns xprof does not give are
-    empty. A trace without GPU kernels gives an empty table. Like :func:`op_table` the converter
-    runs on a copy of the trace (it writes cache files beside its input).
+    Columns (:data:`KERNEL_COLUMNS`): ``kernel_name, op_name, op_name_from, total_duration_us,
+    occurrences, avg_duration_us, min_duration_us, max_duration_us, xprof_tensor_core_eligible``
+    (xprof's "Op is TensorCore eligible"), ``xprof_tensor_core`` (xprof's "Kernel uses
+    TensorCore"), ``grid_dim, block_dim, registers_per_thread, shmem_bytes, occupancy_pct``.
+    Columns xprof does not give are empty. ``op_name_from``: ``"xprof"``; ``"hlo"`` for kernels
+    xprof gave no op (``XlaModule``: XLA launched them from a CUDA graph) whose HLO instruction in
+    the trace's metadata names one (:class:`HloIndex`); ``""`` where neither does. A trace without
+    GPU kernels gives an empty table. Like :func:`op_table` the converter runs on a copy of the
+    trace (it writes cache files beside its input).
     """
     traces = list(path) if isinstance(path, (list, tuple)) else find_traces(path)
     data = convert(traces, KERNEL_TOOL)
@@ -727,10 +1015,35 @@ def kernel_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
         out[col] = out[col].fillna("").astype(str)
     for col in ("xprof_tensor_core_eligible", "xprof_tensor_core"):
         out[col] = out[col].map(_flag)
+    out["op_name_from"] = ["" if n in _NO_OP_NAMES else "xprof" for n in out["op_name"]]
+    if len(out) and out["op_name_from"].eq("").any():
+        _op_names_from_hlo(out, traces)
     out = out[KERNEL_COLUMNS]
     out.attrs["tool"] = KERNEL_TOOL
     out.attrs["trace"] = traces[0]
     return out
+
+
+def _op_names_from_hlo(table: pd.DataFrame, traces: Sequence[str]) -> None:
+    """Give kernels without an op name (xprof's ``XlaModule``: XLA launched them from a CUDA graph)
+    the op name of the HLO instruction they are named after (:class:`HloIndex`); ``op_name_from``
+    says ``"hlo"`` for those. A trace that cannot be decoded leaves the names as they are."""
+    try:
+        index, spaces = HloIndex.of_traces(traces, xplane.metadata_and_devices)
+    except (xplane.XSpaceError, OSError):
+        return
+    if not index:
+        return
+    modules: dict[str, dict[str, int]] = {}
+    for space in spaces:
+        for kernel, per in xplane.kernel_modules(space).items():
+            modules.setdefault(kernel, {}).update(per)
+    for i in table.index[table["op_name_from"].eq("")]:
+        kernel = str(table.at[i, "kernel_name"])
+        name = index.kernel_op_name(kernel, modules.get(kernel, {}))
+        if name:
+            table.at[i, "op_name"] = name
+            table.at[i, "op_name_from"] = "hlo"
 
 
 def _flag(value: Any) -> bool | None:
@@ -874,9 +1187,10 @@ def attribute_kernels(
 
     JAX names: the innermost scope that is a layer of ``model`` (a Keras model, a
     :class:`LayerInfo` tree or an iterable of layer names); without a model, the innermost scope
-    inside ``jvp``/``transpose`` (else the innermost scope). TensorFlow names: the scope matching of
-    :func:`attribute_ops` (needs a model tree). ``direction``: :func:`op_name_direction`, taken from
-    the layer's own scope for JAX names.
+    inside ``jvp``/``transpose`` (the model's forward and backward pass; the optimizer's scopes
+    are outside them), none under Keras' loss scope (:data:`JAX_NON_LAYER_SCOPES`). TensorFlow
+    names: the scope matching of :func:`attribute_ops` (needs a model tree). ``direction``:
+    :func:`op_name_direction`, taken from the layer's own scope for JAX names.
     """
     root, by_name, names = _layer_resolver(model)
     unique = list(dict.fromkeys(str(n) for n in op_names))
@@ -890,9 +1204,9 @@ def attribute_kernels(
             pick = None
             if names:
                 pick = next((s for s in reversed(scopes) if s[0] in names), None)
-            elif scopes:
+            elif scopes and not any(s[0] in JAX_NON_LAYER_SCOPES for s in scopes):
                 diff = [s for s in scopes if s[2]]
-                pick = (diff or scopes)[-1]
+                pick = diff[-1] if diff else None
             if pick is None:
                 out[n] = (None, None, direction)
                 continue
@@ -977,25 +1291,18 @@ def _time_block(df: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-LAYER_KERNEL_COLUMNS = [
-    "layer",
-    "time_us",
-    "forward_us",
-    "backward_us",
-    "share",
-    *[f"{p}_us" for p in PRECISIONS],
-    "tensor_core_us",
-    "tensor_core_share",
-    "tensor_core_unknown_us",
-    "xprof_tensor_core_us",
-    "eligible_us",
-    "eligible_not_tensor_core_us",
-    "eligible_tensor_core_unknown_us",
-    "kernels",
-    "path",
-    "class",
-    "compute_dtype",
-]
+#: columns of :attr:`KernelProfile.layers` (the record's ``kernel_layers`` table)
+LAYER_KERNEL_COLUMNS = list(contract.PROFILE_KERNEL_LAYER_COLUMNS)
+#: columns of the record's ``kernels`` table (the classified kernels, longest first)
+RECORD_KERNEL_COLUMNS = list(contract.PROFILE_KERNEL_COLUMNS)
+
+KERNEL_RULES = (
+    "precision and tensor_core from the kernel name (mpwatch.kernels; unknown when the name says "
+    "nothing); xprof's 'uses TensorCore' True counts as yes, False overrides nothing; eligible = "
+    "xprof's 'Op is TensorCore eligible' or a matmul/convolution op name; "
+    "eligible_not_tensor_core = eligible kernels that are float32 or CUDA-core "
+    "matmul/convolution kernels; op names xprof lacks (XlaModule) from the trace's HLO metadata"
+)
 
 
 @dataclass
@@ -1004,8 +1311,9 @@ class KernelProfile:
 
     ``kernels``: :func:`classify_kernels`' table. ``layers``: one row per layer that got device
     time (:data:`LAYER_KERNEL_COLUMNS`: time forward/backward, by precision, on Tensor Cores by
-    mpwatch's reading and by xprof's flag, eligible-but-not-Tensor-Core time). ``summary``: the run
-    totals and shares (see :func:`kernel_time`). ``payload()``: the JSON-able record.
+    mpwatch's reading and by xprof's flag, eligible-but-not-Tensor-Core time, the layer's Tensor
+    Core dimensions where known). ``summary``: the run totals and shares (see :func:`kernel_time`).
+    :meth:`record_fields`: the keys it adds to the ``profile`` record.
     """
 
     kernels: pd.DataFrame
@@ -1016,71 +1324,65 @@ class KernelProfile:
     def total_us(self) -> float:
         return float(self.summary.get("total_us", 0.0))
 
+    def kernel_rows(self) -> pd.DataFrame:
+        """The kernels as the record keeps them (:data:`RECORD_KERNEL_COLUMNS`), longest first."""
+        k = self.kernels.sort_values("total_duration_us", ascending=False, kind="stable")
+        out = pd.DataFrame(index=k.index)
+        for col in RECORD_KERNEL_COLUMNS:
+            out[col] = k[col] if col in k.columns else None
+        return out.reset_index(drop=True)
+
+    def record_fields(self) -> dict[str, Any]:
+        """The ``profile`` record's kernel keys: ``kernel_summary`` (the run's figures),
+        ``kernel_layers`` (per layer), ``kernels`` (every kernel, longest first),
+        ``kernels_dropped`` (0 here; :func:`summarize` trims a record over the size limit),
+        ``kernel_tool``, ``kernel_rules``, ``precisions``."""
+        return {
+            "kernel_summary": contract.json_safe(self.summary, nonfinite="keep"),
+            "kernel_layers": _split(self.layers[LAYER_KERNEL_COLUMNS]),
+            "kernels": _split(self.kernel_rows()),
+            "kernels_dropped": 0,
+            "kernel_tool": KERNEL_TOOL,
+            "kernel_rules": KERNEL_RULES,
+            "precisions": list(PRECISIONS),
+        }
+
     def payload(self, steps: Sequence[int] | None = None, trace_dir: str = "") -> dict[str, Any]:
-        """A JSON-able dict: the summary, the layer and kernel tables in the split layout.
-
-        The kernel table is trimmed (longest kernels kept; ``kernels_dropped`` says how many went)
-        so that the payload stays under the record size limit; the summary covers every kernel.
-        """
-
-        def split(df: pd.DataFrame) -> dict[str, Any]:
-            clean = df.astype(object).where(df.notna(), None)
-            return contract.json_safe(
-                contract.table(list(df.columns), clean.values.tolist()), nonfinite="keep"
-            )
-
-        kernel_cols = [
-            "kernel_name",
-            "op_name",
-            "layer",
-            "direction",
-            "total_duration_us",
-            "occurrences",
-            "precision",
-            "tensor_core",
-            "pattern",
-            "kind",
-            "evidence",
-            "eligible",
-            "eligible_not_tensor_core",
-            "xprof_tensor_core",
-            "xprof_tensor_core_eligible",
-            "grid_dim",
-            "block_dim",
-        ]
-        kernels = self.kernels.sort_values("total_duration_us", ascending=False, kind="stable")
-        kernels = kernels[[c for c in kernel_cols if c in kernels.columns]]
+        """:meth:`record_fields` with ``steps``, ``trace_dir`` and ``device``, trimmed to stay under
+        the record size limit (longest kernels kept; ``kernels_dropped`` says how many went)."""
         payload: dict[str, Any] = {
             "steps": [int(s) for s in steps] if steps else None,
-            "tool": KERNEL_TOOL,
             "device": "GPU",
             "trace_dir": trace_dir,
-            "summary": contract.json_safe(self.summary, nonfinite="keep"),
-            "layers": split(self.layers),
-            "kernels": split(kernels),
-            "kernels_dropped": 0,
-            "precisions": list(PRECISIONS),
-            "rules": (
-                "precision and tensor_core from the kernel name (mpwatch.kernels; unknown when the "
-                "name says nothing); xprof's 'uses TensorCore' True counts as yes, False overrides "
-                "nothing; eligible = xprof's 'Op is TensorCore eligible' or a matmul/convolution "
-                "op name; eligible_not_tensor_core = eligible kernels that are float32 or "
-                "CUDA-core matmul/convolution kernels"
-            ),
+            "source": "device_kernels",
+            **self.record_fields(),
         }
-        keep = len(kernels)
-        while keep > 1 and len(contract.encode_payload(payload)) > contract.MAX_RECORD_BYTES * 0.9:
-            keep = keep // 2
-            payload["kernels"] = split(kernels.head(keep))
-            payload["kernels_dropped"] = int(len(kernels) - keep)
+        _trim_kernels(payload, self)
         return payload
 
 
-def kernel_time(kernels: pd.DataFrame, model: Any = None) -> KernelProfile:
+def _dims_row(dims: Mapping[str, Mapping[str, int]] | None, path: str, layer: str) -> Any:
+    """``(tc_dims, tc_aligned)`` of a layer from ``dims`` (by path, else by name)."""
+    if not dims:
+        return None, None
+    got = dims.get(path) if path in dims else dims.get(layer)
+    if not got:
+        return None, None
+    clean = {str(k): int(v) for k, v in got.items()}
+    return clean, all(v % 8 == 0 for v in clean.values())
+
+
+def kernel_time(
+    kernels: pd.DataFrame,
+    model: Any = None,
+    dims: Mapping[str, Mapping[str, int]] | None = None,
+) -> KernelProfile:
     """Classify a :func:`kernel_table` and sum its device time per layer and for the run.
 
     ``model``: a Keras model, a :class:`LayerInfo` tree, an iterable of layer names, or None (JAX
-    scopes are then taken as they are; TensorFlow kernels stay unattributed).
+    scopes are then taken as they are; TensorFlow kernels stay unattributed). ``dims``: layer path
+    or name -> the dimensions that decide its Tensor Core use (``{"filters": 30, ...}``, as the
+    layers record's ``tc_dims``), for the ``tc_dims``/``tc_aligned`` columns (None where unknown).
 
     ``summary`` keys: ``total_us``, ``kernels`` (rows), ``by_precision_us`` and
     ``by_precision_share`` (every value of :data:`mpwatch.kernels.PRECISIONS`),
@@ -1090,8 +1392,9 @@ def kernel_time(kernels: pd.DataFrame, model: Any = None) -> KernelProfile:
     ``tensor_core_missed_by_xprof_share`` (mpwatch yes, xprof no: why the two differ),
     ``xprof_eligible_share``, ``eligible_share``, ``eligible_not_tensor_core_us`` and ``_share``,
     ``eligible_tensor_core_unknown_us``, ``attributed_us``, ``unattributed_us``, ``forward_us``,
-    ``backward_us``, ``direction_unknown_us``, ``unknown_kernels`` (names of the longest kernels
-    no pattern knows, up to 10).
+    ``backward_us``, ``direction_unknown_us``, ``op_name_from_hlo_us`` (time of kernels whose op
+    name came from the HLO metadata), ``unknown_kernels`` (names of the longest kernels no pattern
+    knows, up to 10).
     """
     df = classify_kernels(kernels, model)
     root, by_name, _ = _layer_resolver(model)
@@ -1105,6 +1408,8 @@ def kernel_time(kernels: pd.DataFrame, model: Any = None) -> KernelProfile:
         block = _time_block(group)
         path = str(group["path"].iloc[0])
         info = info_by_path.get(path) or by_name.get(str(layer))
+        path = info.path if info is not None else path
+        tc_dims, tc_aligned = _dims_row(dims, path, str(layer))
         rows.append(
             {
                 "layer": str(layer),
@@ -1112,9 +1417,11 @@ def kernel_time(kernels: pd.DataFrame, model: Any = None) -> KernelProfile:
                 "share": _share(block["time_us"], total),
                 "tensor_core_share": _share(block["tensor_core_us"], block["time_us"]),
                 "kernels": int(len(group)),
-                "path": info.path if info is not None else path,
+                "path": path,
                 "class": info.cls if info is not None else "",
                 "compute_dtype": info.compute_dtype if info is not None else "",
+                "tc_dims": tc_dims,
+                "tc_aligned": tc_aligned,
             }
         )
     layers = pd.DataFrame(rows, columns=LAYER_KERNEL_COLUMNS)
@@ -1154,6 +1461,9 @@ def kernel_time(kernels: pd.DataFrame, model: Any = None) -> KernelProfile:
         "forward_us": run["forward_us"],
         "backward_us": run["backward_us"],
         "direction_unknown_us": float(t[df["direction"].eq("unknown")].sum()),
+        "op_name_from_hlo_us": float(t[df["op_name_from"].eq("hlo")].sum())
+        if "op_name_from" in df
+        else 0.0,
         "unknown_kernels": [str(n) for n in no_pattern["kernel_name"].head(10)],
     }
     return KernelProfile(kernels=df, layers=layers, summary=summary)

@@ -36,7 +36,14 @@ ALLOWED = {
     "mpwatch.formats": (),
     "mpwatch.layers": (),
     "mpwatch.kernels": (),
-    "mpwatch.profile": ("mpwatch.contract", "mpwatch.formats", "mpwatch.kernels", "mpwatch.layers"),
+    "mpwatch.xplane": (),
+    "mpwatch.profile": (
+        "mpwatch.contract",
+        "mpwatch.formats",
+        "mpwatch.kernels",
+        "mpwatch.layers",
+        "mpwatch.xplane",
+    ),
     "tensorboard_plugin_mpwatch": (
         *SHARED,
         "mpwatch.read",
@@ -111,6 +118,7 @@ def test_the_stages_are_packages_of_their_own():
         "mpwatch.read",
         "mpwatch.record",
         "mpwatch.show",
+        "mpwatch.xplane",
     ]
 
 

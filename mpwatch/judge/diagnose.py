@@ -33,6 +33,7 @@ __all__ = [
     "one_per_layer",
     "fold_overflow_consequences",
     "fold_shared_advice",
+    "fold_tensor_core_use",
 ]
 
 
@@ -121,6 +122,42 @@ def fold_shared_advice(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+#: rules whose finding about a layer is the same cause as ``tensor-core-use``'s finding about it
+#: (the static dimension check, and the profile's float32-layer time)
+TENSOR_CORE_FOLDED = ("tensor-core-alignment", "profile")
+
+
+def fold_tensor_core_use(findings: list[Finding]) -> list[Finding]:
+    """A layer's ``tensor-core-use`` finding (its matrix math measured off the Tensor Cores) is the
+    head of the same run's and layer's :data:`TENSOR_CORE_FOLDED` findings: they become its
+    evidence (``"; also: ..."``, ``data["also"]``). A ``tensor-core-alignment`` finding about a
+    layer whose matrix math the profile shows on Tensor Cores (the summary's
+    ``data["matrix_math_on_tensor_cores_layers"]``) becomes info, with that measurement in its
+    evidence: the kernels ran on Tensor Cores with those dimensions."""
+    heads = {
+        (f.run, f.layer): f for f in findings if f.rule == "tensor-core-use" and f.layer
+    }
+    on_tc: dict[str | None, set[str]] = {}
+    for f in findings:
+        if f.rule == "tensor-core-use" and f.layer is None:
+            on_tc[f.run] = set(f.data.get("matrix_math_on_tensor_cores_layers") or [])
+    out = []
+    for f in findings:
+        head = heads.get((f.run, f.layer)) if f.layer else None
+        if head is not None and f.rule in TENSOR_CORE_FOLDED:
+            _absorb(head, f)
+            continue
+        if f.rule == "tensor-core-alignment" and f.layer and f.layer in on_tc.get(f.run, set()):
+            f.severity = "info"
+            f.evidence += (
+                "; the profile shows this layer's matrix multiplies/convolutions on Tensor Cores "
+                "with these dimensions (rounding them may still save padding work)"
+            )
+            f.data = {**f.data, "measured_on_tensor_cores": True}
+        out.append(f)
+    return out
+
+
 def _absorb(head: Finding, f: Finding) -> None:
     """``f`` becomes evidence of ``head``: its title (and what it had absorbed) in ``head``'s
     evidence, its rule (and theirs) in ``head.data["also"]``."""
@@ -135,14 +172,15 @@ def _absorb(head: Finding, f: Finding) -> None:
 
 def diagnose_run(run: Run) -> list[Finding]:
     """Every run-level rule on one Run, most severe first, one finding per cause
-    (:func:`one_per_layer`, :func:`fold_overflow_consequences`, :func:`fold_shared_advice`)."""
+    (:func:`one_per_layer`, :func:`fold_overflow_consequences`, :func:`fold_shared_advice`,
+    :func:`fold_tensor_core_use`)."""
     out: list[Finding] = []
     for rule in RUN_RULES:
         for f in rule.check(run):
             if f.run is None:
                 f.run = run.name
             out.append(f)
-    out = fold_shared_advice(fold_overflow_consequences(out))
+    out = fold_tensor_core_use(fold_shared_advice(fold_overflow_consequences(out)))
     return most_severe_first(one_per_layer(out))
 
 

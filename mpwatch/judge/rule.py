@@ -81,6 +81,10 @@ PUBLIC_REFERENCES = {
     "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/"
     "index.html": "NVIDIA Deep Learning Performance guide, Matrix Multiplication",
     "https://www.tensorflow.org/guide/profiler": "TensorFlow Profiler guide",
+    "https://github.com/openxla/xprof/blob/master/xprof/utils/kernel_stats_utils.cc": (
+        "openxla/xprof, kernel_stats_utils.cc"
+    ),
+    "https://github.com/tensorflow/tensorflow/issues/51812": "tensorflow/tensorflow#51812",
 }
 
 _HEADING = re.compile(r"^## (.+?)\s*$")

@@ -76,7 +76,10 @@ class Run:
             ``batch_size`` and ``batch_source``.
         histograms: probe step -> the probe's ``histogram`` dict.
         sweeps: ``step`` + the probe's ``sweep`` table columns.
-        profile: the latest ``profile`` record, or None.
+        profile: the latest ``profile`` record, or None. Its tables as DataFrames:
+            :attr:`profile_layers` (op time per layer), :attr:`profile_kernel_layers` and
+            :attr:`profile_kernel_table` (a GPU trace's kernels); :attr:`profile_kernels` (the
+            GPU kernel figures of the run), :attr:`profile_source` (where the figures come from).
         notices: every ``notice`` record, each with its ``step``.
         warnings: what the reader skipped, and why.
     """
@@ -217,6 +220,53 @@ class Run:
         out = pd.Series(np.round(rise).astype("int64"), index=total.index)
         return out[out > 0]
 
+    @property
+    def profile_source(self) -> str | None:
+        """Where the profile's per-layer precision and time come from (``contract.
+        PROFILE_SOURCES``): ``"device_kernels"`` (a GPU trace: what each kernel ran in, from its
+        name), ``"host_ops"`` (a CPU trace: ops counted in their layer's dtype), ``"device_ops"``
+        (device ops without kernels: older GPU records); None without a profile.
+
+        Example:
+            >>> Run(name=".", path="").profile_source is None
+            True
+        """
+        return contract.profile_source(self.profile)
+
+    @property
+    def profile_kernels(self) -> dict[str, Any] | None:
+        """A GPU trace's run-level kernel figures (the record's ``kernel_summary``: device time by
+        precision, ``tensor_core_share`` by mpwatch's reading of the kernel names beside xprof's
+        ``xprof_tensor_core_share``, ``unknown_share``, eligible time not on Tensor Cores, ...);
+        None on a CPU trace or without a profile.
+
+        Example:
+            >>> Run(name=".", path="").profile_kernels is None
+            True
+        """
+        prof = self.profile or {}
+        summary = prof.get("kernel_summary")
+        return dict(summary) if isinstance(summary, dict) else None
+
+    @property
+    def profile_kernel_layers(self) -> pd.DataFrame:
+        """A GPU trace's per-layer kernel figures (``contract.PROFILE_KERNEL_LAYER_COLUMNS``: time
+        forward and backward, by precision, on Tensor Cores, eligible but not on Tensor Cores, the
+        layer's Tensor Core dims), longest first; empty without one."""
+        return _profile_table(self.profile, "kernel_layers", contract.PROFILE_KERNEL_LAYER_COLUMNS)
+
+    @property
+    def profile_kernel_table(self) -> pd.DataFrame:
+        """A GPU trace's kernels, classified (``contract.PROFILE_KERNEL_COLUMNS``), longest first
+        (the record may leave the shortest out: ``profile["kernels_dropped"]``); empty without."""
+        return _profile_table(self.profile, "kernels", contract.PROFILE_KERNEL_COLUMNS)
+
+    @property
+    def profile_layers(self) -> pd.DataFrame:
+        """The profile's op time per layer (``contract.PROFILE_LAYER_COLUMNS``: 16- and 32-bit op
+        time, casts; on a CPU the host ops); empty without a profile."""
+        return _profile_table(self.profile, "layers", contract.PROFILE_LAYER_COLUMNS)
+
     def __repr__(self) -> str:  # the default would print every table
         return (
             f"Run(name={self.name!r}, path={self.path!r}, steps={len(self.scalars)}, "
@@ -266,6 +316,12 @@ def _marked_unreliable(value: Any) -> bool:
     """Whether a probe's ``reliable`` flag is False (numpy's too); None or NaN (not checked, or an
     older record) is not."""
     return isinstance(value, (bool, np.bool_)) and not bool(value)
+
+
+def _profile_table(profile: Mapping[str, Any] | None, key: str, columns: list[str]) -> pd.DataFrame:
+    """One table of a profile record as a DataFrame (empty, with ``columns``, when absent)."""
+    frame = _frame_of((profile or {}).get(key))
+    return frame if len(frame.columns) else pd.DataFrame(columns=list(columns))
 
 
 def _empty_scalars() -> pd.DataFrame:

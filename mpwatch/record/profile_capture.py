@@ -1,11 +1,25 @@
-"""ProfileMonitor: a ``tf.profiler`` trace over a few training steps, turned into per-layer time.
+"""ProfileMonitor: a profiler trace over a few training steps, turned into per-layer time.
 
-The trace is written where TensorBoard's Profile tab (tensorboard-plugin-profile / xprof) finds it,
-exactly as Keras' own TensorBoard callback does (``tf.profiler.experimental.start(log_dir)``):
-``<log_dir>/plugins/profile/<run>/<host>.xplane.pb``, so the Profile tab shows the run too. Then a
-copy of the trace is converted with xprof's converter (:mod:`mpwatch.profile`) and the result is
-written as a ``profile`` record (``contract.KIND_PROFILE``) at the mpwatch batch step of the last
-captured batch.
+The trace is written where TensorBoard's Profile tab (tensorboard-plugin-profile / xprof) finds it:
+``<log_dir>/plugins/profile/<run>/<host>.xplane.pb``, so the Profile tab shows the run too. On
+Keras' TensorFlow backend it is taken with ``tf.profiler.experimental.start(log_dir)``, exactly as
+Keras' own TensorBoard callback does; on the JAX backend with ``jax.profiler.start_trace(log_dir)``
+(which writes the same layout; no TensorFlow is imported). Then a copy of the trace is converted
+with xprof's converter (:mod:`mpwatch.profile`) and the result is written as a ``profile`` record
+(``contract.KIND_PROFILE``) at the mpwatch batch step of the last captured batch:
+
+- ops joined to layers: TensorFlow op scopes, or JAX op names (``jit(train_step)/jvp(conv2d)/...``
+  forward, ``.../transpose(jvp(conv2d))/...`` backward); on a CPU under JAX, where xprof's op table
+  is empty, XLA's own CPU op events with their op names from the trace's HLO metadata;
+- on a GPU, every kernel classified by its name (precision, Tensor Core use: ``mpwatch/kernels.py``)
+  and summed per layer and for the run, beside xprof's own Tensor Core flag (``source``
+  ``device_kernels``); the layers' Tensor Core dimensions ride along. On a CPU the record keeps the
+  host-side attribution (``source`` ``host_ops``).
+
+:func:`record_trace` does the same for a trace captured some other way (Keras' TensorBoard
+callback, ``jax.profiler`` by hand, a trace copied from a GPU machine), so that
+``mpwatch.load_run``, ``mpwatch diagnose`` and the tab see it; from a shell:
+``python -m mpwatch.record.profile_capture LOGDIR``.
 
 Cost: while the profiler runs, steps are slower (the tracer records every op); the conversion takes
 a fraction of a second for small models and a few seconds for large traces. Both happen once.
@@ -23,11 +37,13 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import glob
 import logging
 import os
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpwatch.record.base import RecordingCallback
@@ -36,6 +52,36 @@ logger = logging.getLogger("mpwatch")
 
 PART = "profile"
 DEFAULT_STEPS = (3, 5)  # batches 1-2 trace and warm up the train function
+
+
+def keras_backend() -> str:
+    """Keras' backend (``"tensorflow"``, ``"jax"``, ...); ``"tensorflow"`` when Keras says none."""
+    try:
+        import keras
+
+        return str(keras.backend.backend())
+    except Exception:  # noqa: BLE001 - no Keras: the TensorFlow profiler, as before
+        return "tensorflow"
+
+
+def layer_dims(model: Any) -> dict[str, dict[str, int]]:
+    """Layer path -> the dimensions that decide its Tensor Core use (the layers record's
+    ``tc_dims``), for every layer of ``model`` that has some."""
+    from mpwatch.layers import walk
+    from mpwatch.record.layer_dtypes import tc_dims
+
+    out: dict[str, dict[str, int]] = {}
+    try:
+        for layer, path, _ in walk(model):
+            try:
+                dims = tc_dims(layer)
+            except Exception:  # noqa: BLE001 - a layer whose attributes do not read: no dims
+                continue
+            if dims:
+                out[path] = dims
+    except Exception:  # noqa: BLE001 - dims are extra: never lose the record to them
+        return {}
+    return out
 
 
 def parse_steps(profile_steps: Any) -> tuple[int, int] | None:
@@ -127,6 +173,7 @@ class ProfileMonitor(RecordingCallback):
         self._pending: dict[str, Any] | None = None
         self._captured: list[int] = []
         self._t0 = 0.0
+        self._backend = "tensorflow"
         self.trace_dir: str | None = None
         self.result: dict[str, Any] | None = None
         self.error: str | None = None
@@ -147,6 +194,7 @@ class ProfileMonitor(RecordingCallback):
     def _begin(self) -> None:
         self._batch = 0
         self._range = None
+        self._backend = keras_backend()
         if self.once and self._done:
             return
         if self.steps is None or self.writer is None or not self.writer.enabled:
@@ -201,9 +249,14 @@ class ProfileMonitor(RecordingCallback):
             if self._profiling:  # a failed part left the profiler running: stop it, drop the trace
                 self._profiling = False
                 try:
-                    import tensorflow as tf
+                    if self._backend == "jax":
+                        import jax
 
-                    tf.profiler.experimental.stop(save=False)
+                        jax.profiler.stop_trace()  # JAX cannot drop a trace: it is written
+                    else:
+                        import tensorflow as tf
+
+                        tf.profiler.experimental.stop(save=False)
                 except Exception:  # noqa: BLE001
                     logger.debug("mpwatch profile: could not stop the profiler", exc_info=True)
 
@@ -222,11 +275,16 @@ class ProfileMonitor(RecordingCallback):
         return set(glob.glob(os.path.join(glob.escape(self._profile_root()), "*")))
 
     def _start(self) -> None:
-        import tensorflow as tf
-
         self._before = self._runs()
         try:
-            tf.profiler.experimental.start(self.log_dir)
+            if self._backend == "jax":
+                import jax
+
+                jax.profiler.start_trace(self.log_dir)
+            else:
+                import tensorflow as tf
+
+                tf.profiler.experimental.start(self.log_dir)
         except Exception as e:  # noqa: BLE001 - e.g. another profiler session is running
             self._range = None
             self._fail("the profiler could not start", e)
@@ -236,13 +294,18 @@ class ProfileMonitor(RecordingCallback):
         self._t0 = time.perf_counter()
 
     def _stop(self) -> None:
-        import tensorflow as tf
-
         self._profiling = False
         self._range = None
         self._done = True
         try:
-            tf.profiler.experimental.stop()
+            if self._backend == "jax":
+                import jax
+
+                jax.profiler.stop_trace()
+            else:
+                import tensorflow as tf
+
+                tf.profiler.experimental.stop()
         except Exception as e:  # noqa: BLE001
             self._fail("the profiler could not stop and save the trace", e)
             return
@@ -278,6 +341,9 @@ class ProfileMonitor(RecordingCallback):
                 self.model,
                 steps=pending["steps"],
                 dtype_overrides=self.dtype_overrides or None,
+                # JAX on a CPU: xprof's op table is empty, XLA's own op events are not
+                ops="auto" if self._backend == "jax" else "framework",
+                dims=layer_dims(self.model),
             )
         except Exception as e:  # noqa: BLE001 - never lose training to the conversion
             self._fail("the trace could not be converted", e)
@@ -290,3 +356,80 @@ class ProfileMonitor(RecordingCallback):
             self._fail("the profile record could not be written", e)
             return
         self.result = payload
+
+
+def record_trace(
+    log_dir: str | os.PathLike[str],
+    trace: str | os.PathLike[str] | None = None,
+    model: Any = None,
+    step: int | None = None,
+    steps: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Summarize a profiler trace into a ``profile`` record of ``log_dir``; returns its payload.
+
+    For a trace that :class:`ProfileMonitor` did not capture (Keras' TensorBoard callback with
+    ``profile_batch``, ``jax.profiler`` by hand, a trace copied from a GPU machine):
+    ``mpwatch.load_run(log_dir)``, ``mpwatch diagnose`` and the tab then read it like a captured
+    one. ``trace``: a ``.xplane.pb`` file, a run directory or a logdir (default: the newest run
+    under ``<log_dir>/plugins/profile/``). ``model``: the Keras model that ran (its layers'
+    dtypes, classes and Tensor Core dimensions); without it, layers are known only by the JAX
+    scopes of the op names (the GPU kernel figures need no model; TensorFlow op names need one).
+    ``step``: the step to write the record at (default: the last of ``steps``, else 0).
+
+    Example:
+        >>> record_trace("logs/gpu_run")  # doctest: +SKIP
+        >>> mpwatch.load_run("logs/gpu_run").profile_kernels["tensor_core_share"]  # doctest: +SKIP
+    """
+    from mpwatch import contract, profile
+    from mpwatch.record.writer import RunWriter
+
+    log_dir = os.fspath(log_dir)
+    payload = profile.summarize(
+        trace if trace is not None else log_dir,
+        model,
+        steps=steps,
+        ops="auto",
+        dims=layer_dims(model) if model is not None else None,
+    )
+    at = int(step) if step is not None else int(steps[-1]) if steps else 0
+    writer = RunWriter(log_dir)
+    try:
+        writer.record(contract.KIND_PROFILE, at, payload)
+        writer.flush()
+    finally:
+        writer.close()
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mpwatch.record.profile_capture LOGDIR [--trace PATH] [--step N]``: write the
+    profile record of the newest trace under ``LOGDIR/plugins/profile`` (:func:`record_trace`)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mpwatch.record.profile_capture",
+        description="Summarize a profiler trace into an mpwatch profile record of LOGDIR.",
+    )
+    parser.add_argument("logdir", help="the run directory the record is written to")
+    parser.add_argument("--trace", help="a .xplane.pb file or run directory (default: newest)")
+    parser.add_argument("--step", type=int, default=None, help="the record's step (default 0)")
+    args = parser.parse_args(argv)
+    from mpwatch import profile
+
+    try:
+        payload = record_trace(args.logdir, args.trace, step=args.step)
+    except profile.ProfileError as e:
+        print(f"mpwatch: {e}", file=sys.stderr)
+        return 1
+    kernels = payload.get("kernel_summary") or {}
+    line = f"wrote the profile record ({payload.get('source')}) of {payload.get('trace_dir')}"
+    if kernels:
+        line += (
+            f": Tensor Cores {kernels['tensor_core_share']:.1%} of device time (xprof's flag: "
+            f"{kernels['xprof_tensor_core_share']:.1%}), unknown precision "
+            f"{kernels['unknown_share']:.1%}"
+        )
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

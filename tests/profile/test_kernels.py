@@ -473,12 +473,14 @@ def test_kernel_time_on_a_constructed_table():
     assert not k.loc[k["precision"].eq("unknown"), "is_16bit"].any()
     payload = result.payload(steps=[3, 4, 5], trace_dir="/logs/plugins/profile/run")
     text = json.dumps(payload)  # JSON-able (NaN allowed, as in every record)
-    assert json.loads(text)["summary"]["total_us"] == 100.0
-    for key in ("layers", "kernels"):
+    assert json.loads(text)["kernel_summary"]["total_us"] == 100.0
+    for key in ("kernel_layers", "kernels"):
         assert set(payload[key]) == {"columns", "data"}
         assert all(len(r) == len(payload[key]["columns"]) for r in payload[key]["data"])
-    assert payload["layers"]["columns"] == profile.LAYER_KERNEL_COLUMNS
-    assert payload["tool"] == "kernel_stats" and payload["steps"] == [3, 4, 5]
+    assert payload["kernel_layers"]["columns"] == profile.LAYER_KERNEL_COLUMNS
+    assert payload["kernels"]["columns"] == contract.PROFILE_KERNEL_COLUMNS
+    assert payload["kernel_tool"] == "kernel_stats" and payload["steps"] == [3, 4, 5]
+    assert payload["source"] == "device_kernels"
     assert contract.decode_payload(contract.encode_payload(payload))["kernels_dropped"] == 0
 
 
@@ -522,6 +524,6 @@ def test_huge_kernel_tables_are_trimmed_to_fit_a_record():
     payload = result.payload()
     assert len(contract.encode_payload(payload)) <= contract.MAX_RECORD_BYTES
     assert payload["kernels_dropped"] > 0
-    assert payload["summary"]["kernels"] == 600  # the summary covers every kernel
+    assert payload["kernel_summary"]["kernels"] == 600  # the summary covers every kernel
     kept = payload["kernels"]["data"]
     assert kept[0][payload["kernels"]["columns"].index("total_duration_us")] == 600.0

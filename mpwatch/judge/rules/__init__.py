@@ -30,6 +30,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
         "gradient_error",
         "float32_inside",
         "tensor_core_alignment",
+        "tensor_core_use",
         "no_tensor_cores",
         "try_mixed_precision",
         "mixed_vs_float32",

@@ -1,9 +1,12 @@
 """Rule `profile`: where the profiled time goes (casts, 16-bit share, float32 layers).
 
 ## What it finds
-From the profile record (a few steps traced by the TensorFlow profiler): the share of time in
-Cast ops, the share of compute time that runs in 16 bits, and the layers under a float32 policy
-that take a large share of the time in float32 ops.
+From the profile record (a few steps traced by the profiler): the share of time in Cast ops, the
+share of compute time that runs in 16 bits, and the layers under a float32 policy that take a
+large share of the time in float32 ops. On a GPU trace with kernels (`source`
+`device_kernels`) the 16-bit share and a layer's float32 time are the kernels' (what the GPU ran,
+by kernel name; time of unknown precision is counted neither way), elsewhere the ops' (counted in
+their layer's dtype).
 
 ## Why it matters
 Casts between float32 and float16 are pure overhead; float32 layers that could run in 16 bits, or
@@ -11,7 +14,8 @@ a low 16-bit share of compute, explain a missing speed-up.
 
 ## Threshold
 Cast share > {CAST_SHARE_WARN:.0%}: warning; 16-bit share of time < {SHARE_16BIT_WARN:.0%} under a
-16-bit policy: warning; a float32 layer (its own policy float32; not an output, not one that
+16-bit policy (on GPU kernels: even with every kernel of unknown precision counted 16-bit):
+warning; a float32 layer (its own policy float32; not an output, not one that
 computes in float32 inside) taking > {FLOAT32_LAYER_SHARE:.0%} of time under a 16-bit policy:
 info. The last two advise more 16-bit compute: not given on a device without fast 16-bit math
 (a CPU, a GPU without Tensor Cores: see `no-tensor-cores`).
@@ -100,7 +104,23 @@ def check(run: Run) -> list[Finding]:
     # on a device without fast 16-bit math (a CPU, an older GPU: see no-tensor-cores) more
     # 16-bit compute is no gain: no advice to move layers to 16 bits there
     mixed = compute_dtype(run) in SIXTEEN_BIT and fast_16bit(run) is not False
-    if mixed and share16 is not None and share16 < SHARE_16BIT_WARN:
+    kern = run.profile_kernels if run.profile_source == "device_kernels" else None
+    if kern is not None:  # what the GPU ran: unknown precision counts neither way
+        share16 = finite(kern.get("share_16bit"))
+        unknown = finite(kern.get("unknown_share")) or 0.0
+        if mixed and share16 is not None and share16 + unknown < SHARE_16BIT_WARN:
+            found.append(
+                RULE.finding(
+                    "warning",
+                    f"Only {pct(share16)} of GPU time runs in 16-bit kernels",
+                    f"16-bit kernels {pct(share16)} of device time, unknown precision "
+                    f"{pct(unknown)}, under policy {policy(run)}",
+                    fix="# see the per-layer kernel table: move the heaviest float32 layers to "
+                    "the mixed policy",
+                    data={"share_16bit": share16, "unknown_share": unknown},
+                )
+            )
+    elif mixed and share16 is not None and share16 < SHARE_16BIT_WARN:
         found.append(
             RULE.finding(
                 "warning",
@@ -111,10 +131,17 @@ def check(run: Run) -> list[Finding]:
                 data={"share_16bit": share16},
             )
         )
-    pl = pd.DataFrame()
-    t = prof.get("layers")
-    if isinstance(t, dict) and "columns" in t:
-        pl = pd.DataFrame(t.get("data") or [], columns=t["columns"])
+    pl = run.profile_layers
+    if kern is not None:  # a layer's float32 time: its float32 and TF32 kernels
+        kl = run.profile_kernel_layers
+        pl = pd.DataFrame(
+            {
+                "layer": kl["layer"],
+                "time_32bit_us": pd.to_numeric(kl["float32_us"], errors="coerce").fillna(0.0)
+                + pd.to_numeric(kl["tf32_us"], errors="coerce").fillna(0.0),
+            }
+        )
+        total = finite(kern.get("total_us"))
     if mixed and len(pl) and total and "time_32bit_us" in pl:
         inside = effective_float32(run)
         outputs = set()
@@ -134,8 +161,8 @@ def check(run: Run) -> list[Finding]:
                 RULE.finding(
                     "info",
                     f"Layer {name!r} spends {pct(t32 / total)} of profiled time in float32",
-                    f"{fmt(t32)} us in 32-bit ops of {fmt(total)} us total; policy "
-                    f"{row.get('policy')}",
+                    f"{fmt(t32)} us in 32-bit {'kernels' if kern is not None else 'ops'} of "
+                    f"{fmt(total)} us total; policy {row.get('policy')}",
                     fix=f"{layer_constructor(run, row.get('class'))}(..., "
                     f'dtype="{policy(run) or "mixed_float16"}")  # if its numerics allow',
                     layer=name,

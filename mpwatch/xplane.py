@@ -1,0 +1,482 @@
+"""Read a profiler trace (an ``XSpace`` protobuf, ``*.xplane.pb``) without TensorFlow.
+
+TensorFlow's ``tf.profiler`` and ``jax.profiler`` write the same file. xprof's converter turns it
+into tables (``mpwatch/profile.py``), but two things it leaves out are in the file itself:
+
+- **XLA's CPU ops** (``jax.profiler`` on a CPU): the host plane holds one event per HLO
+  instruction the XLA CPU runtime ran (its ``hlo_module`` and ``hlo_op`` stats), and xprof's op
+  table has no rows for them.
+- **HLO metadata**: the ``/host:metadata`` plane holds each compiled program's ``HloProto``, whose
+  instructions carry the framework op name they came from (``jit(train_step)/jvp(conv2d)/...``).
+  GPU kernels that XLA launched from a CUDA graph reach xprof's kernel table with the op name
+  ``XlaModule``; their kernel name is the HLO instruction's name, which the metadata maps back to
+  an op (and so to a layer).
+
+The protobuf wire format is decoded here directly (a few field numbers of ``xplane.proto`` and
+``xla/service/hlo.proto``, both stable): no generated classes, so no TensorFlow, no xprof import.
+Unknown fields are skipped, as protobuf does.
+
+Example:
+    >>> space = read_xspace("logs/run1/plugins/profile/2025_01_01/host.xplane.pb")  # doctest: +SKIP
+    >>> [p.name for p in space.planes]  # doctest: +SKIP
+    ['/host:metadata', '/host:CPU', 'Task Environment']
+    >>> ops = hlo_ops(space)  # doctest: +SKIP
+    >>> ops["jit_train_step"]["conv_general_dilated.0"].op_name  # doctest: +SKIP
+    'jit(train_step)/jvp(conv2d)/conv_general_dilated'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "XSpaceError",
+    "XEvent",
+    "XLine",
+    "XPlane",
+    "XSpace",
+    "HloOp",
+    "read_xspace",
+    "parse_xspace",
+    "metadata_and_devices",
+    "metadata_and_host",
+    "hlo_ops",
+    "module_base",
+    "kernel_modules",
+    "xla_host_events",
+    "ELEMENT_TYPES",
+]
+
+METADATA_PLANE = "/host:metadata"
+HOST_PLANE = "/host:CPU"
+DEVICE_PLANE_PREFIX = "/device:"
+
+#: xla.PrimitiveType numbers -> HLO type names (xla/xla_data.proto)
+ELEMENT_TYPES = {
+    1: "pred",
+    2: "s8",
+    3: "s16",
+    4: "s32",
+    5: "s64",
+    6: "u8",
+    7: "u16",
+    8: "u32",
+    9: "u64",
+    10: "f16",
+    11: "f32",
+    12: "f64",
+    13: "tuple",
+    14: "opaque",
+    15: "c64",
+    16: "bf16",
+    17: "token",
+    18: "c128",
+    19: "f8e5m2",
+    20: "f8e4m3fn",
+    21: "s4",
+    22: "u4",
+    23: "f8e4m3b11fnuz",
+    24: "f8e5m2fnuz",
+    25: "f8e4m3fnuz",
+}
+
+
+class XSpaceError(ValueError):
+    """The file is not a readable XSpace (truncated, or not a protobuf)."""
+
+
+# --- the wire format ------------------------------------------------------------------------------
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if i >= len(buf):
+            raise XSpaceError("truncated varint")
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, i
+        shift += 7
+        if shift > 70:
+            raise XSpaceError("varint too long")
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+    """``(field number, wire type, value)`` of one message: ints for varints, bytes otherwise."""
+    i, n = 0, len(buf)
+    while i < n:
+        key, i = _varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 1:
+            value, i = buf[i : i + 8], i + 8
+        elif wire == 2:
+            size, i = _varint(buf, i)
+            value, i = buf[i : i + size], i + size
+        elif wire == 5:
+            value, i = buf[i : i + 4], i + 4
+        else:
+            raise XSpaceError(f"unsupported wire type {wire} (field {num})")
+        if i > n:
+            raise XSpaceError("truncated message")
+        yield num, wire, value
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return ""
+
+
+def _packed_ints(value: Any) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    out, i = [], 0
+    while i < len(value):
+        v, i = _varint(value, i)
+        out.append(_signed(v))
+    return out
+
+
+# --- XSpace --------------------------------------------------------------------------------------
+@dataclass
+class XEvent:
+    """One event of a line: its metadata's name, start and duration (picoseconds), stats by name."""
+
+    name: str
+    offset_ps: int
+    duration_ps: int
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class XLine:
+    """A timeline (a thread, a GPU stream) of a plane."""
+
+    name: str
+    timestamp_ns: int
+    events: list[XEvent] = field(default_factory=list)
+
+
+@dataclass
+class XPlane:
+    """A plane: ``/host:CPU``, ``/device:GPU:0``, ``/host:metadata``, ...
+
+    ``metadata_stats``: event metadata name -> its stats (the metadata plane keeps each compiled
+    program's ``Hlo Proto`` there).
+    """
+
+    name: str
+    lines: list[XLine] = field(default_factory=list)
+    metadata_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class XSpace:
+    """The planes of a trace."""
+
+    planes: list[XPlane] = field(default_factory=list)
+
+    def plane(self, name: str) -> XPlane | None:
+        """The plane called ``name``, or None."""
+        return next((p for p in self.planes if p.name == name), None)
+
+    @property
+    def device_planes(self) -> list[XPlane]:
+        """The ``/device:...`` planes (GPUs)."""
+        return [p for p in self.planes if p.name.startswith(DEVICE_PLANE_PREFIX)]
+
+
+def _stat(buf: bytes, stat_names: dict[int, str]) -> tuple[str, Any]:
+    name, value = "", None
+    for num, _, v in _fields(buf):
+        if num == 1:
+            name = stat_names.get(v, str(v))
+        elif num == 2:
+            value = struct.unpack("<d", v)[0]
+        elif num == 3:
+            value = v
+        elif num == 4:
+            value = _signed(v)
+        elif num == 5:
+            value = _text(v)
+        elif num == 6:
+            value = bytes(v)
+        elif num == 7:
+            value = stat_names.get(v, str(v))
+    return name, value
+
+
+def _map_entry(buf: bytes) -> tuple[int, bytes]:
+    key, value = 0, b""
+    for num, _, v in _fields(buf):
+        if num == 1:
+            key = v
+        elif num == 2:
+            value = v
+    return key, value
+
+
+def _plane(buf: memoryview, with_events: bool) -> XPlane:
+    name = ""
+    line_bufs: list[bytes] = []
+    event_meta: dict[int, tuple[str, list[bytes]]] = {}
+    stat_names: dict[int, str] = {}
+    for num, _, v in _fields(buf):
+        if num == 2:
+            name = _text(v)
+        elif num == 3:
+            line_bufs.append(v)
+        elif num == 4:
+            key, value = _map_entry(v)
+            ename, stats = "", []
+            for n2, _, v2 in _fields(value):
+                if n2 == 2:
+                    ename = _text(v2)
+                elif n2 == 5:
+                    stats.append(v2)
+            event_meta[key] = (ename, stats)
+        elif num == 5:
+            key, value = _map_entry(v)
+            sname = next((_text(v2) for n2, _, v2 in _fields(value) if n2 == 2), "")
+            stat_names[key] = sname
+    plane = XPlane(name=name)
+    for ename, stats in event_meta.values():
+        if stats:
+            plane.metadata_stats[ename] = dict(_stat(s, stat_names) for s in stats)
+    if not with_events:
+        return plane
+    for lbuf in line_bufs:
+        line = XLine(name="", timestamp_ns=0)
+        display = ""
+        for num, _, v in _fields(lbuf):
+            if num == 2:
+                line.name = _text(v)
+            elif num == 11:
+                display = _text(v)
+            elif num == 3:
+                line.timestamp_ns = _signed(v)
+            elif num == 4:
+                meta_id = offset = duration = 0
+                stats: dict[str, Any] = {}
+                for n2, _, v2 in _fields(v):
+                    if n2 == 1:
+                        meta_id = v2
+                    elif n2 == 2:
+                        offset = _signed(v2)
+                    elif n2 == 3:
+                        duration = _signed(v2)
+                    elif n2 == 4:
+                        k, val = _stat(v2, stat_names)
+                        stats[k] = val
+                ename = event_meta.get(meta_id, ("", []))[0]
+                line.events.append(XEvent(ename, offset, duration, stats))
+        line.name = line.name or display
+        plane.lines.append(line)
+    return plane
+
+
+PlaneFilter = Callable[[str], bool]
+
+
+def parse_xspace(data: bytes, planes: PlaneFilter | None = None) -> XSpace:
+    """Decode an XSpace. ``planes(name)`` says which planes to decode (default: all); the others
+    keep only their name. Raises :class:`XSpaceError` when ``data`` is no XSpace."""
+    space = XSpace()
+    view = memoryview(data)
+    try:
+        for num, wire, v in _fields(view):
+            if num == 1 and wire == 2:
+                head = next((_text(v2) for n2, _, v2 in _fields(v) if n2 == 2), "")
+                if planes is None or planes(head):
+                    space.planes.append(_plane(v, True))
+                else:
+                    space.planes.append(XPlane(name=head))
+    except (XSpaceError, IndexError, struct.error) as e:
+        raise XSpaceError(f"not a readable profiler trace (XSpace): {e}") from e
+    return space
+
+
+def metadata_and_devices(name: str) -> bool:
+    """A plane filter: the metadata plane (HLO) and the device planes (GPU kernels)."""
+    return name == METADATA_PLANE or name.startswith(DEVICE_PLANE_PREFIX)
+
+
+def metadata_and_host(name: str) -> bool:
+    """A plane filter: the metadata plane (HLO) and the host plane (XLA's CPU ops)."""
+    return name in (METADATA_PLANE, HOST_PLANE)
+
+
+def read_xspace(path: str | os.PathLike[str], planes: PlaneFilter | None = None) -> XSpace:
+    """:func:`parse_xspace` of a file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return parse_xspace(data, planes)
+
+
+# --- HLO metadata ---------------------------------------------------------------------------------
+@dataclass
+class HloOp:
+    """One HLO instruction of a compiled program.
+
+    ``op_name``: the framework op it came from (``jit(train_step)/jvp(conv2d)/...``; ``""`` where
+    XLA made it); ``opcode``: HLO's (``fusion``, ``convolution``, ``dot``, ...); ``dtype``: the HLO
+    type of its result (``f16``, ``f32``; ``tuple`` for several); ``fused_op_names``: for a fusion,
+    the op names of the instructions inside it (what it computes).
+    """
+
+    name: str
+    opcode: str
+    op_name: str
+    dtype: str
+    fused_op_names: tuple[str, ...] = ()
+
+
+def _instruction(buf: bytes) -> tuple[str, str, str, str, list[int]]:
+    name = opcode = op_name = dtype = ""
+    called: list[int] = []
+    for num, _, v in _fields(buf):
+        if num == 1:
+            name = _text(v)
+        elif num == 2:
+            opcode = _text(v)
+        elif num == 3:
+            for n2, _, v2 in _fields(v):
+                if n2 == 2:
+                    dtype = ELEMENT_TYPES.get(v2, str(v2))
+        elif num == 7:
+            for n2, _, v2 in _fields(v):
+                if n2 == 2:
+                    op_name = _text(v2)
+        elif num == 38:
+            called.extend(_packed_ints(v))
+    return name, opcode, op_name, dtype, called
+
+
+def _hlo_module(blob: bytes) -> dict[str, HloOp]:
+    module = next((v for num, _, v in _fields(blob) if num == 1), b"")
+    computations: dict[int, list[tuple[str, str, str, str, list[int]]]] = {}
+    for num, _, comp in _fields(module):
+        if num != 3:
+            continue
+        cid, instrs = None, []
+        for n2, _, v2 in _fields(comp):
+            if n2 == 2:
+                instrs.append(_instruction(v2))
+            elif n2 == 5:
+                cid = v2
+        computations[cid if cid is not None else -len(computations) - 1] = instrs
+    out: dict[str, HloOp] = {}
+    for instrs in computations.values():
+        for name, opcode, op_name, dtype, called in instrs:
+            fused: list[str] = []
+            if opcode == "fusion":
+                seen = set()
+                stack = list(called)
+                while stack:
+                    cid = stack.pop()
+                    if cid in seen:
+                        continue
+                    seen.add(cid)
+                    for _, _, inner_op, _, inner_called in computations.get(cid, []):
+                        if inner_op:
+                            fused.append(inner_op)
+                        stack.extend(inner_called)
+            out[name] = HloOp(name, opcode, op_name, dtype, tuple(dict.fromkeys(fused)))
+    return out
+
+
+_PROGRAM_ID = re.compile(r"^(.*)\((\d+)\)$")
+
+
+def module_base(name: str) -> str:
+    """A program's name without its id: ``jit_train_step(10607)`` -> ``jit_train_step``.
+
+    >>> module_base("jit_train_step(10607)"), module_base("jit_f")
+    ('jit_train_step', 'jit_f')
+    """
+    m = _PROGRAM_ID.match(name)
+    return m.group(1) if m else name
+
+
+def hlo_ops(space: XSpace) -> dict[str, dict[str, HloOp]]:
+    """Compiled programs of the trace: ``program name -> instruction name -> HloOp``.
+
+    Program names as the metadata plane has them (``jit_train_step(10607)``, name and program
+    id); :func:`module_base` strips the id.
+    """
+    plane = space.plane(METADATA_PLANE)
+    if plane is None:
+        return {}
+    out: dict[str, dict[str, HloOp]] = {}
+    for name, stats in plane.metadata_stats.items():
+        blob = stats.get("Hlo Proto")
+        if isinstance(blob, bytes) and blob:
+            try:
+                out[name] = _hlo_module(memoryview(blob))
+            except (XSpaceError, IndexError, struct.error):
+                continue  # one unreadable program: leave it out
+    return out
+
+
+def kernel_modules(space: XSpace) -> dict[str, dict[str, int]]:
+    """GPU kernel name -> {program (``name(id)`` or name) -> launches}, from the device planes'
+    events (their ``hlo_module`` and ``program_id`` stats)."""
+    out: dict[str, dict[str, int]] = {}
+    for plane in space.device_planes:
+        for line in plane.lines:
+            for ev in line.events:
+                module = ev.stats.get("hlo_module")
+                if not module:
+                    continue
+                pid = ev.stats.get("program_id")
+                key = f"{module}({pid})" if pid is not None else str(module)
+                per = out.setdefault(ev.name, {})
+                per[key] = per.get(key, 0) + 1
+    return out
+
+
+@dataclass
+class XlaHostEvent:
+    """One HLO instruction run by the XLA CPU runtime: program, instruction, times (ps)."""
+
+    module: str
+    hlo_op: str
+    duration_ps: int
+    self_ps: int
+
+
+def xla_host_events(space: XSpace) -> list[XlaHostEvent]:
+    """Events of the host plane that carry ``hlo_module`` and ``hlo_op`` stats (XLA's CPU thunks),
+    with their self time (minus nested HLO events of the same thread)."""
+    plane = space.plane(HOST_PLANE)
+    if plane is None:
+        return []
+    out: list[XlaHostEvent] = []
+    for line in plane.lines:
+        evs = sorted(
+            (e for e in line.events if e.stats.get("hlo_op") and e.stats.get("hlo_module")),
+            key=lambda e: (e.offset_ps, -e.duration_ps),
+        )
+        stack: list[tuple[int, XlaHostEvent]] = []  # (end, event)
+        for e in evs:
+            while stack and stack[-1][0] <= e.offset_ps:
+                stack.pop()
+            item = XlaHostEvent(
+                str(e.stats["hlo_module"]), str(e.stats["hlo_op"]), e.duration_ps, e.duration_ps
+            )
+            if stack and e.offset_ps + e.duration_ps <= stack[-1][0]:
+                stack[-1][1].self_ps -= e.duration_ps
+            stack.append((e.offset_ps + e.duration_ps, item))
+            out.append(item)
+    return out
