@@ -114,10 +114,16 @@ def _layer_table(run: Run, findings: Sequence[Finding]) -> str:
             last[["layer", *probe_cols]].rename(columns={"layer": "name"}), on="name", how="left"
         )
     prof_cols: list[str] = []
-    layers_tbl = (run.profile or {}).get("layers")
-    if isinstance(layers_tbl, dict) and "columns" in layers_tbl:
-        pl = pd.DataFrame(layers_tbl.get("data") or [], columns=layers_tbl["columns"])
-        if "layer" in pl and "time_us" in pl:
+    if run.profile_source == "device_kernels":  # a GPU trace: the kernels' device time
+        pl = run.profile_kernel_layers
+        if len(pl):
+            prof_cols = ["time_us", "tensor_core_share"]
+            table = table.merge(
+                pl[["layer", *prof_cols]].rename(columns={"layer": "name"}), on="name", how="left"
+            )
+    else:
+        pl = run.profile_layers
+        if len(pl) and "layer" in pl and "time_us" in pl:
             prof_cols = ["time_us"]
             table = table.merge(
                 pl[["layer", "time_us"]].rename(columns={"layer": "name"}), on="name", how="left"

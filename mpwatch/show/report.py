@@ -152,6 +152,30 @@ JSON_SCHEMA: dict[str, Any] = {
                         "properties": {
                             "steps": {"type": "array", "items": {"type": ["integer", "null"]}},
                             "device": {"type": ["string", "null"]},
+                            "source": {
+                                "type": ["string", "null"],
+                                "description": "device_kernels (a GPU trace: the kernels' "
+                                "device time, precision and Tensor Cores from their names), "
+                                "host_ops or device_ops (ops counted in their layer's dtype)",
+                            },
+                            "tensor_core_share": {
+                                "type": ["number", "null"],
+                                "description": "device_kernels: share of GPU time on Tensor "
+                                "Cores by the kernel names (mpwatch)",
+                            },
+                            "xprof_tensor_core_share": {
+                                "type": ["number", "null"],
+                                "description": "device_kernels: share xprof's 'Kernel uses "
+                                "TensorCore' marks",
+                            },
+                            "unknown_share": {
+                                "type": ["number", "null"],
+                                "description": "device_kernels: share of unknown precision",
+                            },
+                            "by_precision_share": {
+                                "type": "object",
+                                "additionalProperties": {"type": ["number", "null"]},
+                            },
                             "total_ms": {"type": ["number", "null"]},
                             "share_16bit": {"type": ["number", "null"]},
                             "cast_share": {"type": ["number", "null"]},
@@ -166,6 +190,9 @@ JSON_SCHEMA: dict[str, Any] = {
                                         "time_ms": {"type": "number"},
                                         "share": {"type": ["number", "null"]},
                                         "share_16bit": {"type": ["number", "null"]},
+                                        "tensor_core_share": {"type": ["number", "null"]},
+                                        "forward_ms": {"type": "number"},
+                                        "backward_ms": {"type": "number"},
                                     },
                                 },
                             },

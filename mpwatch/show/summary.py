@@ -26,6 +26,7 @@ from mpwatch.read import Run
 
 __all__ = [
     "NO_DATA",
+    "PROFILE_SOURCE_LABELS",
     "finite_float",
     "last_value",
     "profile_lines",
@@ -123,42 +124,81 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
+#: what a profile's figures are, by ``source`` (the reports' label)
+PROFILE_SOURCE_LABELS = {
+    "device_kernels": "GPU kernels (precision and Tensor Cores from each kernel's name)",
+    "host_ops": "host ops (precision from each layer's dtype)",
+    "device_ops": "device ops (precision from each layer's dtype)",
+}
+
+
 def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
     """The profile section (the JSON ``runs[].profile``): where the profiled time went, from the
-    latest ``profile`` record; None when the run was not profiled."""
+    latest ``profile`` record; None when the run was not profiled.
+
+    ``source`` says what the figures are (``contract.PROFILE_SOURCES``). On a GPU trace
+    (``device_kernels``) the time, the 16-bit share and the layers are the kernels' device time,
+    with ``tensor_core_share`` (mpwatch's reading of the kernel names) beside
+    ``xprof_tensor_core_share`` (xprof's "Kernel uses TensorCore"), ``unknown_share`` and
+    ``by_precision_share``; each top layer adds its Tensor Core share and forward/backward time.
+    Elsewhere the op time, each op counted in its layer's dtype."""
     prof = run.profile
     if not prof:
         return None
-    total = finite_float(prof.get("total_us"))
+    source = run.profile_source
+    kern = run.profile_kernels if source == "device_kernels" else None
+    total = finite_float((kern or prof).get("total_us"))
     layers: list[dict[str, Any]] = []
-    tbl = prof.get("layers")
-    if isinstance(tbl, Mapping) and "columns" in tbl:
-        cols = list(tbl["columns"])
-        rows = [dict(zip(cols, r)) for r in tbl.get("data") or []]
-        rows.sort(key=lambda r: -(finite_float(r.get("time_us")) or 0.0))
-        for r in rows[:top]:
-            t = finite_float(r.get("time_us")) or 0.0
-            t16 = finite_float(r.get("time_16bit_us")) or 0.0
-            layers.append(
-                {
-                    "layer": str(r.get("layer")),
-                    "time_ms": t / 1000.0,
-                    "share": t / total if total else None,
-                    "share_16bit": t16 / t if t else None,
-                }
+    table = run.profile_kernel_layers if kern is not None else run.profile_layers
+    rows = table.to_dict("records")
+    rows.sort(key=lambda r: -(finite_float(r.get("time_us")) or 0.0))
+    for r in rows[:top]:
+        t = finite_float(r.get("time_us")) or 0.0
+        if kern is not None:
+            t16 = (finite_float(r.get("float16_us")) or 0.0) + (
+                finite_float(r.get("bfloat16_us")) or 0.0
             )
+        else:
+            t16 = finite_float(r.get("time_16bit_us")) or 0.0
+        row: dict[str, Any] = {
+            "layer": str(r.get("layer")),
+            "time_ms": t / 1000.0,
+            "share": t / total if total else None,
+            "share_16bit": t16 / t if t else None,
+        }
+        if kern is not None:
+            row.update(
+                tensor_core_share=finite_float(r.get("tensor_core_share")),
+                forward_ms=(finite_float(r.get("forward_us")) or 0.0) / 1000.0,
+                backward_ms=(finite_float(r.get("backward_us")) or 0.0) / 1000.0,
+            )
+        layers.append(row)
     steps = prof.get("steps") or [None, None]
-    return {
+    out: dict[str, Any] = {
         "steps": [int(x) if isinstance(x, (int, float)) else None for x in list(steps)[:2]],
         "device": prof.get("device"),
+        "source": source,
         "total_ms": total / 1000.0 if total is not None else None,
-        "share_16bit": finite_float(prof.get("share_16bit")),
+        "share_16bit": finite_float((kern or prof).get("share_16bit")),
         "cast_share": finite_float(prof.get("cast_share")),
         "unattributed_share": (
-            (finite_float(prof.get("unattributed_us")) or 0.0) / total if total else None
+            (finite_float((kern or prof).get("unattributed_us")) or 0.0) / total if total else None
         ),
         "top_layers": layers,
     }
+    if kern is not None:
+        by = kern.get("by_precision_share")
+        out.update(
+            tensor_core_share=finite_float(kern.get("tensor_core_share")),
+            xprof_tensor_core_share=finite_float(kern.get("xprof_tensor_core_share")),
+            unknown_share=finite_float(kern.get("unknown_share")),
+            by_precision_share={
+                str(k): finite_float(v)
+                for k, v in (by.items() if isinstance(by, Mapping) else [])
+                if finite_float(v)
+            },
+        )
+    return out
 
 
 def profile_lines(ps: dict[str, Any]) -> list[str]:
@@ -166,17 +206,40 @@ def profile_lines(ps: dict[str, Any]) -> list[str]:
     first, last = (ps["steps"] + [None, None])[:2]
     head = f"profiled steps {first}-{last}" if first is not None else "profiled"
     bits = [head]
+    gpu = ps.get("source") == "device_kernels"
     if ps["total_ms"] is not None:
-        bits.append(f"{ps['total_ms']:.3g} ms of op time")
+        bits.append(f"{ps['total_ms']:.3g} ms of {'GPU kernel' if gpu else 'op'} time")
     if ps["share_16bit"] is not None:
-        bits.append(f"{ps['share_16bit']:.1%} in 16-bit")
-    if ps["cast_share"] is not None:
+        bits.append(f"{ps['share_16bit']:.1%} in 16-bit{' kernels' if gpu else ''}")
+    if gpu and ps.get("unknown_share") is not None:
+        bits.append(f"{ps['unknown_share']:.1%} of unknown precision (never counted 16-bit)")
+    if ps["cast_share"] is not None and not gpu:
         bits.append(f"{ps['cast_share']:.1%} in Cast ops")
     if ps["unattributed_share"] is not None:
         bits.append(f"{ps['unattributed_share']:.1%} outside layers")
     lines = [", ".join(bits)]
+    if gpu:
+        tc, xtc = ps.get("tensor_core_share"), ps.get("xprof_tensor_core_share")
+        if tc is not None:
+            line = f"Tensor Cores: {tc:.1%} of GPU time by the kernel names (mpwatch)"
+            if xtc is not None:
+                line += f", {xtc:.1%} by xprof's 'Kernel uses TensorCore' flag"
+            lines.append(line)
+        by = ps.get("by_precision_share") or {}
+        if by:
+            lines.append(
+                "by precision: " + ", ".join(f"{k} {v:.1%}" for k, v in by.items() if v)
+            )
+    elif ps.get("source"):
+        lines.append(f"figures: {PROFILE_SOURCE_LABELS.get(ps['source'], ps['source'])}")
     for lay in ps["top_layers"]:
         share = "" if lay["share"] is None else f" ({lay['share']:.1%})"
         s16 = "" if lay["share_16bit"] is None else f", {lay['share_16bit']:.0%} 16-bit"
-        lines.append(f"{lay['layer']}: {lay['time_ms']:.3g} ms{share}{s16}")
+        extra = ""
+        if lay.get("tensor_core_share") is not None:
+            extra = (
+                f", {lay['tensor_core_share']:.0%} on Tensor Cores, forward "
+                f"{lay['forward_ms']:.3g} / backward {lay['backward_ms']:.3g} ms"
+            )
+        lines.append(f"{lay['layer']}: {lay['time_ms']:.3g} ms{share}{s16}{extra}")
     return lines

@@ -101,7 +101,7 @@ CASES = [
                 "title_has": ("90.0% of GPU time ran on Tensor Cores", "xprof's flag: 0.00%"),
                 "evidence_has": (
                     "unknown precision 10.0% (never counted as 16-bit)",
-                    "layer_norm 800 us (800 us no matrix math",
+                    "layer_norm 800 us (no matrix math)",
                 ),
                 "data": {"tensor_core_share": 0.9, "unknown_share": 0.1},
             }

@@ -33,10 +33,12 @@ Tensor Cores becomes info, with that measurement.
 ## Example evidence
 ```text
 76.2% of GPU time ran on Tensor Cores (xprof's flag: 12.5%)
-device time 15969 us: float16 79.5%, unknown 20.5% (never counted as 16-bit); xprof marks
-12.5% 'Kernel uses TensorCore', 63.7% more runs in kernels whose names say Tensor Core
-(sm80_xmma_fprop_implicit_gemm_indexed_f16f16_f16f32_...); not on Tensor Cores: batch_normalization
-1097 us (no matrix math: element-wise, reductions), ...
+not on Tensor Cores: batch_normalization 1,097 us (no matrix math), conv2d 884 us (helper
+kernels of its matmul/conv 416 us, no matrix math 467 us), ...; matmul/conv ops 12,702 us:
+Tensor Core kernels 12,170 us, ...; device time 15,969 us: float16 79.5%, unknown precision
+20.5% (never counted as 16-bit); xprof marks 12.5% 'Kernel uses TensorCore', and 63.7% more
+runs in kernels whose names say Tensor Core (its name list predates Ampere and Hopper kernel
+names)
 ```
 
 ## Fix
@@ -204,16 +206,15 @@ def _summary_finding(
         # the rest of its matmul/conv ops' time: their helper kernels (padding, split-K sums)
         helper = max(0.0, _num(r, "eligible_us") - e_not - e_unk - _num(r, "tensor_core_us"))
         other = max(0.0, off - e_not - e_unk - helper)
-        why = []
-        if e_not > 0:
-            why.append(f"{_us(e_not)} matrix math not on Tensor Cores")
-        if e_unk > 0:
-            why.append(f"{_us(e_unk)} matrix math of unknown Tensor Core use")
-        if helper > 0:
-            why.append(f"{_us(helper)} helper kernels of its matmul/conv ops")
-        if other > 0:
-            why.append(f"{_us(other)} no matrix math: element-wise, reductions, copies")
-        not_tc.append((off, str(r["layer"]), "; ".join(why), e_not, e_unk, helper, other))
+        parts = [
+            (e_not, "matmul/conv off Tensor Cores"),
+            (e_unk, "Tensor Core use unknown"),
+            (helper, "helper kernels of its matmul/conv"),
+            (other, "no matrix math"),
+        ]
+        parts = [(us, why) for us, why in parts if us > 0]
+        why = parts[0][1] if len(parts) == 1 else ", ".join(f"{w} {_us(us)}" for us, w in parts)
+        not_tc.append((off, str(r["layer"]), why, e_not, e_unk, helper, other))
     not_tc.sort(key=lambda t: -t[0])
     outside = _num(s, "unattributed_us")
     shown = [f"{name} {_us(off)} ({why})" for off, name, why, *_ in not_tc[:NOT_TC_LAYERS_SHOWN]]
@@ -223,20 +224,21 @@ def _summary_finding(
         shown.append(f"outside every layer {_us(outside)} (optimizer, loss, XLA's own)")
     unknown_names = [str(n) for n in (s.get("unknown_kernels") or [])]
     evidence = (
-        f"device time {_us(total)}: {precision}, unknown precision {pct(unknown)} (never "
+        ("not on Tensor Cores: " + ", ".join(shown) + "; " if shown else "")
+        + (
+            f"matmul/conv ops {_us(eligible)}: Tensor Core kernels {_us(on_tc)}, helper "
+            f"kernels {_us(helpers)} (padding, split-K sums), float32 or CUDA-core kernels "
+            f"{_us(elig_not)}, Tensor Core use unknown {_us(elig_unknown)}; "
+            if eligible > 0
+            else ""
+        )
+        + f"device time {_us(total)}: {precision}, unknown precision {pct(unknown)} (never "
         "counted as 16-bit)"
         + (f"; kernels no pattern knows: {names_list(unknown_names, 3)}" if unknown_names else "")
         + f"; xprof marks {pct(xtc or 0.0)} 'Kernel uses TensorCore', and "
         f"{pct(missed)} more runs in kernels whose names say Tensor Core (its name list predates "
-        "Ampere and Hopper kernel names)"
-        + (
-            f"; matmul/conv ops {_us(eligible)}: Tensor Core kernels {_us(on_tc)}, helper "
-            f"kernels {_us(helpers)} (padding, split-K sums), float32 or CUDA-core kernels "
-            f"{_us(elig_not)}, Tensor Core use unknown {_us(elig_unknown)}"
-            if eligible > 0
-            else ""
-        )
-        + ("; not on Tensor Cores: " + ", ".join(shown) if shown else "")
+        "Ampere and Hopper kernel names); no matrix math = element-wise kernels, reductions and "
+        "copies, which Tensor Cores do not run"
     )
     low = mixed and elig_on is not None and elig_on < TENSOR_CORE_LOW
     title = f"{pct(tc or 0.0)} of GPU time ran on Tensor Cores (xprof's flag: {pct(xtc or 0.0)})"
