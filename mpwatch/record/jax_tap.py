@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from mpwatch.record import stats
-from mpwatch.record.state import Collected, loss_scale_optimizer
+from mpwatch.record.state import Collected, from_ring, loss_scale_optimizer
 
 logger = logging.getLogger("mpwatch")
 
@@ -252,30 +252,9 @@ class JaxTap:
             return Collected(steps=[])
         count, scale, scale_used, skipped, valid, counts = (np.asarray(v) for v in values)
         n = int(count) - self._read_count
+        first_slot = self._read_count  # batch number c (0-based, ever) went into slot c % cap
         self._read_count = int(count)
-        steps = list(range(self._step + 1, self._step + n + 1))
-        self._step += n
-        if n > self.capacity:
-            logger.warning(
-                "mpwatch: %d batches since the last read, only the last %d are kept",
-                n,
-                self.capacity,
-            )
-        first_kept = max(0, n - self.capacity)
-        # the batch written as number c (0-based, ever) went into slot c % capacity
-        written = [int(count) - n + k for k in range(first_kept, n)]
-        slots = [c % self.capacity for c in written]
-        kept = steps[first_kept:]
-        out = Collected(steps=steps)
-        if self.lso is not None and self.failed is None:
-            out.loss_scale = np.full(n, np.nan, np.float32)
-            out.scale_used = np.full(n, np.nan, np.float32)
-            out.skipped = np.full(n, np.nan, np.float32)
-            out.loss_scale[first_kept:] = scale[slots]
-            out.scale_used[first_kept:] = scale_used[slots]
-            out.skipped[first_kept:] = skipped[slots]
-        if self.grad_every and self.failed is None:
-            for s, slot in zip(kept, slots):
-                if valid[slot] > 0:
-                    out.grad_counts[s] = counts[slot].astype(np.float64)
-        return out
+        last, self._step = self._step, self._step + n
+        return from_ring(
+            self, last, n, scale, scale_used, skipped, valid, counts, first_slot=first_slot
+        )

@@ -352,33 +352,45 @@ class Tap:
         count, step, scale, scale_used, skipped, valid, counts = (
             np.asarray(t) for t in self._read()
         )
-        n = int(count)
-        step = int(step)
-        if n > self.capacity:
-            logger.warning(
-                "mpwatch: %d batches since the last read, only the last %d are kept",
-                n,
-                self.capacity,
-            )
-        steps = list(range(step - n + 1, step + 1))
-        # the k-th batch since the last read went into slot k % capacity; the last ones are kept
-        first_kept = max(0, n - self.capacity)
-        slots = [k % self.capacity for k in range(first_kept, n)]
-        kept = steps[first_kept:]
-        out = Collected(steps=steps)
-        if self.lso is not None and self.failed is None:
-            out.loss_scale = np.full(n, np.nan, np.float32)
-            out.scale_used = np.full(n, np.nan, np.float32)
-            out.skipped = np.full(n, np.nan, np.float32)
-            off = first_kept
-            out.loss_scale[off:] = scale[slots]
-            out.scale_used[off:] = scale_used[slots]
-            out.skipped[off:] = skipped[slots]
-        if self.grad_every and self.failed is None:
-            for s, slot in zip(kept, slots):
-                if valid[slot] > 0:
-                    out.grad_counts[s] = counts[slot]
-        return out
+        return from_ring(
+            self, int(step) - int(count), int(count), scale, scale_used, skipped, valid, counts
+        )
+
+
+def from_ring(
+    tap: Any,
+    last_step: int,
+    n: int,
+    scale: np.ndarray,
+    scale_used: np.ndarray,
+    skipped: np.ndarray,
+    valid: np.ndarray,
+    counts: np.ndarray,
+    first_slot: int = 0,
+) -> Collected:
+    """The :class:`Collected` of the ``n`` batches after step ``last_step``, from a tap's ring
+    buffers (both backends' taps): the k-th of them went into slot ``(first_slot + k) %
+    capacity``; when more batches ran than the ring holds, only the last ``capacity`` are kept."""
+    cap = tap.capacity
+    if n > cap:
+        logger.warning("mpwatch: %d batches since the last read, only the last %d are kept", n, cap)
+    steps = list(range(last_step + 1, last_step + n + 1))
+    first_kept = max(0, n - cap)
+    slots = [(first_slot + k) % cap for k in range(first_kept, n)]
+    kept = steps[first_kept:]
+    out = Collected(steps=steps)
+    if tap.lso is not None and tap.failed is None:
+        out.loss_scale = np.full(n, np.nan, np.float32)
+        out.scale_used = np.full(n, np.nan, np.float32)
+        out.skipped = np.full(n, np.nan, np.float32)
+        out.loss_scale[first_kept:] = scale[slots]
+        out.scale_used[first_kept:] = scale_used[slots]
+        out.skipped[first_kept:] = skipped[slots]
+    if tap.grad_every and tap.failed is None:
+        for s, slot in zip(kept, slots):
+            if valid[slot] > 0:
+                out.grad_counts[s] = np.asarray(counts[slot], np.float64)
+    return out
 
 
 class ModelState:
