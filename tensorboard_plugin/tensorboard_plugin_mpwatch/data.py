@@ -52,6 +52,7 @@ __all__ = [
     "layers_view",
     "list_mpwatch_runs",
     "probes_view",
+    "profile_summary",
     "profile_view",
     "read_run",
     "scalar_sample_limit",
@@ -337,14 +338,6 @@ def findings(model: Run) -> tuple[list[dict[str, Any]], str | None]:
 
 
 # --- views ---------------------------------------------------------------------------------------
-def _table(tbl: Any) -> list[dict[str, Any]]:
-    """Split table -> list of row dicts."""
-    if not isinstance(tbl, dict):
-        return []
-    cols = tbl.get("columns") or []
-    return [dict(zip(cols, row)) for row in tbl.get("data") or []]
-
-
 def _rows(df: pd.DataFrame) -> list[dict[str, Any]]:
     """A Run table as row dicts, missing values (NaN) as None."""
     if not len(df):
@@ -555,6 +548,7 @@ LAYER_COLUMNS = (
     "output_rel_error",
     "max_abs_activation",
     "time_share",
+    "tensor_core_share",
     "tc_aligned",
     "is_output",
     "note",
@@ -563,14 +557,21 @@ LAYER_COLUMNS = (
 
 def layers_view(model: Run, found: list[dict[str, Any]]) -> dict[str, Any]:
     """The per-layer table: dtypes from the Run's layer table, numerics from its latest probe
-    (:meth:`Run.latest_probe`), time share from its profile, findings per layer."""
+    (:meth:`Run.latest_probe`), time share from its profile, findings per layer.
+
+    The time share is the GPU kernels' device time on a GPU trace (``time_source``
+    ``device_kernels``, with each layer's ``tensor_core_share``), else the profiled ops' time
+    (``host_ops``/``device_ops``). Layers the profile or the probe saw that the layer table lacks
+    (a trace summarized without a model) get rows of their own."""
     layers = _rows(model.layers) if "name" in model.layers.columns else []
     probe = model.latest_probe()
     by_layer_probe: dict[Any, dict[str, Any]] = {}
     if probe is not None and "layer" in probe.layers.columns:
         by_layer_probe = {row.get("layer"): row for row in _rows(probe.layers)}
     profile = model.profile or {}
-    by_layer_time = {row.get("layer"): row for row in _table(profile.get("layers"))}
+    source = model.profile_source
+    timed = model.profile_kernel_layers if source == "device_kernels" else model.profile_layers
+    by_layer_time = {row.get("layer"): row for row in _rows(timed)}
     badges: dict[str, list[dict[str, str]]] = {}
     for f in found:
         if f.get("layer"):
@@ -579,9 +580,10 @@ def layers_view(model: Run, found: list[dict[str, Any]]) -> dict[str, Any]:
             )
     rows = []
     names = {row.get("name") for row in layers}
-    for name in list(by_layer_probe):  # layers seen by the probe but missing from the table
+    for name in [*by_layer_probe, *by_layer_time]:  # seen by the probe or the profile only
         if name not in names and name is not None:
-            layers.append({"name": name})
+            layers.append({"name": name, "class": by_layer_time.get(name, {}).get("class")})
+            names.add(name)
     for row in layers:
         name = row.get("name")
         p = by_layer_probe.get(name, {})
@@ -600,6 +602,7 @@ def layers_view(model: Run, found: list[dict[str, Any]]) -> dict[str, Any]:
                 p.get("output_rel_error"),
                 p.get("max_abs_activation"),
                 t.get("share"),
+                t.get("tensor_core_share"),
                 row.get("tc_aligned"),
                 row.get("is_output"),
                 row.get("note"),
@@ -613,6 +616,7 @@ def layers_view(model: Run, found: list[dict[str, Any]]) -> dict[str, Any]:
             "badges": badges,
             "probe_step": probe.step if probe is not None else None,
             "profiled": bool(profile),
+            "time_source": source,
         }
     )
 
@@ -697,13 +701,69 @@ def probes_view(model: Run, step: int | None) -> dict[str, Any]:
     )
 
 
+#: what a profile's figures are, by ``source`` (the tab's caption)
+PROFILE_SOURCE_LABELS = {
+    "device_kernels": "GPU kernels: precision and Tensor Core use from each kernel's name",
+    "host_ops": "host ops: each op counted in its layer's dtype (no GPU kernels in the trace)",
+    "device_ops": "device ops: each op counted in its layer's dtype (no kernel table)",
+}
+
+
+def profile_summary(model: Run) -> dict[str, Any] | None:
+    """The tab's profile panel: the figures to show side by side, None without a profile.
+
+    ``source`` and its ``label``; the time (``total_us``), ``share_16bit`` and
+    ``unattributed_share``; on a GPU trace also ``tensor_core_share`` (mpwatch, by the kernel
+    names) beside ``xprof_tensor_core_share`` (xprof's "Kernel uses TensorCore"),
+    ``tensor_core_missed_by_xprof_share`` (why they differ), ``unknown_share`` and
+    ``by_precision_share``; elsewhere ``cast_share``."""
+    prof = model.profile
+    if not prof:
+        return None
+    source = model.profile_source
+    kern = model.profile_kernels if source == "device_kernels" else None
+    base = kern if kern is not None else prof
+    total = contract.finite_float(base.get("total_us"))
+    out: dict[str, Any] = {
+        "source": source,
+        "label": PROFILE_SOURCE_LABELS.get(str(source), str(source)),
+        "steps": prof.get("steps"),
+        "device": prof.get("device"),
+        "total_us": total,
+        "share_16bit": contract.finite_float(base.get("share_16bit")),
+        "unattributed_share": (
+            (contract.finite_float(base.get("unattributed_us")) or 0.0) / total if total else None
+        ),
+    }
+    if kern is None:
+        out["cast_share"] = contract.finite_float(prof.get("cast_share"))
+        return out
+    by = kern.get("by_precision_share") if isinstance(kern.get("by_precision_share"), dict) else {}
+    out.update(
+        tensor_core_share=contract.finite_float(kern.get("tensor_core_share")),
+        xprof_tensor_core_share=contract.finite_float(kern.get("xprof_tensor_core_share")),
+        tensor_core_missed_by_xprof_share=contract.finite_float(
+            kern.get("tensor_core_missed_by_xprof_share")
+        ),
+        unknown_share=contract.finite_float(kern.get("unknown_share")),
+        by_precision_share={
+            str(k): contract.finite_float(v) for k, v in by.items() if contract.finite_float(v)
+        },
+        kernels=kern.get("kernels"),
+    )
+    return out
+
+
 def profile_view(model: Run) -> dict[str, Any]:
+    """The latest profile record (``profile``), its step, and the panel's figures
+    (``summary``: :func:`profile_summary`)."""
     items = model.records.get(contract.KIND_PROFILE) or []
     return json_safe(
         {
             "run": model.name,
             "step": items[-1][0] if items else None,
             "profile": model.profile,
+            "summary": profile_summary(model),
         }
     )
 

@@ -10,7 +10,8 @@ Routes (under ``/data/plugin/mpwatch/``), all ``application/json``:
 - ``layers?run=R``: the per-layer table with findings as badges.
 - ``probes?run=R[&step=S]``: probe steps, the layer × probe-step underflow heatmap, the probe at S.
 - ``findings?run=R``: the advisor's findings, run facts and notices.
-- ``profile?run=R``: the profile summary, or null.
+- ``profile?run=R``: the latest profile record and the panel's figures (``summary``: on a GPU
+  trace mpwatch's Tensor Core share beside xprof's, the precisions, the unknown share), or null.
 
 Every view is built from the run's :class:`mpwatch.read.Run` (``data.build_model``), once per
 content of the run: a run's entry (its Run, findings and views) is reused while a fresh read of the

@@ -161,6 +161,49 @@ def write_synthetic_run(
     return w
 
 
+GPU_TRACE = (
+    os.path.join(os.path.dirname(__file__), "..", "data", "h100")
+    + "/seed004_convnet_mixed_float16_bs128.xplane.pb"
+)
+
+
+def write_gpu_run(logdir: str) -> None:
+    """A run with the real H100 trace (tests/data/h100) summarized into its profile record, its
+    run_info (an H100) and a layers record that knows only two of the model's layers (the others
+    are known to the profile alone)."""
+    import shutil
+
+    from mpwatch.record.profile_capture import record_trace
+
+    trace_dir = os.path.join(logdir, "plugins", "profile", "2025_01_01_00_00_00")
+    os.makedirs(trace_dir)
+    shutil.copyfile(GPU_TRACE, os.path.join(trace_dir, "gpu-host.xplane.pb"))
+    w = RunWriter(logdir)
+    w.record(
+        contract.KIND_RUN_INFO,
+        0,
+        {
+            "policy": "mixed_float16",
+            "compute_dtype": "float16",
+            "variable_dtype": "float32",
+            "loss_scale": {"kind": "dynamic", "reason": None, "initial": 32768.0},
+            "model": {"name": "convnet", "class": "Sequential", "kind": "sequential", "params": 1},
+            "device": {"type": "GPU", "name": "NVIDIA H100 80GB HBM3",
+                       "compute_capability": "9.0", "tensor_cores": True},
+        },
+    )  # fmt: skip
+    rows = [
+        ["conv2d", "convnet/conv2d", "Conv2D", 1, "mixed_float16", "float16", "float32",
+         "float16", "float16", 896, 896, {"filters": 32, "input_channels": 3}, False, False, None],
+        ["batch_normalization", "convnet/batch_normalization", "BatchNormalization", 1,
+         "mixed_float16", "float16", "float32", "float16", "float32", 128, 64, {}, None, False,
+         "normalises in float32 inside"],
+    ]  # fmt: skip
+    w.record(contract.KIND_LAYERS, 0, {"layers": table(LAYER_COLUMNS, rows)})
+    w.close()
+    record_trace(logdir, step=5)
+
+
 # --- the loader -----------------------------------------------------------------------------------
 def test_entry_point_registers_the_loader():
     eps = importlib.metadata.entry_points(group="tensorboard_plugins")
@@ -644,3 +687,50 @@ def test_a_late_record_at_the_same_step_and_wall_time_is_served(tmp_path, monkey
     assert again == after
     entry = next(iter(tab._cache.values()))
     assert get("layers", run="live")["run"] == "live" and "layers" in entry.views  # reused
+
+
+def test_a_gpu_trace_shows_device_time_and_both_tensor_core_shares(tmp_path, read_events):
+    if not os.path.isfile(GPU_TRACE):
+        pytest.skip("the H100 trace is not here")
+    from tensorboard_plugin_mpwatch import data
+
+    write_gpu_run(str(tmp_path / "gpu"))
+    _, records = read_events(str(tmp_path / "gpu"))  # TensorBoard's loader, not mpwatch's
+    record = records[contract.KIND_PROFILE][-1][1]
+    kl = record["kernel_layers"]
+    truth = pd.DataFrame(kl["data"], columns=kl["columns"]).set_index("layer")
+    model = data.build_model(data.read_run(_provider(str(tmp_path)), CTX, "", "gpu"))
+    layers = data.layers_view(model, [])
+    json.dumps(layers, allow_nan=False)
+    assert layers["time_source"] == "device_kernels"
+    rows = {r[0]: dict(zip(layers["columns"], r)) for r in layers["rows"]}
+    # the two recorded layers first, then the layers only the profile knows (a model's others)
+    assert [r[0] for r in layers["rows"]][:2] == ["conv2d", "batch_normalization"]
+    assert {"conv2d_1", "conv2d_2", "batch_normalization_2"} <= set(rows)
+    for name, row in rows.items():
+        total = record["kernel_summary"]["total_us"]
+        assert row["time_share"] == pytest.approx(truth.loc[name, "time_us"] / total), name
+        assert row["tensor_core_share"] == pytest.approx(truth.loc[name, "tensor_core_share"])
+    view = data.profile_view(model)
+    json.dumps(view, allow_nan=False)
+    s = view["summary"]
+    k = record["kernel_summary"]
+    assert s["source"] == "device_kernels" and "kernel" in s["label"]
+    assert s["tensor_core_share"] == pytest.approx(k["tensor_core_share"])
+    assert s["xprof_tensor_core_share"] == pytest.approx(0.125, abs=0.005)
+    assert s["unknown_share"] == pytest.approx(k["by_precision_share"]["unknown"])
+    assert set(s["by_precision_share"]) == {"float16", "unknown"}
+    assert s["total_us"] == pytest.approx(k["total_us"])
+
+
+def test_a_cpu_profile_is_labelled_host_ops(synthetic_logdir):
+    from tensorboard_plugin_mpwatch import data
+
+    model = data.build_model(data.read_run(_provider(synthetic_logdir), CTX, "", "run_b"))
+    s = data.profile_view(model)["summary"]
+    assert s["source"] == "host_ops" and "layer's dtype" in s["label"]
+    assert s["share_16bit"] == 0.9 and "tensor_core_share" not in s
+    layers = data.layers_view(model, [])
+    assert layers["time_source"] == "host_ops"
+    tc = layers["columns"].index("tensor_core_share")
+    assert all(r[tc] is None for r in layers["rows"])

@@ -22,13 +22,20 @@ import urllib.request
 
 import pytest
 from tensorboard_process import running_tensorboard
-from test_plugin import XSS_LAYER, probe_payload, write_split_probe_run, write_synthetic_run
+from test_plugin import (
+    GPU_TRACE,
+    XSS_LAYER,
+    probe_payload,
+    write_gpu_run,
+    write_split_probe_run,
+    write_synthetic_run,
+)
 
 from mpwatch import contract
 
 BOOT_TIMEOUT = 180  # TensorBoard imports TensorFlow: slow on 2 cores
 ROUTES = ("scalars", "layers", "probes", "findings", "profile")
-RUNS = ["big", "fit", "live", "nan", "skips", "split", "xss"]
+RUNS = ["big", "fit", "gpu", "live", "nan", "skips", "split", "xss"]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -183,6 +190,9 @@ def logdir(tmp_path_factory, quickstart_logdir, policy):
     )
     live = write_synthetic_run(str(root / "live"), steps=20, close=False)
     write_split_probe_run(str(root / "split"))
+    if not os.path.isfile(GPU_TRACE):
+        pytest.skip("the H100 trace is not here")
+    write_gpu_run(str(root / "gpu"))
     import tensorflow as tf
 
     with tf.summary.create_file_writer(str(root / "plain")).as_default():
@@ -682,4 +692,59 @@ def test_histogram_panel_is_honest_when_gradients_are_not_finite(tab):
     assert "doublings headroom): none" in text and "underflow: not measured" in text
     assert "256" not in text and "underflow: 0%" not in text
     assert frame.locator("#mpw-histogram svg rect.mpw-window").count() == 0  # no window at S = 0
+    assert tab.errors == []
+
+
+@pytest.mark.browser
+def test_a_gpu_trace_shows_both_tensor_core_shares_and_device_time(tab, server):
+    from mpwatch.read import run as reader
+
+    direct = reader.load_run(os.path.join(server.logdir, "gpu"))
+    k = direct.profile_kernels
+    tab.select_run("gpu")
+    frame = tab.frame
+    frame.wait_for_selector("#mpw-profile .mpw-tc-mpwatch", timeout=30_000)
+    assert frame.locator("#mpw-profile-section").is_visible()
+    source = frame.locator("#mpw-profile .mpw-profile-source")
+    assert source.get_attribute("data-source") == "device_kernels"
+    assert "GPU kernels" in source.inner_text()
+    # mpwatch's share beside xprof's, the unknown share: the record's numbers, as the tab rounds
+    assert frame.locator(".mpw-tc-mpwatch").inner_text().endswith(
+        f"{round(100 * k['tensor_core_share'], 1)}%"
+    )
+    assert frame.locator(".mpw-tc-xprof").inner_text().endswith("12.5%")
+    assert frame.locator(".mpw-unknown").inner_text().endswith(
+        f"{round(100 * k['unknown_share'], 1)}%"
+    )
+    assert "xprof's name list" in frame.locator(".mpw-tc-why").inner_text()
+    # the precision bar: each segment's rendered width is its share of the bar
+    bar = frame.locator(".mpw-precision-bar").bounding_box()
+    for precision in ("float16", "unknown"):
+        seg = frame.locator(f'.mpw-precision-bar .mpw-seg[data-precision="{precision}"]')
+        box = seg.bounding_box()
+        share = k["by_precision_share"][precision]
+        assert box["width"] / bar["width"] == pytest.approx(share, abs=0.01), precision
+    assert "unknown 20.5% (never counted as 16-bit)" in frame.inner_text(".mpw-precision-legend")
+    # the layer table's time column is the device time, with each layer's Tensor Core share
+    head = frame.locator("#mpw-layer-table thead th")
+    labels = [head.nth(i).get_attribute("data-key") for i in range(head.count())]
+    assert frame.locator('th[data-key="time_share"]').inner_text().startswith("GPU time")
+    assert "tensor_core_share" in labels
+    kl = direct.profile_kernel_layers.set_index("layer")
+    row = frame.locator("#mpw-layer-table tbody tr", has_text="conv2d_2").first
+    cells = row.locator("td")
+    for key, column in (("tensor_core_share", "tensor_core_share"), ("time_share", "share")):
+        shown = cells.nth(labels.index(key)).inner_text()
+        assert shown.endswith("%"), (key, shown)
+        want = kl.loc["conv2d_2", column]
+        assert float(shown[:-1]) / 100 == pytest.approx(want, rel=5e-3), (key, shown, want)
+    # a CPU profile says what its figures are, and has no Tensor Core column
+    tab.select_run("xss")
+    source = frame.locator("#mpw-profile .mpw-profile-source")
+    assert source.get_attribute("data-source") == "host_ops"
+    assert frame.locator('th[data-key="tensor_core_share"]').count() == 0
+    assert frame.locator('th[data-key="time_share"]').inner_text().startswith("time share (host")
+    # a run without a profile has no profile panel
+    tab.select_run("big")
+    assert not frame.locator("#mpw-profile-section").is_visible()
     assert tab.errors == []

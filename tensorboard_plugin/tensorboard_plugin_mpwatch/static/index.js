@@ -53,6 +53,8 @@ function layout() {
   ui.histogram = el('div', {id: 'mpw-histogram'});
   ui.probeFacts = el('div', {class: 'mpw-facts'});
   ui.heatmap = el('div', {id: 'mpw-heatmap'});
+  ui.profile = el('div', {id: 'mpw-profile'});
+  ui.profileSection = section('Profile', 'mpw-profile-section', ui.profile);
   ui.table = new LayerTable((name) => { ui.table.input.value = name; ui.table.filter = name.toLowerCase(); ui.table.draw(); });
   ui.main = el('main', {class: 'mpw-main'},
     el('header', {class: 'mpw-header'},
@@ -67,6 +69,7 @@ function layout() {
       section('Gradient magnitudes vs the float16 window', 'mpw-histogram-section',
         el('label', {}, 'Probe step ', ui.probeSelect), ui.histogram, ui.probeFacts),
       section('Underflow by layer and probe step', 'mpw-heatmap-section', ui.heatmap)),
+    ui.profileSection,
     section('Layers', 'mpw-layers-section', ui.table.root));
   document.body.appendChild(ui.main);
 }
@@ -234,6 +237,66 @@ function renderProbe(probe) {
   if (probe.reference_note) ui.probeFacts.appendChild(el('div', {class: 'mpw-notice', text: probe.reference_note}));
 }
 
+// The colour of each precision in the profile's bar (unknown: grey, never counted as 16-bit).
+const PRECISION_COLORS = {
+  float16: '#1a73e8', bfloat16: '#12b5cb', float8: '#9334e6', int8: '#188038',
+  tf32: '#e8710a', float32: '#d93025', unknown: '#bdc1c6',
+};
+
+function fact(cls, label, value, title) {
+  return el('span', {class: `mpw-fact ${cls}`, title}, el('b', {text: `${label}: `}), value);
+}
+
+function renderProfile(view) {
+  clear(ui.profile);
+  const s = view && view.summary;
+  ui.profileSection.hidden = !s;
+  if (!s) return;
+  const steps = Array.isArray(s.steps) && s.steps.length === 2 ? `steps ${s.steps[0]}-${s.steps[1]}` : 'profiled';
+  ui.profile.appendChild(el('div', {class: 'mpw-caption mpw-profile-source', 'data-source': s.source,
+    text: `${steps}: ${s.label}`}));
+  const facts = el('div', {class: 'mpw-facts'});
+  ui.profile.appendChild(facts);
+  if (s.source !== 'device_kernels') {
+    facts.append(
+      fact('mpw-time', 'op time', `${fmt(s.total_us / 1000)} ms`),
+      fact('mpw-share16', '16-bit (by layer dtype)', pct(s.share_16bit)),
+      fact('mpw-cast', 'Cast ops', pct(s.cast_share)),
+      fact('mpw-outside', 'outside layers', pct(s.unattributed_share)));
+    return;
+  }
+  // mpwatch's reading of the kernel names beside xprof's own flag, and why they differ
+  facts.append(
+    fact('mpw-tc-mpwatch', 'Tensor Cores (kernel names, mpwatch)', pct(s.tensor_core_share),
+      'share of GPU time in kernels whose names are Tensor Core kernels (docs/kernels.md)'),
+    fact('mpw-tc-xprof', 'Tensor Cores (xprof\'s "Kernel uses TensorCore")', pct(s.xprof_tensor_core_share),
+      'the Profile tab\'s kernel_stats column: a substring match against a list of Volta/Turing-era names'),
+    fact('mpw-unknown', 'unknown precision', pct(s.unknown_share), 'never counted as 16-bit'),
+    fact('mpw-time', 'GPU time', `${fmt(s.total_us / 1000)} ms`),
+    fact('mpw-outside', 'outside layers', pct(s.unattributed_share)));
+  if (s.tensor_core_missed_by_xprof_share > 0) {
+    ui.profile.appendChild(el('div', {class: 'mpw-caption mpw-tc-why',
+      text: `The two differ by ${pct(s.tensor_core_missed_by_xprof_share)} of GPU time: kernels whose names ` +
+        'say Tensor Core (sm80_/sm90_xmma, cuBLAS nvjet, CUTLASS tensorop/half_t) that xprof\'s name list ' +
+        'does not hold.'}));
+  }
+  const bar = el('div', {class: 'mpw-precision-bar', role: 'img', 'aria-label': 'GPU time by precision'});
+  const legendBox = el('div', {class: 'mpw-legend mpw-precision-legend'});
+  for (const [precision, share] of Object.entries(s.by_precision_share || {})) {
+    if (!(share > 0)) continue;
+    const color = PRECISION_COLORS[precision] || '#5f6368';
+    const label = `${precision} ${pct(share)}${precision === 'unknown' ? ' (never counted as 16-bit)' : ''}`;
+    const seg = el('div', {class: 'mpw-seg', 'data-precision': precision, 'data-share': share, title: label});
+    seg.style.width = `${100 * share}%`;
+    seg.style.background = color;
+    bar.appendChild(seg);
+    const swatch = el('span', {class: 'mpw-swatch mpw-swatch-box'});
+    swatch.style.background = color;
+    legendBox.appendChild(el('span', {class: 'mpw-legend-item'}, swatch, label));
+  }
+  ui.profile.append(bar, legendBox);
+}
+
 async function loadProbe() {
   const run = state.run;
   const view = await getJson('probes', {run, step: state.probeStep});
@@ -256,11 +319,12 @@ async function refresh() {
       }
       const run = state.run;
       const chosenStep = state.probeStep;
-      const [scalars, layers, probes, findings, chosen] = await Promise.all([
+      const [scalars, layers, probes, findings, profile, chosen] = await Promise.all([
         getJson('scalars', {run}),
         getJson('layers', {run}),
         getJson('probes', {run}),
         getJson('findings', {run}),
+        getJson('profile', {run}),
         chosenStep === null ? null : getJson('probes', {run, step: chosenStep}).catch(() => null),
       ]);
       if (chosen && chosen.probe) probes.probe = chosen.probe;
@@ -270,6 +334,7 @@ async function refresh() {
       renderFindings(findings);
       renderScalars(scalars);
       renderProbes(probes);
+      renderProfile(profile);
       ui.table.setData(layers);
       const entry = runs.find((r) => r.name === run);
       ui.status.textContent = `step ${fmt(entry ? entry.max_step : null)} · updated ${new Date().toLocaleTimeString()}`;

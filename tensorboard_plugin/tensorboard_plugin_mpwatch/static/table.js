@@ -14,8 +14,18 @@ const COLUMNS = [
   {key: 'grad_rel_error', label: 'grad error', num: true, format: fmt},
   {key: 'max_abs_activation', label: 'max |act|', num: true, format: fmt},
   {key: 'time_share', label: 'time share', num: true, format: pct, profiled: true},
+  {key: 'tensor_core_share', label: 'Tensor Cores', num: true, format: pct, gpu: true,
+    title: 'share of the layer\'s GPU time in Tensor Core kernels (by the kernel names)'},
   {key: 'findings', label: 'findings'},
 ];
+
+// The time column says what its time is: the GPU kernels' device time on a GPU trace, the
+// profiled ops' time elsewhere (each op counted in its layer's dtype).
+const TIME_LABELS = {
+  device_kernels: ['GPU time', 'share of the GPU kernels\' device time (forward and backward)'],
+  host_ops: ['time share (host ops)', 'share of the profiled host ops\' time (no GPU kernels in the trace)'],
+  device_ops: ['time share (device ops)', 'share of the profiled device ops\' time'],
+};
 
 export class LayerTable {
   constructor(onSelectLayer) {
@@ -27,6 +37,7 @@ export class LayerTable {
     this.rows = [];
     this.badges = {};
     this.profiled = false;
+    this.timeSource = null;
     this.input = el('input', {type: 'search', class: 'mpw-filter', placeholder: 'filter layers, classes, dtypes…',
       'aria-label': 'filter layers'});
     this.input.addEventListener('input', () => { this.filter = this.input.value.toLowerCase(); this.page = 0; this.draw(); });
@@ -46,11 +57,17 @@ export class LayerTable {
       return obj;
     });
     this.profiled = Boolean(view.profiled);
+    this.timeSource = view.time_source || null;
     this.draw();
   }
 
   columns() {
-    return COLUMNS.filter((c) => !c.profiled || this.profiled);
+    const gpu = this.timeSource === 'device_kernels';
+    return COLUMNS.filter((c) => (!c.profiled || this.profiled) && (!c.gpu || gpu)).map((c) => {
+      if (c.key !== 'time_share' || !TIME_LABELS[this.timeSource]) return c;
+      const [label, title] = TIME_LABELS[this.timeSource];
+      return {...c, label, title};
+    });
   }
 
   visible() {
@@ -84,7 +101,7 @@ export class LayerTable {
     for (const c of this.columns()) {
       const arrow = this.sortKey === c.key ? (this.sortDir > 0 ? ' ▲' : ' ▼') : '';
       const th = el('th', {class: c.num ? 'num sortable' : 'sortable', 'data-key': c.key, tabindex: 0,
-        title: `sort by ${c.label}`, text: c.label + arrow});
+        title: c.title ? `${c.title}; sort by ${c.label}` : `sort by ${c.label}`, text: c.label + arrow});
       const sort = () => {
         if (this.sortKey === c.key) this.sortDir = -this.sortDir;
         else { this.sortKey = c.key; this.sortDir = c.num ? -1 : 1; }
