@@ -86,9 +86,30 @@ def test_every_kind_has_a_valid_schema_and_every_table_its_column_types():
         (contract.PROBE_SWEEP_COLUMNS, contract.PROBE_SWEEP_COLUMN_TYPES),
         (contract.PROFILE_LAYER_COLUMNS, contract.PROFILE_LAYER_COLUMN_TYPES),
         (contract.PROFILE_OP_TYPE_COLUMNS, contract.PROFILE_OP_TYPE_COLUMN_TYPES),
+        (contract.PROFILE_KERNEL_LAYER_COLUMNS, contract.PROFILE_KERNEL_LAYER_COLUMN_TYPES),
+        (contract.PROFILE_KERNEL_COLUMNS, contract.PROFILE_KERNEL_COLUMN_TYPES),
     ]
     for columns, types in pairs:
         assert list(types) == columns
+
+
+def test_the_profile_contract_names_the_classifiers_precisions():
+    from mpwatch import kernels
+
+    assert contract.PROFILE_PRECISIONS == kernels.PRECISIONS
+    v = _validator(contract.KIND_PROFILE)
+    old = {  # a record written before the kernel keys: still valid, its source derived
+        "steps": [3, 5], "device": "CPU", "total_us": 1.0, "unattributed_us": 0.0,
+        "unattributed_by_category": {}, "cast_us": 0.0, "cast_share": 0.0, "share_16bit": 0.5,
+        "layers": contract.table(contract.PROFILE_LAYER_COLUMNS, []),
+        "op_types": contract.table(contract.PROFILE_OP_TYPE_COLUMNS, []),
+        "trace_dir": "x", "side": "host", "tool": "framework_op_stats", "bits_rule": "",
+        "layers_dropped": 0,
+    }  # fmt: skip
+    assert v.is_valid(old) and contract.profile_source(old) == "host_ops"
+    assert contract.profile_source({**old, "side": "device"}) == "device_ops"
+    assert not v.is_valid({**old, "source": "device_kernels"})  # the kernel keys must come too
+    assert not v.is_valid({**old, "source": "gpu"})
 
 
 def _grad_record(rows=None):
