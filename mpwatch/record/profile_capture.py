@@ -46,6 +46,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mpwatch.record.backend import JAX, TENSORFLOW
 from mpwatch.record.base import RecordingCallback
 
 logger = logging.getLogger("mpwatch")
@@ -55,13 +56,14 @@ DEFAULT_STEPS = (3, 5)  # batches 1-2 trace and warm up the train function
 
 
 def keras_backend() -> str:
-    """Keras' backend (``"tensorflow"``, ``"jax"``, ...); ``"tensorflow"`` when Keras says none."""
-    try:
-        import keras
+    """Keras' backend (:func:`mpwatch.record.backend.name`); ``"tensorflow"`` when Keras cannot
+    say (the TensorFlow profiler, as before)."""
+    from mpwatch.record import backend
 
-        return str(keras.backend.backend())
-    except Exception:  # noqa: BLE001 - no Keras: the TensorFlow profiler, as before
-        return "tensorflow"
+    try:
+        return backend.name()
+    except Exception:  # noqa: BLE001
+        return backend.TENSORFLOW
 
 
 def layer_dims(model: Any) -> dict[str, dict[str, int]]:
@@ -173,7 +175,7 @@ class ProfileMonitor(RecordingCallback):
         self._pending: dict[str, Any] | None = None
         self._captured: list[int] = []
         self._t0 = 0.0
-        self._backend = "tensorflow"
+        self._backend = TENSORFLOW
         self.trace_dir: str | None = None
         self.result: dict[str, Any] | None = None
         self.error: str | None = None
@@ -249,7 +251,7 @@ class ProfileMonitor(RecordingCallback):
             if self._profiling:  # a failed part left the profiler running: stop it, drop the trace
                 self._profiling = False
                 try:
-                    if self._backend == "jax":
+                    if self._backend == JAX:
                         import jax
 
                         jax.profiler.stop_trace()  # JAX cannot drop a trace: it is written
@@ -277,7 +279,7 @@ class ProfileMonitor(RecordingCallback):
     def _start(self) -> None:
         self._before = self._runs()
         try:
-            if self._backend == "jax":
+            if self._backend == JAX:
                 import jax
 
                 jax.profiler.start_trace(self.log_dir)
@@ -298,7 +300,7 @@ class ProfileMonitor(RecordingCallback):
         self._range = None
         self._done = True
         try:
-            if self._backend == "jax":
+            if self._backend == JAX:
                 import jax
 
                 jax.profiler.stop_trace()
@@ -342,7 +344,7 @@ class ProfileMonitor(RecordingCallback):
                 steps=pending["steps"],
                 dtype_overrides=self.dtype_overrides or None,
                 # JAX on a CPU: xprof's op table is empty, XLA's own op events are not
-                ops="auto" if self._backend == "jax" else "framework",
+                ops="auto" if self._backend == JAX else "framework",
                 dims=layer_dims(self.model),
             )
         except Exception as e:  # noqa: BLE001 - never lose training to the conversion
