@@ -56,9 +56,30 @@ def is_chief(model: Any = None) -> bool:
         import jax
 
         return jax.process_index() == 0
-    from mpwatch.record.base import tf_is_chief
-
     return tf_is_chief(getattr(model, "distribute_strategy", None))
+
+
+def tf_is_chief(strategy: Any = None) -> bool:
+    """True where this TensorFlow process should write (always, outside multi-worker training).
+    The backend-neutral question is :func:`mpwatch.record.backend.is_chief`."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    extended = getattr(strategy, "extended", None)
+    in_multi = getattr(extended, "_in_multi_worker_mode", None)
+    if not callable(in_multi) or not in_multi():
+        return True
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    task_id = getattr(resolver, "task_id", 0) or 0
+    if task_type in (None, "chief"):
+        return True
+    if task_type == "worker" and task_id == 0:
+        try:
+            return "chief" not in resolver.cluster_spec().as_dict()
+        except Exception:  # noqa: BLE001
+            return True
+    return False
 
 
 def strategy_facts(model: Any) -> tuple[str, int]:

@@ -28,6 +28,7 @@ import keras
 
 from mpwatch import contract
 from mpwatch.record import backend
+from mpwatch.record.backend import tf_is_chief  # noqa: F401  (its old home)
 from mpwatch.record.state import ModelState, state_of
 from mpwatch.record.writer import RunWriter
 
@@ -86,29 +87,6 @@ def check_model(model: Any, who: str = "mpwatch", compiled: bool = True) -> None
             f"{who}: the model {model.name!r} is not compiled; call model.compile(optimizer=..., "
             "loss=...) before training"
         )
-
-
-def tf_is_chief(strategy: Any = None) -> bool:
-    """True where this TensorFlow process should write (always, outside multi-worker training).
-    The backend-neutral question is :func:`mpwatch.record.backend.is_chief`."""
-    import tensorflow as tf
-
-    strategy = strategy or tf.distribute.get_strategy()
-    extended = getattr(strategy, "extended", None)
-    in_multi = getattr(extended, "_in_multi_worker_mode", None)
-    if not callable(in_multi) or not in_multi():
-        return True
-    resolver = getattr(strategy, "cluster_resolver", None)
-    task_type = getattr(resolver, "task_type", None)
-    task_id = getattr(resolver, "task_id", 0) or 0
-    if task_type in (None, "chief"):
-        return True
-    if task_type == "worker" and task_id == 0:
-        try:
-            return "chief" not in resolver.cluster_spec().as_dict()
-        except Exception:  # noqa: BLE001
-            return True
-    return False
 
 
 # --- one writer per log_dir, shared by the callbacks of a run -------------------------------------

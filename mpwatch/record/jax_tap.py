@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from mpwatch.record import stats
-from mpwatch.record.state import Collected, from_ring, loss_scale_optimizer
+from mpwatch.record.tap_common import Collected, from_ring, loss_scale_optimizer
 
 logger = logging.getLogger("mpwatch")
 

@@ -29,29 +29,19 @@ function is dropped, so a later ``fit`` without mpwatch traces a clean one).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mpwatch.record import stats
+from mpwatch.record.tap_common import (  # noqa: F401  (also their old import path)
+    Collected,
+    from_ring,
+    loss_scale_optimizer,
+)
 
 logger = logging.getLogger("mpwatch")
 STATE_ATTR = "_mpwatch_state"
-
-
-def loss_scale_optimizer(optimizer: Any) -> Any:
-    """The optimizer if it is a Keras ``LossScaleOptimizer`` (has ``dynamic_scale``), else None."""
-    if optimizer is None:
-        return None
-    try:
-        import keras
-
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            return optimizer
-    except (ImportError, AttributeError):  # pragma: no cover
-        pass
-    return None
 
 
 def initial_step(model: Any) -> int:
@@ -63,31 +53,6 @@ def initial_step(model: Any) -> int:
     except Exception:  # noqa: BLE001  (an unbuilt optimizer: start at 0)
         pass
     return 0
-
-
-@dataclass
-class Collected:
-    """What the tap recorded for the batches of one Keras callback call.
-
-    ``steps`` are mpwatch batch steps; arrays are aligned with them. ``loss_scale`` / ``skipped`` /
-    ``scale_used`` are None without a LossScaleOptimizer. ``grad_counts`` maps a step to its
-    ``[num_variables, 5]`` counts table (only at steps where gradient health was computed).
-    """
-
-    steps: list[int]
-    loss_scale: np.ndarray | None = None
-    scale_used: np.ndarray | None = None
-    skipped: np.ndarray | None = None
-    grad_counts: dict[int, np.ndarray] = field(default_factory=dict)
-    exact: bool = True  # False: counted from Keras' batch numbers (the tap is off)
-
-    @property
-    def n(self) -> int:
-        return len(self.steps)
-
-    @property
-    def last_step(self) -> int | None:
-        return self.steps[-1] if self.steps else None
 
 
 class Tap:
@@ -355,42 +320,6 @@ class Tap:
         return from_ring(
             self, int(step) - int(count), int(count), scale, scale_used, skipped, valid, counts
         )
-
-
-def from_ring(
-    tap: Any,
-    last_step: int,
-    n: int,
-    scale: np.ndarray,
-    scale_used: np.ndarray,
-    skipped: np.ndarray,
-    valid: np.ndarray,
-    counts: np.ndarray,
-    first_slot: int = 0,
-) -> Collected:
-    """The :class:`Collected` of the ``n`` batches after step ``last_step``, from a tap's ring
-    buffers (both backends' taps): the k-th of them went into slot ``(first_slot + k) %
-    capacity``; when more batches ran than the ring holds, only the last ``capacity`` are kept."""
-    cap = tap.capacity
-    if n > cap:
-        logger.warning("mpwatch: %d batches since the last read, only the last %d are kept", n, cap)
-    steps = list(range(last_step + 1, last_step + n + 1))
-    first_kept = max(0, n - cap)
-    slots = [(first_slot + k) % cap for k in range(first_kept, n)]
-    kept = steps[first_kept:]
-    out = Collected(steps=steps)
-    if tap.lso is not None and tap.failed is None:
-        out.loss_scale = np.full(n, np.nan, np.float32)
-        out.scale_used = np.full(n, np.nan, np.float32)
-        out.skipped = np.full(n, np.nan, np.float32)
-        out.loss_scale[first_kept:] = scale[slots]
-        out.scale_used[first_kept:] = scale_used[slots]
-        out.skipped[first_kept:] = skipped[slots]
-    if tap.grad_every and tap.failed is None:
-        for s, slot in zip(kept, slots):
-            if valid[slot] > 0:
-                out.grad_counts[s] = np.asarray(counts[slot], np.float64)
-    return out
 
 
 class ModelState:
