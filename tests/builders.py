@@ -20,7 +20,6 @@ PROBE_LAYER_COLUMNS = contract.PROBE_LAYER_COLUMNS
 PROBE_VARIABLE_COLUMNS = contract.PROBE_VARIABLE_COLUMNS
 
 
-
 def run_info(policy: str = "mixed_float16", batch_size: int | None = 30, tc: bool = True) -> dict:
     compute = policy.replace("mixed_", "")
     return {
@@ -437,3 +436,43 @@ def scale_run(probes: list[dict], scales: dict[int, float], skipped: dict[int, f
     )
     run.histograms = {p["step"]: p["histogram"] for p in probes}
     return run
+
+
+# --- the real H100 trace (tests/data/h100) ------------------------------------------------------
+H100_TRACE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)),
+    "data",
+    "h100",
+    "seed004_convnet_mixed_float16_bs128.xplane.pb",
+)
+
+
+def put_h100_trace(logdir) -> str:
+    """Copy the H100 trace where a profiler run leaves it: ``LOGDIR/plugins/profile/RUN/``;
+    returns that run directory."""
+    import shutil
+
+    run = os.path.join(str(logdir), "plugins", "profile", "2025_01_01_00_00_00")
+    os.makedirs(run)
+    shutil.copyfile(H100_TRACE, os.path.join(run, "gpu-host.xplane.pb"))
+    return run
+
+
+def xprof_kernel_stats(trace: str = H100_TRACE) -> pd.DataFrame:
+    """xprof's own ``kernel_stats`` table of a trace, straight from its converter (run on a copy:
+    the converter writes a cache file beside the trace): the independent ground truth."""
+    import json
+    import shutil
+    import tempfile
+
+    from xprof.convert import raw_to_tool_data
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "h.xplane.pb")
+        shutil.copyfile(trace, copy)
+        data, _ = raw_to_tool_data.xspace_to_tool_data([copy], "kernel_stats", {})
+    table = json.loads(data)
+    cols = [c["id"] for c in table["cols"]]
+    df = pd.DataFrame([[c.get("v") for c in r["c"]] for r in table["rows"]], columns=cols)
+    df["total_duration_us"] = pd.to_numeric(df["total_duration_us"])
+    return df

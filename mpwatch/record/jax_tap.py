@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from mpwatch.record import stats
-from mpwatch.record.tap_common import Collected, from_ring, loss_scale_optimizer
+from mpwatch.record.tap_common import Collected, TapBase, from_ring
 
 logger = logging.getLogger("mpwatch")
 
@@ -49,25 +49,17 @@ def _index_of(items: list[Any], target: Any) -> int | None:
     return None
 
 
-class JaxTap:
+class JaxTap(TapBase):
     """The JAX backend's tap; the interface :class:`~mpwatch.record.state.ModelState` uses is
     that of the TensorFlow :class:`~mpwatch.record.state.Tap` (``install``, ``uninstall``,
     ``read``, ``set_step``, ``current_step``). See the module docstring."""
 
     def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:
-        self.model = model
-        self.optimizer = model.optimizer
-        self.lso = loss_scale_optimizer(self.optimizer)
-        self.capacity = max(1, int(capacity))
-        self.grad_every = grad_every
-        self.failed: str | None = None
-        self.variable_names: list[str] = []
-        self.rebuild = True
+        super().__init__(model, capacity, grad_every)
         self._step = int(start_step)  # the batch step of the last batch read
         self._install_step = int(start_step)  # the step before the first batch written (count 0)
         self._read_count = 0
         self._values: list[Any] | None = None  # the buffers' latest values (device arrays)
-        self._num_vars: int | None = None
         self._installed = False
 
     # --- the buffers --------------------------------------------------------------------------
@@ -183,11 +175,6 @@ class JaxTap:
             self._fail(f"could not trace the gradient tap: {e!r}")
         return new_tvs, list(new_theirs) + list(ours)
 
-    def _fail(self, message: str) -> None:
-        if self.failed is None:
-            self.failed = message
-            logger.error("mpwatch: %s; loss scale, skipped steps and gradient health stop", message)
-
     def _before(self, theirs: list[Any], grads: Any) -> dict[str, Any]:
         import jax.numpy as jnp
 
@@ -250,7 +237,9 @@ class JaxTap:
         values = self._latest()
         if values is None:
             return Collected(steps=[])
-        count, scale, scale_used, skipped, valid, counts = (np.asarray(v) for v in values)
+        # the counts buffer stays on the device: from_ring fetches only the slots holding counts
+        *small, counts = values
+        count, scale, scale_used, skipped, valid = (np.asarray(v) for v in small)
         n = int(count) - self._read_count
         first_slot = self._read_count  # batch number c (0-based, ever) went into slot c % cap
         self._read_count = int(count)

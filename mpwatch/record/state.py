@@ -36,6 +36,7 @@ import numpy as np
 from mpwatch.record import stats
 from mpwatch.record.tap_common import (  # noqa: F401  (also their old import path)
     Collected,
+    TapBase,
     from_ring,
     loss_scale_optimizer,
 )
@@ -55,22 +56,15 @@ def initial_step(model: Any) -> int:
     return 0
 
 
-class Tap:
+class Tap(TapBase):
     """The in-graph recorder around ``optimizer.apply``. See the module docstring."""
 
     def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:
         import tensorflow as tf
 
-        self.model = model
-        self.optimizer = model.optimizer
-        self.lso = loss_scale_optimizer(self.optimizer)
-        self.capacity = max(1, int(capacity))
-        self.grad_every = grad_every
-        self.failed: str | None = None
-        self.variable_names: list[str] = []
+        super().__init__(model, capacity, grad_every)
         self._orig_apply = None
-        self.rebuild = True  # rebuild Keras' train function (False for custom training loops)
-        self._num_vars: int | None = None  # known at install (built model) or when traced
+        # self._num_vars: known at install (built model) or when traced
         self._prebuilt_vars: int | None = None  # counts buffer created at install, for so many
         strategy = model.distribute_strategy
         self._distributed = strategy.num_replicas_in_sync > 1
@@ -207,11 +201,6 @@ class Tap:
         except Exception as e:  # noqa: BLE001
             self._fail(f"could not trace the gradient tap: {e!r}")
         return result
-
-    def _fail(self, message: str) -> None:
-        if self.failed is None:
-            self.failed = message
-            logger.error("mpwatch: %s; loss scale, skipped steps and gradient health stop", message)
 
     def _iterations(self) -> Any:
         import tensorflow as tf

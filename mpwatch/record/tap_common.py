@@ -1,6 +1,7 @@
 """What both in-graph taps share (TensorFlow's :class:`mpwatch.record.state.Tap` and JAX's
-:class:`mpwatch.record.jax_tap.JaxTap`): the :class:`Collected` result of a read, turning ring
-buffers into it (:func:`from_ring`), and finding the ``LossScaleOptimizer``."""
+:class:`mpwatch.record.jax_tap.JaxTap`): their common state (:class:`TapBase`), the
+:class:`Collected` result of a read, turning ring buffers into it (:func:`from_ring`), and finding
+the ``LossScaleOptimizer``."""
 
 from __future__ import annotations
 
@@ -86,3 +87,24 @@ def from_ring(
             if valid[slot] > 0:
                 out.grad_counts[s] = np.asarray(counts[slot], np.float64)
     return out
+
+
+class TapBase:
+    """The state every tap has: the model and its optimizer (and ``LossScaleOptimizer``), the ring
+    capacity (batches per read), the gradient-count period, and the failure that stopped it."""
+
+    def __init__(self, model: Any, capacity: int, grad_every: int | None) -> None:
+        self.model = model
+        self.optimizer = model.optimizer
+        self.lso = loss_scale_optimizer(self.optimizer)
+        self.capacity = max(1, int(capacity))
+        self.grad_every = grad_every
+        self.failed: str | None = None
+        self.variable_names: list[str] = []
+        self.rebuild = True  # rebuild Keras' train function (False for custom training loops)
+        self._num_vars: int | None = None
+
+    def _fail(self, message: str) -> None:
+        if self.failed is None:
+            self.failed = message
+            logger.error("mpwatch: %s; loss scale, skipped steps and gradient health stop", message)

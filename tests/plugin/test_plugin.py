@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from builders import H100_TRACE, put_h100_trace
 from tensorboard.context import RequestContext
 
 from mpwatch import contract
@@ -161,23 +162,16 @@ def write_synthetic_run(
     return w
 
 
-GPU_TRACE = (
-    os.path.join(os.path.dirname(__file__), "..", "data", "h100")
-    + "/seed004_convnet_mixed_float16_bs128.xplane.pb"
-)
+GPU_TRACE = H100_TRACE
 
 
 def write_gpu_run(logdir: str) -> None:
     """A run with the real H100 trace (tests/data/h100) summarized into its profile record, its
     run_info (an H100) and a layers record that knows only two of the model's layers (the others
     are known to the profile alone)."""
-    import shutil
-
     from mpwatch.record.profile_capture import record_trace
 
-    trace_dir = os.path.join(logdir, "plugins", "profile", "2025_01_01_00_00_00")
-    os.makedirs(trace_dir)
-    shutil.copyfile(GPU_TRACE, os.path.join(trace_dir, "gpu-host.xplane.pb"))
+    put_h100_trace(logdir)
     w = RunWriter(logdir)
     w.record(
         contract.KIND_RUN_INFO,

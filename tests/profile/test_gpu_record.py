@@ -12,16 +12,14 @@ kernels are told by the name tokens the trace's README lists (``f16f16_f16f32``,
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from builders import H100_TRACE, put_h100_trace, xprof_kernel_stats
 
 from mpwatch import contract, diagnose, load_run, profile
 from mpwatch.record.profile_capture import record_trace
@@ -29,7 +27,7 @@ from mpwatch.record.profile_capture import record_trace
 pytest.importorskip("xprof.convert.raw_to_tool_data")
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT / "tests" / "data" / "h100" / "seed004_convnet_mixed_float16_bs128.xplane.pb"
+TRACE = Path(H100_TRACE)
 CONV_LAYERS = ("conv2d", "conv2d_1", "conv2d_2")
 BN_LAYERS = ("batch_normalization", "batch_normalization_1", "batch_normalization_2")
 # float16 Tensor Core kernels by the tokens of their names (the trace's README); cuDNN's split-K
@@ -39,35 +37,18 @@ F16_TENSOR_CORE = r"^(?!.*(?:reduction|Padding)).*(?:f16f16_f16f32|tensorop_f16|
 NO_TYPE = r"^(?:loop_|input_|fusion|gemm_fusion|wrapped_|memcpy|memset)"
 
 
-def _put_trace(logdir: Path) -> Path:
-    run = logdir / "plugins" / "profile" / "2025_01_01_00_00_00"
-    run.mkdir(parents=True)
-    shutil.copyfile(TRACE, run / "gpu-host.xplane.pb")
-    return run
-
-
 @pytest.fixture(scope="module")
 def xprof_table():
-    """xprof's kernel_stats table of the trace, straight from its converter (on a copy)."""
+    """xprof's kernel_stats table of the trace (tests/builders.py)."""
     if not TRACE.is_file():
         pytest.skip(f"the H100 trace is not here: {TRACE}")
-    from xprof.convert import raw_to_tool_data
-
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = os.path.join(tmp, "h.xplane.pb")
-        shutil.copyfile(TRACE, copy)
-        data, _ = raw_to_tool_data.xspace_to_tool_data([copy], "kernel_stats", {})
-    table = json.loads(data)
-    cols = [c["id"] for c in table["cols"]]
-    df = pd.DataFrame([[c.get("v") for c in r["c"]] for r in table["rows"]], columns=cols)
-    df["total_duration_us"] = pd.to_numeric(df["total_duration_us"])
-    return df
+    return xprof_kernel_stats(str(TRACE))
 
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, xprof_table):
     logdir = tmp_path_factory.mktemp("h100") / "logs"
-    _put_trace(logdir)
+    put_h100_trace(logdir)
     record_trace(logdir)
     return logdir
 
@@ -182,7 +163,7 @@ def test_with_the_model_known_the_padding_names_the_dimension(tmp_path, xprof_ta
             "batch_normalization", "sequential/batch_normalization", "BatchNormalization", "float16"
         ),
     ]
-    _put_trace(tmp_path)
+    put_h100_trace(tmp_path)
     payload = profile.summarize(
         str(tmp_path),
         root,
@@ -201,7 +182,7 @@ def test_with_the_model_known_the_padding_names_the_dimension(tmp_path, xprof_ta
 def test_record_trace_from_a_shell(tmp_path):
     if not TRACE.is_file():
         pytest.skip("no trace")
-    _put_trace(tmp_path)
+    put_h100_trace(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "mpwatch.record.profile_capture", str(tmp_path)],
         capture_output=True,

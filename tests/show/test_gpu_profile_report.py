@@ -7,17 +7,12 @@ mpwatch) summed with pandas, and the layers record the test writes.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 
 import jsonschema
-import pandas as pd
 import pytest
-from builders import run_info
+from builders import H100_TRACE, put_h100_trace, run_info, xprof_kernel_stats
 
 from mpwatch import contract, diagnose, load_run
 from mpwatch.record.profile_capture import record_trace
@@ -27,7 +22,7 @@ from mpwatch.show import report
 pytest.importorskip("xprof.convert.raw_to_tool_data")
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT / "tests" / "data" / "h100" / "seed004_convnet_mixed_float16_bs128.xplane.pb"
+TRACE = Path(H100_TRACE)
 F16_TENSOR_CORE = r"^(?!.*(?:reduction|Padding)).*(?:f16f16_f16f32|tensorop_f16|half_t)"
 
 
@@ -52,25 +47,13 @@ LAYERS = [
 def xprof_table():
     if not TRACE.is_file():
         pytest.skip(f"the H100 trace is not here: {TRACE}")
-    from xprof.convert import raw_to_tool_data
-
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = os.path.join(tmp, "h.xplane.pb")
-        shutil.copyfile(TRACE, copy)
-        data, _ = raw_to_tool_data.xspace_to_tool_data([copy], "kernel_stats", {})
-    table = json.loads(data)
-    cols = [c["id"] for c in table["cols"]]
-    df = pd.DataFrame([[c.get("v") for c in r["c"]] for r in table["rows"]], columns=cols)
-    df["total_duration_us"] = pd.to_numeric(df["total_duration_us"])
-    return df
+    return xprof_kernel_stats(str(TRACE))
 
 
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory, xprof_table):
     logdir = tmp_path_factory.mktemp("gpu_report")
-    run_dir = logdir / "plugins" / "profile" / "2025_01_01_00_00_00"
-    run_dir.mkdir(parents=True)
-    shutil.copyfile(TRACE, run_dir / "gpu-host.xplane.pb")
+    put_h100_trace(logdir)
     info = run_info("mixed_float16", batch_size=128)
     info["device"] = {"type": "GPU", "name": "NVIDIA H100 80GB HBM3",
                       "compute_capability": "9.0", "tensor_cores": True}  # fmt: skip
