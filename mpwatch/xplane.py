@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpwatch.wire import varint
+
 __all__ = [
     "XSpaceError",
     "XEvent",
@@ -92,18 +94,7 @@ class XSpaceError(ValueError):
 
 # --- the wire format ------------------------------------------------------------------------------
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if i >= len(buf):
-            raise XSpaceError("truncated varint")
-        b = buf[i]
-        i += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, i
-        shift += 7
-        if shift > 70:
-            raise XSpaceError("varint too long")
+    return varint(buf, i, XSpaceError)
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:

@@ -26,6 +26,7 @@ SHARED = (
     "mpwatch.formats",
     "mpwatch.kernels",
     "mpwatch.layers",
+    "mpwatch.wire",
 )
 ALLOWED = {
     "mpwatch.record": (*SHARED, "mpwatch.profile", "mpwatch.record"),
@@ -36,12 +37,14 @@ ALLOWED = {
     "mpwatch.formats": (),
     "mpwatch.layers": (),
     "mpwatch.kernels": (),
-    "mpwatch.xplane": (),
+    "mpwatch.wire": (),
+    "mpwatch.xplane": ("mpwatch.wire",),
     "mpwatch.profile": (
         "mpwatch.contract",
         "mpwatch.formats",
         "mpwatch.kernels",
         "mpwatch.layers",
+        "mpwatch.wire",
         "mpwatch.xplane",
     ),
     "tensorboard_plugin_mpwatch": (
@@ -118,6 +121,7 @@ def test_the_stages_are_packages_of_their_own():
         "mpwatch.read",
         "mpwatch.record",
         "mpwatch.show",
+        "mpwatch.wire",
         "mpwatch.xplane",
     ]
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from mpwatch import contract
+from mpwatch import contract, wire
 
 __all__ = ["Events", "read_events"]
 
@@ -249,20 +249,7 @@ def _frame(buf: bytes, fname: str, warn: list[str]) -> tuple[np.ndarray, np.ndar
 
 
 # --- decoding ------------------------------------------------------------------------------------
-def _varint(b: bytes, p: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if p >= len(b):
-            raise IndexError
-        c = b[p]
-        result |= (c & 0x7F) << shift
-        p += 1
-        if not c & 0x80:
-            return result, p
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
+_varint = wire.varint
 
 
 # one fast-path layout: which byte ranges vary between events of the same tag
