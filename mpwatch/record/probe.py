@@ -117,12 +117,19 @@ def split_data(data: Any) -> tuple[Any, Any, Any]:
 
 
 def first_batch(data: Any) -> Any:
-    """A tf.data.Dataset's (or any iterable's, but not an array's) first element, else data."""
+    """A tf.data.Dataset's first element (as numpy arrays on Keras' JAX backend), else data."""
+    if not type(data).__module__.startswith("tensorflow"):
+        return data
     import tensorflow as tf
 
-    if isinstance(data, tf.data.Dataset):
-        return next(iter(data.take(1)))
-    return data
+    if not isinstance(data, tf.data.Dataset):
+        return data
+    batch = next(iter(data.take(1)))
+    from mpwatch.record import backend
+
+    if backend.name() == backend.TENSORFLOW:
+        return batch
+    return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, batch)
 
 
 def _round(x: Any, digits: int = 6) -> Any:
@@ -161,12 +168,17 @@ def loss_agrees(probe_loss: float, train_loss: float) -> tuple[bool, str | None]
 
 
 def _custom_train_step(model: Any) -> bool:
-    """Whether the model's class overrides Keras' train_step."""
+    """Whether the model's class overrides Keras' train_step (of the backend's trainer)."""
+    from mpwatch.record import backend
+
     try:
-        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+        if backend.name() == backend.JAX:
+            from keras.src.backend.jax.trainer import JAXTrainer as Trainer
+        else:
+            from keras.src.backend.tensorflow.trainer import TensorFlowTrainer as Trainer
     except ImportError:  # pragma: no cover
         return False
-    return getattr(type(model), "train_step", None) is not TensorFlowTrainer.train_step
+    return getattr(type(model), "train_step", None) is not Trainer.train_step
 
 
 def _batch_size(x: Any) -> int | None:
@@ -242,6 +254,7 @@ class Probe:
                 f"2**{int(math.log2(formats.KERAS_INITIAL_SCALE))}"
             )
         self.layer_names, self.tap = self._taps()
+        self.tapped_layers = self._tapped_layers if self.tap is not None else []
         self._var_layer = self._variable_layers()
 
     def _fall_back(self, error: Exception) -> None:
@@ -272,6 +285,7 @@ class Probe:
 
     def _taps(self) -> tuple[list[str], Any]:
         """(layer names, multi-output model: the outputs then every layer's outputs)."""
+        self._tapped_layers: list[Any] = []
         if self.kind == "subclassed":
             return [], None
         try:
@@ -286,6 +300,7 @@ class Probe:
                     outs.append(t)
                     self._act_layer_index.append(i)
             tap = keras.Model(m.inputs, list(m.outputs) + outs)
+            self._tapped_layers = layers
             return [ly.name for ly in layers], tap
         except Exception as e:  # noqa: BLE001  (a shared layer, an unbuilt Sequential, ...)
             logger.info("mpwatch: probe: no per-layer activations for %s: %r", self.model.name, e)
@@ -306,16 +321,17 @@ class Probe:
     def _loss(self, x: Any, y: Any, y_pred: Any, sw: Any) -> Any:
         """The loss as Keras' train step computes it (``model._compute_loss``, which adds the
         model's own losses), or ``loss_fn`` plus the model's losses."""
-        import tensorflow as tf
+        from keras import ops
 
         m = self.model
         if self.loss_fn is not None:
-            loss = tf.cast(self.loss_fn(y, y_pred), tf.float32)
-            extra = [tf.cast(v, tf.float32) for v in m.losses]
-            return loss + tf.add_n(extra) if extra else loss
+            loss = ops.cast(self.loss_fn(y, y_pred), "float32")
+            for extra in m.losses:
+                loss = loss + ops.cast(extra, "float32")
+            return loss
         compute = getattr(m, "_compute_loss", None) or m.compute_loss
         loss = compute(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
-        return tf.cast(loss, tf.float32)
+        return ops.cast(loss, "float32")
 
     def _pack(self, flat: list[Any]) -> Any:
         if len(flat) == 1:
@@ -364,34 +380,48 @@ class Probe:
         it = iter(grads)
         return [next(it) if a.dtype.is_floating else None for a in acts]
 
-    def _passes(self, x: Any, y: Any, sw: Any, scale: Any) -> tuple[dict, dict | None, Any]:
+    def _passes(
+        self, x: Any, y: Any, sw: Any, scale: Any, fb: Any = None, train_loss_fn: Any = None
+    ) -> tuple[dict, dict | None, Any]:
         """(low pass, reference pass or None, train-step loss): traced inside the probe's
-        function, with the random layers off and the view switched around the right pass."""
+        function, with the random layers off and the view switched around the right pass.
+        ``fb(x, y, sw, scale)`` and ``train_loss_fn()`` are the backend's pass and train-step
+        loss (default TensorFlow's; :mod:`mpwatch.record.probe_jax` gives JAX's)."""
         view = self.view
+        fb = fb or self._forward_backward
+        train_loss_fn = train_loss_fn or (lambda: self._train_step_loss(x, y, sw))
         with random_layers_off(self.random_off):
             if self.mode == "preflight":
-                ref = self._forward_backward(x, y, sw, 1.0)
-                train_loss = self._train_step_loss(x, y, sw)
-                low = self._in_view(view, x, y, sw, scale)
+                ref = fb(x, y, sw, 1.0)
+                train_loss = train_loss_fn()
+                low = self._in_view(view, x, y, sw, scale, fb)
             else:
-                low = self._forward_backward(x, y, sw, scale)
-                train_loss = self._train_step_loss(x, y, sw)
-                ref = self._in_view(view, x, y, sw, 1.0)
+                low = fb(x, y, sw, scale)
+                train_loss = train_loss_fn()
+                ref = self._in_view(view, x, y, sw, 1.0, fb)
         return low, ref, train_loss
 
-    def _in_view(self, view: PolicyView | None, x: Any, y: Any, sw: Any, scale: Any) -> Any:
+    def _in_view(
+        self, view: PolicyView | None, x: Any, y: Any, sw: Any, scale: Any, fb: Any
+    ) -> Any:
         """The pass under the other policy, or None (no view, or the pass failed to trace: a
         user's layer that cannot compute in the other dtype; :meth:`_fall_back` says which)."""
         if view is None:
             return None
         try:
             with view:
-                return self._forward_backward(x, y, sw, scale)
+                return fb(x, y, sw, scale)
         except Exception as e:  # noqa: BLE001
             self._fall_back(e)
             return None
 
     def _build_fn(self) -> Any:
+        from mpwatch.record import backend
+
+        if backend.name() == backend.JAX:
+            from mpwatch.record.probe_jax import JaxProbeFunction
+
+            return JaxProbeFunction(self)
         import tensorflow as tf
 
         state = list(self.model.non_trainable_variables)
@@ -474,6 +504,12 @@ class Probe:
         opt = getattr(self.model, "optimizer", None)
         ds = getattr(opt, "dynamic_scale", None)
         if ds is not None and getattr(opt, "built", True):
+            from mpwatch.record import backend
+
+            if backend.name() == backend.JAX:  # during fit the value lives in Keras' state
+                from mpwatch.record.probe_jax import optimizer_value
+
+                return float(np.asarray(optimizer_value(self.model, ds)))
             return float(np.asarray(ds.numpy() if hasattr(ds, "numpy") else ds))
         if ds is not None:
             return float(getattr(opt, "initial_scale", formats.KERAS_INITIAL_SCALE))
@@ -490,15 +526,20 @@ class Probe:
         """Probe on one batch ``(x, y[, sample_weight])`` (or a dataset: its first batch).
         ``batch_source``: ``"training"`` when the batch is one the training loop fed (the
         record's batch size is then the training batch size)."""
-        import tensorflow as tf
-
         x, y, sw = split_data(first_batch(data))
         if not self._prepared:
             self._prepare()
             self._fn = self._build_fn()
         s = float(self.current_scale() if scale is None else scale)
-        out = self._fn(x, y, sw, tf.constant(s, tf.float32))
-        out = {k: np.asarray(v) for k, v in out.items()}
+        from mpwatch.record import backend
+
+        if backend.name() == backend.JAX:
+            out = self._fn(x, y, sw, s)  # already the host tables
+        else:
+            import tensorflow as tf
+
+            out = self._fn(x, y, sw, tf.constant(s, tf.float32))
+            out = {k: np.asarray(v) for k, v in out.items()}
         payload = self._payload(out, s)
         payload["batch"] = {"size": _batch_size(x), "source": batch_source}
         payload["inputs"] = contract.table(INPUT_COLUMNS, input_rows(self.model, x, self.mode))
@@ -721,19 +762,6 @@ class ProbeMonitor(RecordingCallback):
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
-        from mpwatch.record import backend
-
-        if backend.name() != backend.TENSORFLOW:
-            self._failed.add(self.part)  # the probe's hooks stop here; the other parts go on
-            self._notice(
-                self.part,
-                "warning",
-                f"the float32-reference probe runs on Keras' TensorFlow backend only for now: on "
-                f"the {backend.name()} backend gradient underflow against float32, per-layer "
-                "errors and the loss-scale sweep are not measured (gradient health, the subnormal "
-                "share of the scaled gradients, still is)",
-            )
-            return
         if self.probe is None or self.probe.model is not self.model:
             self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
         if self._data is None and self.probe_data is not None:
@@ -748,17 +776,35 @@ class ProbeMonitor(RecordingCallback):
         and run the step on it through Keras' own per-batch path."""
         import itertools
 
-        import tensorflow as tf
+        from mpwatch.record import backend
 
         model = self.model
         original = model.train_function
         if original is None:
             return
+        monitor = self
+        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        if backend.name() == backend.JAX:
+            # Keras' JAX loop calls train_function(state, iterator); the iterator yields numpy
+            # (or jax) batches, and the step takes up to spe of them with next()
+            import keras
+
+            def capture(state: Any, iterator: Any) -> Any:
+                model.train_function = original
+                monitor._wrapped_train_function = None
+                data = next(iterator)
+                monitor._data = keras.tree.map_structure(np.array, data)
+                return original(state, itertools.chain([data], iterator))
+
+            self._wrapped_train_function = capture
+            model.train_function = capture
+            return
+        import tensorflow as tf
+
         if model.distribute_strategy.num_replicas_in_sync > 1:
             raise ValueError(
                 "no probe_data given and training is distributed: pass probe_data=(x, y)"
             )
-        monitor = self
 
         def capture(iterator: Any) -> Any:
             model.train_function = original
@@ -772,7 +818,6 @@ class ProbeMonitor(RecordingCallback):
             monitor._data = tf.nest.map_structure(
                 lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data
             )
-            spe = int(getattr(model, "steps_per_execution", 1) or 1)
             rest = itertools.islice(iterator, spe - 1) if spe > 1 else ()
             return original(itertools.chain([data], rest))
 

@@ -140,12 +140,8 @@ def jax_counts_table(
         for t in tensors
     ]
     sizes = np.array([f.size for f in flats], np.int64)
-    total = int(sizes.sum())
     a = jnp.abs(jnp.concatenate(flats))
-    # element p belongs to the tensor whose end offset is the first one above p
-    ends = jnp.asarray(np.cumsum(sizes), jnp.int32)
-    positions = jnp.arange(total, dtype=jnp.int32) + runtime_zero
-    seg = jnp.searchsorted(ends, positions, side="right").astype(jnp.int32)
+    seg = jax_segment_ids(sizes, runtime_zero)
     finite = jnp.isfinite(a)
 
     def count(mask: Any) -> Any:
@@ -156,6 +152,20 @@ def jax_counts_table(
     nonfinite = count(~finite)
     max_abs = jnp.maximum(jax.ops.segment_max(jnp.where(finite, a, 0.0), seg, num_segments=k), 0.0)
     return jnp.stack([zero, sub, nonfinite, max_abs, jnp.asarray(sizes, jnp.float32)], axis=1)
+
+
+def jax_segment_ids(sizes: Any, runtime_zero: Any = 0) -> Any:
+    """int32 segment id of every element of tensors of ``sizes`` concatenated (inside
+    ``jax.jit``): element ``p`` belongs to the tensor whose end offset is the first one above
+    ``p``. ``runtime_zero`` (an int32 0 known only at run time) keeps XLA from constant-folding
+    the per-element ids into the executable (a constant as large as the model)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    sizes = np.asarray(sizes, np.int64)
+    ends = jnp.asarray(np.cumsum(sizes), jnp.int32)
+    positions = jnp.arange(int(sizes.sum()), dtype=jnp.int32) + runtime_zero
+    return jnp.searchsorted(ends, positions, side="right").astype(jnp.int32)
 
 
 def shares(counts: Any) -> dict[str, float]:

@@ -10,7 +10,10 @@ with. Writes ``OUT_DIR/truth.json`` and one logdir per case under ``OUT_DIR``.
 Cases: ``forced`` (a Dense network under mixed_float16 whose inputs are scaled up 1e4x on chosen
 batches, so the float16 forward overflows and Keras skips exactly those updates), with
 ``steps_per_execution`` 1 and 4 and ``log_every`` 1 and 7; ``softmax`` (a CNN whose float16
-softmax output the diagnosis must name).
+softmax output the diagnosis must name); ``probe_known`` (test_probe.py's known model: every scaled
+gradient a power of two or zero, so which ones float16 loses is known in numpy); ``probe_bn`` (a
+CNN with BatchNormalization and Dropout, probed every step during fit: the probe must measure the
+train step's network and change nothing, so its weights equal a plain fit's bit for bit).
 """
 
 from __future__ import annotations
@@ -81,12 +84,72 @@ def softmax(logdir):
     return {"variables": [v.path for v in model.trainable_variables]}
 
 
+# test_probe.py's known model (its docstring: every scaled product a power of two or zero)
+X = np.array([[2.0**-4, 0.0, 2.0**-12, 1.0, 2.0**-8]], np.float32)
+C = np.array([[2.0**-40, 2.0**-12, 2.0**-22, 2.0**-30]], np.float32)
+KERNEL = np.ones((5, 4), np.float32)
+KERNEL[:, 2] = -1.0  # a dead ReLU unit
+KNOWN_SCALE = 2.0**10
+
+
+def sum_loss(y_true, y_pred):
+    return keras.ops.sum(keras.ops.cast(y_pred, "float32") * C)
+
+
+def probe_known(logdir):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    layer = keras.layers.Dense(4, use_bias=False, activation="relu", name="known")
+    model = keras.Sequential([keras.Input((5,)), layer])
+    layer.kernel.assign(KERNEL)
+    opt = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.0), initial_scale=KNOWN_SCALE, dynamic_growth_steps=10**6
+    )
+    model.compile(opt, loss=sum_loss)
+    probe = mpwatch.ProbeMonitor(logdir, every=2, probe_data=(X, np.zeros((1, 4), np.float32)))
+    data = (np.repeat(X, 3, 0), np.zeros((3, 4), np.float32))
+    model.fit(*data, batch_size=1, epochs=2, verbose=0, callbacks=[probe], shuffle=False)
+    return {"x": X.tolist(), "c": C.tolist(), "kernel": KERNEL.tolist(), "scale": KNOWN_SCALE}
+
+
+def _bn_model():
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 2)),
+            keras.layers.Conv2D(4, 3, name="conv"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.ReLU(),
+            keras.layers.Dropout(0.5, name="drop"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(3, dtype="float32", name="head"),
+        ]
+    )
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    return model
+
+
+def probe_bn(logdir):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(48, 8, 8, 2)).astype("float32")
+    y = rng.normal(size=(48, 3)).astype("float32")
+    weights = []
+    for monitored in (False, True):
+        model = _bn_model()
+        callbacks = [mpwatch.ProbeMonitor(logdir, every=1)] if monitored else []
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=callbacks)
+        weights.append([np.asarray(v).tolist() for v in model.weights])
+    return {"identical": weights[0] == weights[1], "n_weights": len(weights[0])}
+
+
 def main(out):
     truth = {}
     for spe, log_every in [(1, 1), (1, 7), (4, 1), (4, 7)]:
         name = f"forced_spe{spe}_every{log_every}"
         truth[name] = forced(os.path.join(out, name), spe, log_every)
     truth["softmax"] = softmax(os.path.join(out, "softmax"))
+    truth["probe_known"] = probe_known(os.path.join(out, "probe_known"))
+    truth["probe_bn"] = probe_bn(os.path.join(out, "probe_bn"))
     with open(os.path.join(out, "truth.json"), "w") as f:
         json.dump(truth, f)
 

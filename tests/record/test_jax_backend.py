@@ -101,11 +101,60 @@ def test_the_diagnosis_names_the_float16_softmax(jax_runs, read_events):
     findings = mpwatch.diagnose(logdir)
     out16 = [f for f in findings if f.rule == "output-16bit"]
     assert len(out16) == 1 and "probs" in out16[0].title
-    # the probe is TensorFlow-only for now: said once, as a notice, never as a crash
-    probe_notices = [n for n in run.notices if n["part"] == "probe"]
-    assert len(probe_notices) == 1 and "TensorFlow backend only" in probe_notices[0]["message"]
+    # the probe ran on JAX too: against the float32 twin, in agreement with the train step
+    assert not [n for n in run.notices if n["part"] == "probe"]
+    probes = [p for _, p in records["probe"]]
+    assert probes and all(p["reference"] == "float32_twin" and p["reliable"] for p in probes)
     assert not [n for n in run.notices if n["level"] == "error" and n["part"] != "profile"]
     assert np.isfinite(run.scalar(contract.TRAIN_LOSS)).all()
+
+
+def _col(table, name):
+    i = table["columns"].index(name)
+    return [row[i] for row in table["data"]]
+
+
+def test_the_probe_counts_the_true_underflow(jax_runs, read_events):
+    """test_probe.py's known model, on JAX: which gradients float16 loses at the scale is known
+    in numpy (every scaled product is a power of two or zero)."""
+    out, truth = jax_runs
+    t = truth["probe_known"]
+    x, c, kernel = (np.array(t[k], np.float32) for k in ("x", "c", "kernel"))
+    g = x.T @ (c * (x @ kernel > 0))  # d/dW sum(relu(xW) * c)
+    lost = (g != 0) & (np.float16(0) == (g * t["scale"]).astype(np.float16))
+    assert lost.sum() > 0
+    _, records = read_events(str(out / "probe_known"))
+    steps = [s for s, _ in records["probe"]]
+    assert steps == [2, 3, 4, 6]  # every 2 batch steps and each epoch's end, no duplicates
+    for _, p in records["probe"]:
+        assert p["mode"] == "float16" and p["reference"] == "float32_twin"
+        assert p["loss_scale"] == t["scale"] and p["reliable"] is True
+        assert p["model"]["ref_nonzero"] == int((g != 0).sum())
+        assert p["model"]["underflow_count"] == int(lost.sum())
+        assert _col(p["variables"], "underflow_count") == [int(lost.sum())]
+        assert p["model"]["first_nonfinite_layer"] is None
+        # the histogram holds exactly the reference's nonzero gradients, at their exponents
+        hist = p["histogram"]
+        want = np.floor(np.log2(np.abs(g[g != 0]))).astype(int)
+        got = [e for e, n in zip(hist["edges_log2"], hist["counts"]) for _ in range(n)]
+        assert sorted(got) == sorted(want.tolist())
+
+
+def test_the_probe_measures_the_train_steps_network_and_changes_nothing(jax_runs, read_events):
+    out, truth = jax_runs
+    # BatchNormalization in training mode inside the probe, Dropout off in both passes, and the
+    # moving statistics and seeds left alone: the monitored fit's weights equal a plain fit's
+    assert truth["probe_bn"]["identical"] and truth["probe_bn"]["n_weights"] == 8
+    _, records = read_events(str(out / "probe_bn"))
+    probes = records["probe"]
+    assert [s for s, _ in probes] == list(range(1, 13))  # every step of 2 epochs of 6 batches
+    for _, p in probes:
+        assert p["reliable"] is True, p["unreliable_reason"]
+        assert p["random_layers_off"] == ["drop"]
+        names = _col(p["layers"], "layer")
+        assert names[:2] == ["conv", "bn"] and "head" in names
+        # gradients w.r.t. each layer's output were measured (float ones)
+        assert all(v is not None for v in _col(p["layers"], "act_grad_underflow_fraction"))
 
 
 def test_an_unsupported_backend_is_refused_before_training(monkeypatch, tmp_path):

@@ -1,0 +1,425 @@
+"""The probe on Keras' JAX backend: the same passes and the same statistics as on TensorFlow
+(:mod:`mpwatch.record.probe`), in one ``jax.jit`` function traced once per probe batch shape.
+
+- **Values.** During ``fit`` Keras keeps the training state outside the model's variables
+  (``model._jax_state``; the variables themselves are purged). The probe takes the current values
+  from there (else from the variables) and passes them to the jitted function as arguments: it
+  never reads a purged variable, never syncs the state, never writes a variable.
+- **Passes.** A pass runs the model inside a ``keras.StatelessScope`` that maps every model
+  variable to its value: BatchNormalization normalises with the batch's statistics and its
+  moving-statistics update stays in the scope, which is dropped (the probe never changes the
+  model); regularization and activity losses are collected in the scope, so the loss is the train
+  step's (``model._compute_loss``). Functional and Sequential models run their own layer graph
+  (Keras' ``_run_through_graph``, as their ``call`` does, with ``training=True``), keeping each
+  top-level layer's outputs and adding a zero tensor to each float output (of its dtype): one
+  ``jax.value_and_grad`` then gives the gradients w.r.t. the trainable values *and* w.r.t. every
+  layer output (the gradient w.r.t. that zero), in the output's dtype, float16 under
+  mixed_float16, as TensorFlow's tape gives it. The other policy's pass runs under the
+  :class:`~mpwatch.record.twin.PolicyView` while it is traced, exactly as on TensorFlow.
+- **Statistics** (definitions: :mod:`mpwatch.record.underflow`) by segment reductions over the
+  concatenated flattened tensors, one segment per variable or layer output, so the traced program
+  grows by one reshape per tensor, not by a dozen reductions per tensor. JAX computes in float32
+  (float64 needs ``jax_enable_x64``): counts are int32 sums (exact); sums of squares are taken of
+  values divided by a power of two at or above their tensor's largest finite reference magnitude,
+  and multiplied back in float64 on the host (exact scaling both ways), so tiny gradients do not
+  underflow in the squares and large activations do not overflow.
+- **Result.** :func:`host_tables` turns the device's vectors into the float64 tables the
+  TensorFlow path produces (``grads [n, 7]``, ``acts [k, 6]``, ``act_grads [k, 4]``, the
+  histogram, the zero count and the losses), which :meth:`Probe._payload` writes the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mpwatch.record import underflow
+from mpwatch.record.stats import jax_segment_ids
+
+
+# --- values ---------------------------------------------------------------------------------------
+def model_values(model: Any) -> tuple[list[Any], list[Any]]:
+    """(trainable, non-trainable) current values: Keras' training state during ``fit``, else the
+    variables' own values."""
+    state = getattr(model, "_jax_state", None) or {}
+    tv = state.get("trainable_variables")
+    ntv = state.get("non_trainable_variables")
+    if tv is None:
+        tv = [v.value for v in model.trainable_variables]
+    if ntv is None:
+        ntv = [v.value for v in model.non_trainable_variables]
+    return list(tv), list(ntv)
+
+
+def optimizer_value(model: Any, variable: Any) -> Any:
+    """The current value of one of the optimizer's variables (``dynamic_scale``): from Keras'
+    training state during ``fit``, else the variable's own."""
+    state = getattr(model, "_jax_state", None) or {}
+    values = state.get("optimizer_variables")
+    if values is not None:
+        for i, v in enumerate(model.optimizer.variables):
+            if v is variable:
+                return values[i]
+    return variable.value
+
+
+# --- one pass -------------------------------------------------------------------------------------
+def _graph_model(model: Any) -> Any:
+    """The Functional graph a Functional or (built) Sequential model runs, else None."""
+    from keras.src.models.functional import Functional
+
+    if isinstance(model, Functional):
+        return model
+    fm = getattr(model, "_functional", None)
+    return fm if isinstance(fm, Functional) else None
+
+
+def _run_graph(probe: Any, x: Any, eps: list | None) -> tuple[Any, list[list[Any]]]:
+    """(model outputs, each tapped layer's flat outputs): the model's layer graph in training
+    mode, ``eps[i][j]`` (or None) added to output j of tapped layer i."""
+    import keras
+    from keras.src.models.functional import operation_fn
+
+    fm = _graph_model(probe.model)
+    index = {id(layer): i for i, layer in enumerate(probe.tapped_layers)}
+    outs: dict[int, list[Any]] = {}
+
+    def hook(op: Any) -> Any:
+        call = operation_fn(op, training=True)
+        i = index.get(id(op))
+        if i is None:
+            return call
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = call(*args, **kwargs)
+            flat = keras.tree.flatten(result)
+            if eps is not None:
+                flat = [f if e is None else f + e for f, e in zip(flat, eps[i])]
+            outs[i] = flat
+            return keras.tree.pack_sequence_as(result, flat)
+
+        return run
+
+    y = fm._run_through_graph(fm._standardize_inputs(x), operation_fn=hook)
+    if isinstance(y, (list, tuple)) and len(y) == 1:
+        y = y[0]
+    return y, [outs.get(i, []) for i in range(len(probe.tapped_layers))]
+
+
+def _scope(probe: Any, tv: list, ntv: list) -> Any:
+    import keras
+
+    m = probe.model
+    mapping = list(zip(m.trainable_variables, tv)) + list(zip(m.non_trainable_variables, ntv))
+    return keras.StatelessScope(state_mapping=mapping, collect_losses=True)
+
+
+def forward_backward(probe: Any, tv: list, ntv: list, x: Any, y: Any, sw: Any, scale: Any) -> dict:
+    """One training-mode pass of the model as the current policies are (traced inside the
+    probe's jitted function): loss, gradients of ``loss * scale`` w.r.t. the trainable values
+    and w.r.t. the tapped layers' float outputs (None for the others)."""
+    import jax
+    import jax.numpy as jnp
+
+    graph = bool(probe.tapped_layers)
+
+    def run(tv_: list, eps: list | None) -> tuple[Any, tuple[Any, list]]:
+        with _scope(probe, tv_, ntv):
+            if graph:
+                y_pred, acts = _run_graph(probe, x, eps)
+            else:
+                y_pred, acts = probe.model(x, training=True), []
+            loss = probe._loss(x, y, y_pred, sw)
+        return loss * scale, (loss, acts)
+
+    eps = None
+    if graph:
+        shapes = jax.eval_shape(lambda t: run(t, None)[1][1], tv)
+        eps = [
+            [jnp.zeros(s.shape, s.dtype) if jnp.issubdtype(s.dtype, jnp.floating) else None
+             for s in layer]
+            for layer in shapes
+        ]
+    grad = jax.value_and_grad(run, argnums=(0, 1), has_aux=True)
+    (_, (loss, acts)), (g_tv, g_eps) = grad(tv, eps)
+    flat_acts = [a for layer in acts for a in layer]
+    flat_eps = [e for layer in (eps or []) for e in layer]
+    flat_geps = [g for layer in (g_eps or []) for g in layer]
+    act_grads = []
+    for e, g in zip(flat_eps, flat_geps):
+        act_grads.append(None if e is None else g)
+    return {"loss": loss, "grads": list(g_tv), "acts": flat_acts, "act_grads": act_grads}
+
+
+def train_step_loss(probe: Any, tv: list, ntv: list, x: Any, y: Any, sw: Any) -> Any:
+    """The train step's loss on this batch with these values: the model's own call in training
+    mode (None when the probe's pass already is the model's call)."""
+    if not probe.tapped_layers:
+        return None
+    with _scope(probe, tv, ntv):
+        return probe._loss(x, y, probe.model(x, training=True), sw)
+
+
+# --- statistics on the device ---------------------------------------------------------------------
+def _concat(tensors: list[Any]) -> tuple[Any, np.ndarray]:
+    import jax.numpy as jnp
+
+    flats = [jnp.ravel(t).astype(jnp.float32) for t in tensors]
+    sizes = np.array([int(f.size) for f in flats], np.int64)
+    return (jnp.concatenate(flats) if flats else jnp.zeros((0,), jnp.float32)), sizes
+
+
+def _pow2_at_least(m: Any) -> Any:
+    """A power of two >= m (1 where m is 0 or not finite): dividing by it is exact."""
+    import jax.numpy as jnp
+
+    ok = jnp.isfinite(m) & (m > 0)
+    _, e = jnp.frexp(jnp.where(ok, m, 1.0))
+    return jnp.where(ok, jnp.ldexp(jnp.ones_like(m), e), 1.0)
+
+
+class _Segments:
+    """Segment reductions over tensors of ``sizes`` concatenated."""
+
+    def __init__(self, sizes: np.ndarray, zero: Any) -> None:
+        self.n = len(sizes)
+        self.ids = jax_segment_ids(sizes, zero)
+
+    def count(self, mask: Any) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        return jax.ops.segment_sum(
+            mask.astype(jnp.int32), self.ids, num_segments=self.n, indices_are_sorted=True
+        )
+
+    def sum(self, x: Any) -> Any:
+        import jax
+
+        return jax.ops.segment_sum(x, self.ids, num_segments=self.n, indices_are_sorted=True)
+
+    def max(self, x: Any) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        m = jax.ops.segment_max(x, self.ids, num_segments=self.n, indices_are_sorted=True)
+        return jnp.maximum(m, 0.0)  # empty segments: 0, not -inf
+
+    def spread(self, per_segment: Any) -> Any:
+        return per_segment[self.ids]
+
+
+def _abs_finite(x: Any) -> Any:
+    import jax.numpy as jnp
+
+    a = jnp.abs(x)
+    return jnp.where(jnp.isfinite(a), a, 0.0)
+
+
+def grad_stats(mixed_scaled: list, ref: list, scale: Any, zero: Any) -> dict:
+    """Per variable: size, ref_nonzero, underflow, normalised squared error and reference, their
+    power-of-two norm, nonfinite count of the mixed gradient, max |ref| (inf if it is not
+    finite). Columns as :func:`underflow.grad_pair_stats`."""
+    import jax.numpy as jnp
+
+    r, sizes = _concat(ref)
+    m, _ = _concat(mixed_scaled)
+    seg = _Segments(sizes, zero)
+    ref_nz = r != 0
+    max_ref = jnp.where(seg.count(~jnp.isfinite(r)) > 0, jnp.inf, seg.max(_abs_finite(r)))
+    norm = _pow2_at_least(max_ref)
+    spread = seg.spread(norm)
+    diff = (m / scale - r) / spread
+    return {
+        "size": sizes,
+        "ref_nonzero": seg.count(ref_nz),
+        "underflow": seg.count(ref_nz & (m == 0)),
+        "err_n": seg.sum(diff * diff),
+        "ref_n": seg.sum(jnp.square(r / spread)),
+        "norm": norm,
+        "nonfinite": seg.count(~jnp.isfinite(m)),
+        "max_ref": max_ref,
+    }
+
+
+def act_stats(mixed: list, ref: list | None, zero: Any) -> dict:
+    """Per layer output: columns as :func:`underflow.activation_pair_stats` (sums of squares
+    normalised as in :func:`grad_stats`)."""
+    import jax.numpy as jnp
+
+    m, sizes = _concat(mixed)
+    seg = _Segments(sizes, zero)
+    nonfinite = seg.count(~jnp.isfinite(m))
+    out = {
+        "size": sizes,
+        "nonfinite": nonfinite,
+        "max_mixed": jnp.where(nonfinite > 0, jnp.inf, seg.max(_abs_finite(m))),
+    }
+    if ref is not None:
+        r, _ = _concat(ref)
+        out["max_ref"] = seg.max(_abs_finite(r))
+        out["norm"] = _pow2_at_least(out["max_ref"])
+        spread = seg.spread(out["norm"])
+        d = (m - r) / spread
+        out["err_n"] = seg.sum(d * d)
+        out["ref_n"] = seg.sum(jnp.square(r / spread))
+    return out
+
+
+def act_grad_stats(mixed_scaled: list, ref: list, zero: Any) -> dict:
+    """Per layer output with a gradient: ref_nonzero, underflow, max finite |ref|, nonfinite count
+    of the mixed one (columns as :func:`underflow.act_grad_stats`)."""
+    import jax.numpy as jnp
+
+    r, sizes = _concat(ref)
+    m, _ = _concat(mixed_scaled)
+    seg = _Segments(sizes, zero)
+    nz = r != 0
+    return {
+        "ref_nonzero": seg.count(nz),
+        "underflow": seg.count(nz & (m == 0)),
+        "max_ref": seg.max(_abs_finite(r)),
+        "nonfinite": seg.count(~jnp.isfinite(m)),
+    }
+
+
+def log2_histogram(tensors: list) -> tuple[Any, Any]:
+    """(int32 ``[NUM_BINS]`` counts of ``floor(log2|x|)`` over the finite nonzero elements,
+    count of exact zeros); ``frexp`` gives the exponent exactly, also at powers of two."""
+    import jax
+    import jax.numpy as jnp
+
+    a, _ = _concat(tensors)
+    a = jnp.abs(a)
+    counted = (a > 0) & jnp.isfinite(a)
+    _, e = jnp.frexp(jnp.where(counted, a, 1.0))  # a = f * 2**e, f in [0.5, 1)
+    idx = jnp.clip(e - 1 - underflow.HIST_LO, 0, underflow.NUM_BINS - 1)
+    idx = jnp.where(counted, idx, underflow.NUM_BINS)  # the rest go to a bin that is dropped
+    hist = jax.ops.segment_sum(
+        jnp.ones_like(idx, jnp.int32), idx, num_segments=underflow.NUM_BINS + 1
+    )
+    return hist[: underflow.NUM_BINS], jnp.sum((a == 0).astype(jnp.int32))
+
+
+def cast_through(x: Any, dtype: str, scale: float = 1.0) -> Any:
+    """x (float32) times ``scale``, rounded to ``dtype`` and back: what that format keeps."""
+    import jax.numpy as jnp
+
+    return (jnp.asarray(x, jnp.float32) * scale).astype(dtype).astype(jnp.float32)
+
+
+# --- the jitted probe -----------------------------------------------------------------------------
+class JaxProbeFunction:
+    """The probe's computation on JAX: ``fn(x, y, sw, scale)`` returns the same host tables as
+    the TensorFlow function (see the module doc). Traced once per probe batch shape."""
+
+    def __init__(self, probe: Any) -> None:
+        import jax
+
+        self.probe = probe
+        self._jit = jax.jit(self._device)
+
+    def __call__(self, x: Any, y: Any, sw: Any, scale: float) -> dict[str, np.ndarray]:
+        import jax
+        import jax.numpy as jnp
+
+        tv, ntv = model_values(self.probe.model)
+        raw = self._jit(tv, ntv, x, y, sw, jnp.float32(scale), jnp.int32(0))
+        return host_tables(jax.device_get(raw))
+
+    def _device(self, tv: list, ntv: list, x: Any, y: Any, sw: Any, scale: Any, zero: Any) -> dict:
+        import jax.numpy as jnp
+
+        probe = self.probe
+
+        def fb(x_: Any, y_: Any, sw_: Any, s: Any) -> dict:
+            return forward_backward(probe, tv, ntv, x_, y_, sw_, s)
+
+        low, ref, train_loss = probe._passes(
+            x, y, sw, scale, fb=fb, train_loss_fn=lambda: train_step_loss(probe, tv, ntv, x, y, sw)
+        )
+        has_ref = probe.mode == "preflight" or ref is not None
+        if low is None:  # pre-flight without a mixed pass: the reference cast through float16
+            low = {
+                "loss": ref["loss"],
+                "grads": [cast_through(g, "float16", scale) for g in ref["grads"]],
+                "acts": [cast_through(a, "float16") for a in ref["acts"]],
+                "act_grads": [
+                    None if g is None else cast_through(g, "float16", scale)
+                    for g in ref["act_grads"]
+                ],
+            }
+        own = ref if probe.mode == "preflight" else low
+        out: dict[str, Any] = {
+            "loss": low["loss"],
+            "ref_loss": ref["loss"] if has_ref else low["loss"],
+            "own_loss": own["loss"],
+            "train_loss": own["loss"] if train_loss is None else train_loss,
+        }
+        if has_ref:
+            ref_grads = ref["grads"]
+        else:  # no reference: the mixed gradients against themselves (unscaled)
+            ref_grads = [jnp.asarray(g, jnp.float32) / scale for g in low["grads"]]
+        out["grads"] = grad_stats(low["grads"], ref_grads, scale, zero)
+        out["hist"], out["zeros"] = log2_histogram(ref_grads)
+        out["acts"] = act_stats(low["acts"], ref["acts"] if has_ref else None, zero)
+        if has_ref:
+            pairs = [(gl, gr) for gl, gr in zip(low["act_grads"], ref["act_grads"])]
+            present = [i for i, (_, gr) in enumerate(pairs) if gr is not None]
+            out["act_grads"] = act_grad_stats(
+                [pairs[i][0] for i in present], [pairs[i][1] for i in present], zero
+            )
+            out["act_grads_present"] = np.array(present, np.int64)
+            out["n_acts"] = len(pairs)
+        return out
+
+
+def host_tables(raw: dict) -> dict[str, np.ndarray]:
+    """The device's vectors as the TensorFlow path's float64 tables (see the module doc)."""
+    f64 = lambda v: np.asarray(v, np.float64)  # noqa: E731
+    g = raw["grads"]
+    norm_sq = f64(g["norm"]) ** 2
+    grads = np.stack(
+        [
+            f64(g["size"]),
+            f64(g["ref_nonzero"]),
+            f64(g["underflow"]),
+            f64(g["err_n"]) * norm_sq,
+            f64(g["ref_n"]) * norm_sq,
+            f64(g["nonfinite"]),
+            f64(g["max_ref"]),
+        ],
+        axis=1,
+    ).reshape(-1, 7)
+    a = raw["acts"]
+    k = len(a["size"])
+    if "err_n" in a:
+        a_sq = f64(a["norm"]) ** 2
+        err, ref, max_ref = f64(a["err_n"]) * a_sq, f64(a["ref_n"]) * a_sq, f64(a["max_ref"])
+    else:
+        err = ref = max_ref = np.zeros(k)
+    acts = np.stack(
+        [f64(a["size"]), err, ref, f64(a["max_mixed"]), f64(a["nonfinite"]), max_ref], axis=1
+    ).reshape(-1, 6)
+    out = {
+        "loss": np.float64(raw["loss"]),
+        "ref_loss": np.float64(raw["ref_loss"]),
+        "own_loss": np.float64(raw["own_loss"]),
+        "train_loss": np.float64(raw["train_loss"]),
+        "grads": grads,
+        "hist": np.asarray(raw["hist"], np.int64),
+        "zeros": np.float64(raw["zeros"]),
+        "acts": acts,
+    }
+    if "act_grads" in raw:
+        ag = np.zeros((int(raw["n_acts"]), 4))
+        present = np.asarray(raw["act_grads_present"], np.int64)
+        got = raw["act_grads"]
+        ag[present] = np.stack(
+            [f64(got["ref_nonzero"]), f64(got["underflow"]), f64(got["max_ref"]),
+             f64(got["nonfinite"])],
+            axis=1,
+        ).reshape(-1, 4)
+        out["act_grads"] = ag
+    return out
