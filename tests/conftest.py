@@ -9,6 +9,8 @@ Fixtures for everyone:
 - ``quickstart_logdir``: the logdir of a real short ``mixed_float16`` fit of the quick start CNN
   (float16 softmax output; ``examples/quickstart.py``), trained once per session.
 - ``policy``: ``with policy("mixed_float16"): ...`` sets Keras' global policy and restores float32.
+- ``jax_runs``: ``(out_dir, truth)`` of ``tests/jax/jax_fit.py`` run once per session in its own
+  process with ``KERAS_BACKEND=jax`` (its docstring lists the cases and their logdirs).
 """
 
 from __future__ import annotations
@@ -70,6 +72,30 @@ def _policy(name):
 @pytest.fixture(scope="session")
 def policy():
     return _policy
+
+
+@pytest.fixture(scope="session")
+def jax_runs(tmp_path_factory):
+    """Runs tests/jax/jax_fit.py under Keras' JAX backend (fixed at import: its own process)."""
+    import subprocess
+    import sys
+
+    from repo_scripts import ROOT
+
+    pytest.importorskip("jax")
+    out = tmp_path_factory.mktemp("jax")
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "jax" / "jax_fit.py"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(out / "truth.json") as f:
+        truth = json.load(f)
+    return out, truth
 
 
 @pytest.fixture(scope="session")

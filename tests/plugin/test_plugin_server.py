@@ -1,11 +1,12 @@
 """The "Mixed Precision" tab in a real TensorBoard process, and in headless Chromium.
 
 One ``tensorboard --logdir X --host 127.0.0.1 --port P`` subprocess per module over a logdir
-holding: the real mixed_float16 fit of ``quickstart_logdir`` (a small CNN with a float16 softmax); a
-real mixed_float16 fit whose optimizer skips the updates of chosen batches (the truth read from the
-optimizer by a callback); a run whose layer is named like an HTML injection; a 1,000-layer run; a
-run whose latest probe saw non-finite gradients at loss scale 0; a run still being written; a run
-whose last probe is split into parts at one step; a run without mpwatch data.
+holding: the real mixed_float16 fit of ``quickstart_logdir`` (a small CNN with a float16 softmax);
+the same kind of fit on Keras' JAX backend (``jax_runs``' softmax case); a real mixed_float16 fit
+whose optimizer skips the updates of chosen batches (the truth read from the optimizer by a
+callback); a run whose layer is named like an HTML injection; a 1,000-layer run; a run whose latest
+probe saw non-finite gradients at loss scale 0; a run still being written; a run whose last probe
+is split into parts at one step; a run without mpwatch data.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from mpwatch import contract
 
 BOOT_TIMEOUT = 180  # TensorBoard imports TensorFlow: slow on 2 cores
 ROUTES = ("scalars", "layers", "probes", "findings", "profile")
-RUNS = ["big", "fit", "gpu", "live", "nan", "skips", "split", "xss"]
+RUNS = ["big", "fit", "gpu", "jax", "live", "nan", "skips", "split", "xss"]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -176,9 +177,10 @@ def write_nonfinite_probe_run(logdir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory, quickstart_logdir, policy):
+def logdir(tmp_path_factory, quickstart_logdir, policy, jax_runs):
     root = tmp_path_factory.mktemp("tb_logdir")
     shutil.copytree(quickstart_logdir, root / "fit")  # the real fit, as run "fit"
+    shutil.copytree(jax_runs[0] / "softmax", root / "jax")  # a real fit on Keras' JAX backend
     skips = fit_with_skips(str(root / "skips"), policy)
     write_nonfinite_probe_run(str(root / "nan"))
     write_synthetic_run(str(root / "xss"), layers=["dense_1", XSS_LAYER, "out"], profile=True)
@@ -460,12 +462,13 @@ def tab(browser, server):
 
 
 @pytest.mark.browser
-def test_tab_shows_layers_charts_and_the_float16_softmax_finding(tab, server, logdir):
+@pytest.mark.parametrize("run", ["fit", "jax"])  # trained on Keras' TensorFlow / JAX backend
+def test_tab_shows_layers_charts_and_the_float16_softmax_finding(tab, server, logdir, run):
     from mpwatch.read import run as reader
 
-    tab.select_run("fit")
+    tab.select_run(run)
     frame = tab.frame
-    direct = reader.load_run(os.path.join(server.logdir, "fit"))
+    direct = reader.load_run(os.path.join(server.logdir, run))
     names = [str(n) for n in direct.layers["name"]]
     table_text = frame.inner_text("#mpw-layer-table")
     for name in names[:50]:

@@ -4,20 +4,15 @@ optimizer's own state.
 Keras fixes its backend at import, so the training runs in a subprocess with
 ``KERAS_BACKEND=jax`` (tests/jax/jax_fit.py, which also records the truth: the optimizer's
 ``dynamic_scale`` and ``iterations`` after every Keras call, read by an independent callback after
-``model.jax_state_sync()``). This process parses the event files with the independent parser
-(conftest ``read_events``) and reads them with ``mpwatch.load_run`` / ``mpwatch.diagnose``.
+``model.jax_state_sync()``; run once per session by conftest's ``jax_runs``). This process parses
+the event files with the independent parser (conftest ``read_events``) and reads them with
+``mpwatch.load_run`` / ``mpwatch.diagnose``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from repo_scripts import ROOT
 
 from mpwatch import contract
 
@@ -25,23 +20,6 @@ pytest.importorskip("jax")
 
 BATCHES = 24
 OVERFLOW_BATCHES = {2, 3, 9, 17}  # as in tests/jax/jax_fit.py (0-based)
-
-
-@pytest.fixture(scope="module")
-def jax_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "jax" / "jax_fit.py"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    with open(out / "truth.json") as f:
-        truth = json.load(f)
-    return out, truth
 
 
 def _per_batch_truth(truth):
