@@ -30,6 +30,7 @@ _EXPORTS = {
     "StepTimeMonitor": "mpwatch.record.step_time",
     "ProbeMonitor": "mpwatch.record.probe",
     "ProfileMonitor": "mpwatch.record.profile_capture",
+    "record_trace": "mpwatch.record.profile_capture",
     "TrainingLoopRecorder": "mpwatch.record.loop",
     "share_skip_decision": "mpwatch.record.loop",
     "Run": "mpwatch.read",
@@ -49,6 +50,7 @@ __all__ = [
     "StepTimeMonitor",
     "ProbeMonitor",
     "ProfileMonitor",
+    "record_trace",
     "TrainingLoopRecorder",
     "share_skip_decision",
     "Run",
@@ -84,5 +86,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from mpwatch.record.loss_scale import LossScaleMonitor
     from mpwatch.record.monitor import MixedPrecisionMonitor
     from mpwatch.record.probe import ProbeMonitor
-    from mpwatch.record.profile_capture import ProfileMonitor
+    from mpwatch.record.profile_capture import ProfileMonitor, record_trace
     from mpwatch.record.step_time import StepTimeMonitor

@@ -205,6 +205,19 @@ def _unreadable(traces: Sequence[str]) -> str | None:
     return None
 
 
+def has_gpu_planes(traces: Sequence[str]) -> bool:
+    """Whether any trace holds a ``/device:GPU:*`` plane (GPU kernels). A trace that cannot be
+    read counts as having one, so the converter says what is wrong with it."""
+    for path in traces:
+        try:
+            space = xplane.read_xspace(path, planes=lambda name: False)
+        except (xplane.XSpaceError, OSError):
+            return True
+        if any(p.name.startswith("/device:GPU") for p in space.planes):
+            return True
+    return False
+
+
 def _datatable_frame(table: Mapping[str, Any]) -> pd.DataFrame:
     cols = [c["id"] for c in table.get("cols", [])]
     rows = [[cell.get("v") if cell else None for cell in r.get("c", [])] for r in table["rows"]]
@@ -840,9 +853,10 @@ def summarize(
     kernels: KernelProfile | None = None
     kernel_note = ""
     try:
-        table = kernel_table(traces)
-        if len(table):
-            kernels = kernel_time(table, model, dims)
+        if has_gpu_planes(traces):  # else xprof's kernel tool only logs an error on stderr
+            table = kernel_table(traces)
+            if len(table):
+                kernels = kernel_time(table, model, dims)
     except ProfileError as e:
         kernel_note = f"no GPU kernel figures: {e}"
     try:
