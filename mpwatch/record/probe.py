@@ -468,30 +468,11 @@ class Probe:
             ref_grads = [
                 None if g is None else tf.cast(g, tf.float32) / scale for g in low["grads"]
             ]
-        gstats = [
-            underflow.grad_pair_stats(gl, gr, scale) for gl, gr in zip(low["grads"], ref_grads)
-        ]
-        out["grads"] = tf.stack(gstats) if gstats else tf.zeros([0, 7], tf.float64)
-        hist = tf.zeros([underflow.NUM_BINS], tf.int64)
-        zeros = tf.constant(0.0, tf.float64)
-        for g in ref_grads:
-            if g is not None:
-                hist += underflow.log2_bins(g)
-                gd = tf.convert_to_tensor(g)
-                zeros += tf.reduce_sum(tf.cast(tf.equal(gd, 0.0), tf.float64))
-        out["hist"] = hist
-        out["zeros"] = zeros
-        refs_acts = ref["acts"] if has_ref else [None] * len(low["acts"])
-        astats = [underflow.activation_pair_stats(a, r) for a, r in zip(low["acts"], refs_acts)]
-        out["acts"] = tf.stack(astats) if astats else tf.zeros([0, 6], tf.float64)
+        out["grads"] = underflow.grad_table(low["grads"], ref_grads, scale)
+        out["hist"], out["zeros"] = underflow.histogram_and_zeros(ref_grads)
+        out["acts"] = underflow.activation_table(low["acts"], ref["acts"] if has_ref else None)
         if has_ref:
-            agstats = []
-            for gl, gr in zip(low["act_grads"], ref["act_grads"]):
-                if gr is None:
-                    agstats.append(tf.constant([0.0, 0.0, 0.0, 0.0], tf.float64))
-                else:
-                    agstats.append(underflow.act_grad_stats(gl, gr))
-            out["act_grads"] = tf.stack(agstats) if agstats else tf.zeros([0, 4], tf.float64)
+            out["act_grads"] = underflow.act_grad_table(low["act_grads"], ref["act_grads"])
         return out
 
     # --- one probe -------------------------------------------------------------------------------

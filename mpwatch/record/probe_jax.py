@@ -220,7 +220,7 @@ def _abs_finite(x: Any) -> Any:
 def grad_stats(mixed_scaled: list, ref: list, scale: Any, zero: Any) -> dict:
     """Per variable: size, ref_nonzero, underflow, normalised squared error and reference, their
     power-of-two norm, nonfinite count of the mixed gradient, max |ref| (inf if it is not
-    finite). Columns as :func:`underflow.grad_pair_stats`."""
+    finite). Columns as :func:`underflow.grad_table`."""
     import jax.numpy as jnp
 
     r, sizes = _concat(ref)
@@ -244,7 +244,7 @@ def grad_stats(mixed_scaled: list, ref: list, scale: Any, zero: Any) -> dict:
 
 
 def act_stats(mixed: list, ref: list | None, zero: Any) -> dict:
-    """Per layer output: columns as :func:`underflow.activation_pair_stats` (sums of squares
+    """Per layer output: columns as :func:`underflow.activation_table` (sums of squares
     normalised as in :func:`grad_stats`)."""
     import jax.numpy as jnp
 
@@ -269,7 +269,7 @@ def act_stats(mixed: list, ref: list | None, zero: Any) -> dict:
 
 def act_grad_stats(mixed_scaled: list, ref: list, zero: Any) -> dict:
     """Per layer output with a gradient: ref_nonzero, underflow, max finite |ref|, nonfinite count
-    of the mixed one (columns as :func:`underflow.act_grad_stats`)."""
+    of the mixed one (columns as :func:`underflow.act_grad_table`)."""
     import jax.numpy as jnp
 
     r, sizes = _concat(ref)

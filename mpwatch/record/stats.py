@@ -85,25 +85,34 @@ def counts_table(tensors: list[Any], normal_min: float = FLOAT16.smallest_normal
     return table
 
 
-def _segment_counts(flats: list[Any], normal_min: float) -> Any:
-    """``[len(flats), 5]`` float64 counts of 1-D tensors of one dtype, by segment reductions."""
+def tf_segment_ids(flats: list[Any]) -> tuple[Any, Any]:
+    """(int32 segment id of every element of the 1-D ``flats`` concatenated, int32 sizes), as
+    TensorFlow ops without dynamic shapes (XLA-friendly): mark each tensor's start, then cumsum;
+    starts at the end (trailing empty tensors) land in one extra slot that is dropped."""
     import tensorflow as tf
 
     k = len(flats)
     static = [f.shape.num_elements() for f in flats]
     if all(n is not None for n in static):  # the usual case: one constant, no op per tensor
         sizes = tf.constant(static, tf.int32)
+        total = tf.constant(sum(static), tf.int32)
     else:
         sizes = tf.stack([tf.size(f, out_type=tf.int32) for f in flats])
-    a = tf.abs(tf.concat(flats, 0))
-    total = tf.size(a, out_type=tf.int32)
-    # segment ids without dynamic shapes (XLA-friendly): mark each tensor's start, then cumsum;
-    # starts at `total` (trailing empty tensors) land in one extra slot that is dropped
+        total = tf.reduce_sum(sizes)
     starts = tf.math.cumsum(sizes, exclusive=True)[1:]
     marks = tf.scatter_nd(
         tf.expand_dims(starts, 1), tf.ones([k - 1], tf.int32), tf.expand_dims(total + 1, 0)
     )
-    seg = tf.math.cumsum(marks)[:-1]
+    return tf.math.cumsum(marks)[:-1], sizes
+
+
+def _segment_counts(flats: list[Any], normal_min: float) -> Any:
+    """``[len(flats), 5]`` float64 counts of 1-D tensors of one dtype, by segment reductions."""
+    import tensorflow as tf
+
+    k = len(flats)
+    a = tf.abs(tf.concat(flats, 0))
+    seg, sizes = tf_segment_ids(flats)
     finite = tf.math.is_finite(a)
 
     def count(mask: Any) -> Any:

@@ -31,8 +31,9 @@ of ``loss * S``: float32 values cast back from float16, zeros where float16 unde
   :data:`DEFAULT_MARGIN_BITS` = 4 (a factor 16), leaves room for gradients larger than on the probe
   batch (other batches, later in training) before Keras' dynamic scaling must skip a step.
 
-The ``*_stats`` functions build TensorFlow ops (usable inside ``tf.function``) and return small
-float64 vectors; everything else is plain numpy on the host.
+The ``*_table`` functions and :func:`log2_bins` build TensorFlow ops (usable inside
+``tf.function``) and return small float64 tables; everything else is plain numpy on the host.
+:mod:`mpwatch.record.probe_jax` computes the same tables on Keras' JAX backend.
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ DEFAULT_MARGIN_BITS = 4
 UNDERFLOW_LOG2 = -24  # log2 of float16's smallest subnormal
 OVERFLOW_LOG2 = 16  # 2**16 > 65504: everything at or above overflows
 
-# gradient pair stats: columns of grad_pair_stats
+# columns of grad_table
 G_SIZE, G_REF_NONZERO, G_UNDERFLOW, G_ERR_SQ, G_REF_SQ, G_NONFINITE, G_MAX_REF = range(7)
-# activation pair stats: columns of activation_pair_stats
+# columns of activation_table
 A_SIZE, A_ERR_SQ, A_REF_SQ, A_MAX_MIXED, A_NONFINITE, A_MAX_REF = range(6)
-# activation-gradient stats: columns of act_grad_stats
+# columns of act_grad_table
 AG_REF_NONZERO, AG_UNDERFLOW, AG_MAX_REF, AG_NONFINITE = range(4)
 
 
@@ -70,90 +71,6 @@ def _dense(x: Any) -> Any:
     if isinstance(x, tf.IndexedSlices):
         x = tf.convert_to_tensor(x)
     return tf.convert_to_tensor(x)
-
-
-def grad_pair_stats(mixed_scaled: Any, ref: Any, scale: Any) -> Any:
-    """float64 ``[7]``: size, ref_nonzero, underflow_count, err_sq, ref_sq, nonfinite, max|g_ref|.
-
-    ``mixed_scaled`` is the mixed gradient of ``loss * scale`` (None: no gradient, all zero).
-    """
-    import tensorflow as tf
-
-    ref = tf.cast(_dense(ref), tf.float64) if ref is not None else None
-    mixed = _dense(mixed_scaled)
-    if ref is None and mixed is None:
-        return tf.zeros([7], tf.float64)
-    if ref is None:
-        ref = tf.zeros_like(tf.cast(mixed, tf.float64))
-    mixed = tf.zeros_like(ref) if mixed is None else tf.cast(mixed, tf.float64)
-    ref_nz = tf.not_equal(ref, 0.0)
-    finite = tf.math.is_finite(mixed)
-    diff = mixed / tf.cast(scale, tf.float64) - ref
-    f64 = lambda b: tf.reduce_sum(tf.cast(b, tf.float64))  # noqa: E731
-    return tf.stack(
-        [
-            tf.cast(tf.size(ref), tf.float64),
-            f64(ref_nz),
-            f64(tf.logical_and(ref_nz, tf.equal(mixed, 0.0))),
-            tf.reduce_sum(tf.square(diff)),
-            tf.reduce_sum(tf.square(ref)),
-            f64(tf.logical_not(finite)),
-            tf.reduce_max(tf.concat([tf.reshape(tf.abs(ref), [-1]), [0.0]], 0)),
-        ]
-    )
-
-
-def _max_abs_finite(x: Any) -> Any:
-    import tensorflow as tf
-
-    a = tf.reshape(tf.abs(x), [-1])
-    a = tf.where(tf.math.is_finite(a), a, tf.zeros_like(a))
-    return tf.reduce_max(tf.concat([a, [0.0]], 0))
-
-
-def activation_pair_stats(mixed: Any, ref: Any) -> Any:
-    """float64 ``[6]``: size, err_sq, ref_sq, max|mixed| (inf if any non-finite), nonfinite,
-    max|ref|.
-
-    ``ref`` may be None (no reference): then err_sq, ref_sq and max|ref| are 0.
-    """
-    import tensorflow as tf
-
-    m = tf.cast(mixed, tf.float64)
-    nonfinite = tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(m)), tf.float64))
-    max_m = tf.where(nonfinite > 0, tf.constant(math.inf, tf.float64), _max_abs_finite(m))
-    if ref is None:
-        zero = tf.constant(0.0, tf.float64)
-        return tf.stack([tf.cast(tf.size(m), tf.float64), zero, zero, max_m, nonfinite, zero])
-    r = tf.cast(ref, tf.float64)
-    return tf.stack(
-        [
-            tf.cast(tf.size(m), tf.float64),
-            tf.reduce_sum(tf.square(m - r)),
-            tf.reduce_sum(tf.square(r)),
-            max_m,
-            nonfinite,
-            _max_abs_finite(r),
-        ]
-    )
-
-
-def act_grad_stats(mixed_scaled: Any, ref: Any) -> Any:
-    """float64 ``[4]`` for the gradient w.r.t. one layer output: ref_nonzero, underflow_count,
-    max|ref| (unscaled), nonfinite count of the mixed one."""
-    import tensorflow as tf
-
-    r = tf.cast(_dense(ref), tf.float64)
-    m = tf.zeros_like(r) if mixed_scaled is None else tf.cast(_dense(mixed_scaled), tf.float64)
-    nz = tf.not_equal(r, 0.0)
-    return tf.stack(
-        [
-            tf.reduce_sum(tf.cast(nz, tf.float64)),
-            tf.reduce_sum(tf.cast(tf.logical_and(nz, tf.equal(m, 0.0)), tf.float64)),
-            _max_abs_finite(r),
-            tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(m)), tf.float64)),
-        ]
-    )
 
 
 def log2_bins(x: Any) -> Any:
@@ -179,6 +96,151 @@ def cast_through(x: Any, dtype: str, scale: float = 1.0) -> Any:
     return tf.cast(tf.cast(tf.cast(_dense(x), tf.float32) * scale, dtype), tf.float32)
 
 
+# --- in the graph, many tensors at once ----------------------------------------------------------
+# Tables of many tensors at once, by segment reductions over the tensors flattened and
+# concatenated: the graph grows by a reshape and a cast per tensor, not by ~20 reductions per
+# tensor, so tracing the probe of a model of a thousand layers costs about its forward and backward
+# pass. Sums in float64.
+def _flat64(t: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.reshape(tf.cast(_dense(t), tf.float64), [-1])
+
+
+def _segment_tools(flats: list[Any]) -> tuple[Any, Any, Any]:
+    """(count(mask), sum(x), max(x)) over the segments of ``flats`` concatenated."""
+    import tensorflow as tf
+
+    from mpwatch.record.stats import tf_segment_ids
+
+    seg, _ = tf_segment_ids(flats)
+    k = len(flats)
+
+    def count(mask: Any) -> Any:
+        return tf.math.unsorted_segment_sum(tf.cast(mask, tf.float64), seg, k)
+
+    def total(x: Any) -> Any:
+        return tf.math.unsorted_segment_sum(x, seg, k)
+
+    def largest(x: Any) -> Any:  # x >= 0; empty segments give 0
+        return tf.maximum(tf.math.unsorted_segment_max(x, seg, k), 0.0)
+
+    return count, total, largest
+
+
+def _abs_finite(x: Any) -> Any:
+    import tensorflow as tf
+
+    a = tf.abs(x)
+    return tf.where(tf.math.is_finite(a), a, tf.zeros_like(a))
+
+
+def grad_table(mixed_scaled: list[Any], refs: list[Any], scale: Any) -> Any:
+    """float64 ``[n, 7]``, a row per (mixed, reference) gradient pair (columns ``G_*``): size,
+    ref_nonzero, underflow_count, err_sq, ref_sq, nonfinite count of the mixed gradient,
+    max|g_ref|. ``mixed_scaled`` are the gradients of ``loss * scale``; a missing gradient
+    (None) is zeros of the other's shape; both missing: a zero row (size 0)."""
+    import tensorflow as tf
+
+    ms, rs = [], []
+    for m, r in zip(mixed_scaled, refs):
+        if m is None and r is None:
+            ms.append(tf.zeros([0], tf.float64))
+            rs.append(tf.zeros([0], tf.float64))
+            continue
+        r = _flat64(r) if r is not None else tf.zeros_like(_flat64(m))
+        ms.append(_flat64(m) if m is not None else tf.zeros_like(r))
+        rs.append(r)
+    if not rs:
+        return tf.zeros([0, 7], tf.float64)
+    count, total, largest = _segment_tools(rs)
+    m, r = tf.concat(ms, 0), tf.concat(rs, 0)
+    ref_nz = tf.not_equal(r, 0.0)
+    diff = m / tf.cast(scale, tf.float64) - r
+    a = tf.abs(r)
+    max_ref = largest(tf.where(tf.math.is_nan(a), tf.constant(math.inf, tf.float64), a))
+    return tf.stack(
+        [
+            count(tf.ones_like(r)),
+            count(ref_nz),
+            count(tf.logical_and(ref_nz, tf.equal(m, 0.0))),
+            total(tf.square(diff)),
+            total(tf.square(r)),
+            count(tf.logical_not(tf.math.is_finite(m))),
+            max_ref,
+        ],
+        axis=1,
+    )
+
+
+def activation_table(mixed: list[Any], refs: list[Any] | None) -> Any:
+    """float64 ``[k, 6]``, a row per layer output (columns ``A_*``): size, err_sq, ref_sq,
+    max|mixed| (inf if any element is non-finite), nonfinite count, max finite |ref|. ``refs``
+    None (no reference pass): err_sq, ref_sq and max|ref| are 0."""
+    import tensorflow as tf
+
+    if not mixed:
+        return tf.zeros([0, 6], tf.float64)
+    ms = [_flat64(a) for a in mixed]
+    count, total, largest = _segment_tools(ms)
+    m = tf.concat(ms, 0)
+    nonfinite = count(tf.logical_not(tf.math.is_finite(m)))
+    max_m = tf.where(nonfinite > 0, tf.constant(math.inf, tf.float64), largest(_abs_finite(m)))
+    size = count(tf.ones_like(m))
+    if refs is None:
+        zero = tf.zeros_like(size)
+        return tf.stack([size, zero, zero, max_m, nonfinite, zero], axis=1)
+    r = tf.concat([_flat64(a) for a in refs], 0)
+    return tf.stack(
+        [size, total(tf.square(m - r)), total(tf.square(r)), max_m, nonfinite,
+         largest(_abs_finite(r))],
+        axis=1,
+    )
+
+
+def act_grad_table(mixed_scaled: list[Any], refs: list[Any]) -> Any:
+    """float64 ``[k, 4]``, a row per gradient w.r.t. a layer output (columns ``AG_*``):
+    ref_nonzero, underflow_count, max finite |ref| (unscaled), nonfinite count of the mixed one; a
+    zero row where the reference gradient is missing."""
+    import tensorflow as tf
+
+    present = [i for i, r in enumerate(refs) if r is not None]
+    if not present:
+        return tf.zeros([len(refs), 4], tf.float64)
+    rs = [_flat64(refs[i]) for i in present]
+    ms = [
+        _flat64(mixed_scaled[i]) if mixed_scaled[i] is not None else tf.zeros_like(r)
+        for i, r in zip(present, rs)
+    ]
+    count, _, largest = _segment_tools(rs)
+    m, r = tf.concat(ms, 0), tf.concat(rs, 0)
+    nz = tf.not_equal(r, 0.0)
+    rows = tf.stack(
+        [
+            count(nz),
+            count(tf.logical_and(nz, tf.equal(m, 0.0))),
+            largest(_abs_finite(r)),
+            count(tf.logical_not(tf.math.is_finite(m))),
+        ],
+        axis=1,
+    )
+    if len(present) == len(refs):
+        return rows
+    index = tf.constant([[i] for i in present], tf.int32)
+    return tf.scatter_nd(index, rows, [len(refs), 4])
+
+
+def histogram_and_zeros(tensors: list[Any]) -> tuple[Any, Any]:
+    """(:func:`log2_bins` of all ``tensors`` together, float64 count of their exact zeros)."""
+    import tensorflow as tf
+
+    flats = [_flat64(t) for t in tensors if t is not None]
+    if not flats:
+        return tf.zeros([NUM_BINS], tf.int64), tf.constant(0.0, tf.float64)
+    a = tf.concat(flats, 0)
+    return log2_bins(a), tf.reduce_sum(tf.cast(tf.equal(a, 0.0), tf.float64))
+
+
 # --- on the host ----------------------------------------------------------------------------------
 def fraction(num: float, den: float) -> float:
     """num / den, 0.0 when den is 0 (no nonzero reference element: nothing can underflow)."""
@@ -195,7 +257,7 @@ def rel_error(err_sq: float, ref_sq: float) -> float:
 
 
 def summarize_grads(rows: np.ndarray) -> dict[str, float]:
-    """Element-weighted summary of grad_pair_stats rows (one per variable): sums, then ratios."""
+    """Element-weighted summary of grad_table rows (one per variable): sums, then ratios."""
     rows = np.asarray(rows, np.float64).reshape(-1, 7)
     tot = rows.sum(axis=0) if len(rows) else np.zeros(7)
     return {

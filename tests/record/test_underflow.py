@@ -72,13 +72,87 @@ def test_recommend_scale_keeps_margin():
 def test_grad_pair_stats_counts_only_reference_nonzeros():
     ref = np.array([0.0, 1e-9, 2.0**-3, 0.0, 5.0], np.float32)
     mixed = np.array([0.0, 0.0, 2.0**-3 * 8, 0.0, 40.0], np.float32)  # scale 8
-    row = underflow.grad_pair_stats(tf.constant(mixed), tf.constant(ref), 8.0).numpy()
+    (row,) = underflow.grad_table([tf.constant(mixed)], [tf.constant(ref)], 8.0).numpy()
     assert row[underflow.G_SIZE] == 5
     assert row[underflow.G_REF_NONZERO] == 3
     assert row[underflow.G_UNDERFLOW] == 1
     rel = underflow.rel_error(row[underflow.G_ERR_SQ], row[underflow.G_REF_SQ])
     assert rel == pytest.approx(1e-9 / np.linalg.norm(ref.astype(np.float64)), rel=1e-5)
 
+
+def test_tables_of_many_tensors_equal_numpy_tensor_by_tensor():
+    """The segment-reduced tables against numpy, one tensor at a time: shapes that differ, a
+    missing gradient on either side or both, an empty tensor, a non-finite mixed value."""
+    rng = np.random.default_rng(5)
+    scale = 2.0**10
+    refs = [rng.normal(size=(3, 4)) * 1e-11, None, rng.normal(size=(7,)), np.zeros((0,)), None]
+    refs = [None if r is None else r.astype(np.float32) for r in refs]
+    mixed = [
+        (refs[0] * scale).astype(np.float16).astype(np.float32),
+        rng.normal(size=(2, 2)).astype(np.float32),
+        np.where(np.arange(7) == 3, np.inf, refs[2] * scale).astype(np.float32),
+        np.zeros((0,), np.float32),
+        None,
+    ]
+    tf_or_none = lambda v: None if v is None else tf.constant(v)  # noqa: E731
+    table = underflow.grad_table(
+        [tf_or_none(m) for m in mixed], [tf_or_none(r) for r in refs], scale
+    ).numpy()
+    assert table.shape == (5, 7)
+    for row, m, r in zip(table, mixed, refs):
+        if m is None and r is None:
+            assert (row == 0).all()
+            continue
+        r64 = np.zeros_like(m, np.float64) if r is None else r.astype(np.float64)
+        m64 = np.zeros_like(r64) if m is None else m.astype(np.float64)
+        nz = r64 != 0
+        with np.errstate(invalid="ignore"):
+            want = [
+                r64.size,
+                nz.sum(),
+                (nz & (m64 == 0)).sum(),
+                np.square(m64 / scale - r64).sum(),
+                np.square(r64).sum(),
+                (~np.isfinite(m64)).sum(),
+                np.abs(r64).max(initial=0.0),
+            ]
+        np.testing.assert_allclose(row, want, rtol=1e-12)
+    assert table[0, underflow.G_UNDERFLOW] > 0  # float16 lost some of the 1e-11 * 2**10 values
+
+    acts_m = [rng.normal(size=(2, 3)).astype(np.float16), np.array([1.0, np.inf], np.float16)]
+    acts_r = [a.astype(np.float32) * 1.001 for a in acts_m]
+    for refs_or_none in (acts_r, None):
+        got = underflow.activation_table(
+            [tf.constant(a) for a in acts_m],
+            None if refs_or_none is None else [tf.constant(a) for a in refs_or_none],
+        ).numpy()
+        for row, m, r in zip(got, acts_m, refs_or_none or [None, None]):
+            m64 = m.astype(np.float64)
+            fin = np.isfinite(m64)
+            assert row[underflow.A_SIZE] == m.size
+            assert row[underflow.A_NONFINITE] == (~fin).sum()
+            assert row[underflow.A_MAX_MIXED] == (np.inf if (~fin).any() else np.abs(m64).max())
+            if r is None:
+                assert row[underflow.A_ERR_SQ] == row[underflow.A_REF_SQ] == 0
+            else:
+                r64 = r.astype(np.float64)
+                with np.errstate(invalid="ignore"):
+                    want = np.square(m64 - r64).sum()  # nan where both are inf
+                np.testing.assert_allclose(row[underflow.A_ERR_SQ], want, rtol=1e-12)
+                rfin = np.abs(r64)[np.isfinite(r64)]
+                assert row[underflow.A_MAX_REF] == pytest.approx(rfin.max())
+
+    ag = underflow.act_grad_table(
+        [tf.constant([0.0, 2.0, 3.0]), None, None],
+        [tf.constant([1e-9, 0.0, 3.0]), None, tf.constant([4.0, 0.0])],
+    ).numpy()
+    np.testing.assert_array_equal(ag, [[2, 1, 3, 0], [0, 0, 0, 0], [1, 1, 4, 0]])
+
+    hist, zeros = underflow.histogram_and_zeros([tf.constant(r) for r in refs if r is not None])
+    flat = np.concatenate([r.ravel() for r in refs if r is not None]).astype(np.float64)
+    assert int(zeros) == (flat == 0).sum()
+    exps = np.floor(np.log2(np.abs(flat[flat != 0]))).astype(int) - underflow.HIST_LO
+    np.testing.assert_array_equal(hist.numpy(), np.bincount(exps, minlength=underflow.NUM_BINS))
 
 def test_element_weighted_summary():
     rows = np.zeros((2, 7))
