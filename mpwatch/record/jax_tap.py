@@ -57,18 +57,17 @@ class JaxTap(TapBase):
     def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:
         super().__init__(model, capacity, grad_every)
         self._step = int(start_step)  # the batch step of the last batch read
-        self._install_step = int(start_step)  # the step before the first batch written (count 0)
-        self._read_count = 0
+        self._read_count = int(start_step)  # the count (step) of the last batch read
         self._values: list[Any] | None = None  # the buffers' latest values (device arrays)
         self._installed = False
 
     # --- the buffers --------------------------------------------------------------------------
-    def _initial_values(self) -> list[Any]:
+    def _initial_values(self, step: int) -> list[Any]:
         import jax.numpy as jnp
 
         cap, nv = self.capacity, self._num_vars or 0
         return [
-            jnp.zeros((), jnp.int32),  # count: batches ever written
+            jnp.asarray(step, jnp.int32),  # count: the step of the last batch written
             jnp.zeros((cap,), jnp.float32),  # scale after the step
             jnp.zeros((cap,), jnp.float32),  # scale used
             jnp.zeros((cap,), jnp.float32),  # skipped
@@ -101,8 +100,29 @@ class JaxTap(TapBase):
         tvs = list(model.trainable_variables)
         self._num_vars = len(tvs) if self.grad_every else 0
         self.variable_names = [getattr(v, "path", None) or v.name for v in tvs]
-        self._values = self._initial_values()
-        self._read_count = 0
+        self._restart(self._step)
+        self._clean_fn = model.train_function
+        self._wrap()
+        if self.rebuild:
+            model.make_train_function(force=True)
+            self._sync()
+
+    def _sync(self) -> None:
+        """The state Keras feeds the next call was built without the buffers: write it back to
+        the variables, then have Keras build it again (with them)."""
+        self.model.jax_state_sync()
+        self.model._jax_state_synced = True
+
+    def _restart(self, step: int) -> None:
+        self._step = self._read_count = int(step)
+        self._values = self._initial_values(step)
+
+    def resume(self, step: int) -> None:
+        super().resume(step)
+        self._sync()
+
+    def _wrap(self) -> None:
+        model, opt = self.model, self.optimizer
         orig_state, orig_apply = model._get_jax_state, opt.stateless_apply
         tap = self
 
@@ -118,12 +138,6 @@ class JaxTap(TapBase):
         object.__setattr__(model, "_get_jax_state", get_jax_state)
         object.__setattr__(opt, "stateless_apply", stateless_apply)
         self._installed = True
-        if self.rebuild:
-            model.make_train_function(force=True)
-            # the state Keras feeds the next call was built without the buffers: write it back
-            # to the variables, then have Keras build it again (with them)
-            model.jax_state_sync()
-            model._jax_state_synced = True
 
     def uninstall(self) -> None:
         if not self._installed:
@@ -211,7 +225,7 @@ class JaxTap(TapBase):
         scale_used = scale_used.at[slot].set(pre["scale_used"])
         skipped = skipped.at[slot].set(skip)
         if "grads" in pre:
-            step_next = self._install_step + count + 1  # this batch's step
+            step_next = count + 1  # this batch's step
             do = jnp.equal(jnp.mod(step_next, self.grad_every), 0)
             grads = pre["grads"]
             table = jax.lax.cond(
@@ -241,7 +255,7 @@ class JaxTap(TapBase):
         *small, counts = values
         count, scale, scale_used, skipped, valid = (np.asarray(v) for v in small)
         n = int(count) - self._read_count
-        first_slot = self._read_count  # batch number c (0-based, ever) went into slot c % cap
+        first_slot = self._read_count  # the batch written at count c went into slot c % cap
         self._read_count = int(count)
         last, self._step = self._step, self._step + n
         return from_ring(

@@ -21,9 +21,12 @@ mpwatch callback asks first; the others get the same :class:`Collected`. Under `
 buffers are mirrored and written from replica 0 (loss scale and the skip decision are the same on
 all replicas).
 
-The tap is installed when the first batch begins (all callbacks have said what they need by then),
-the train function is rebuilt to trace it, and it is removed at ``on_train_end`` (the train
-function is dropped, so a later ``fit`` without mpwatch traces a clean one).
+The tap is installed when the first batch begins (all callbacks have said what they need by then)
+and the train function is rebuilt to trace it. At ``on_train_end`` it is *parked*
+(:meth:`TapBase.park`): unwrapped, its traced train function kept on the model's state, and Keras'
+own train function given back, so a later ``fit`` without mpwatch runs (or traces) a clean one. The
+next mpwatch ``fit`` with the same needs (ring size, gradient-count period, optimizer, no
+``compile`` since) reinstates the parked function without tracing anything.
 """
 
 from __future__ import annotations
@@ -122,6 +125,13 @@ class Tap(TapBase):
         return self._orig_apply is not None
 
     def install(self) -> None:
+        self._clean_fn = self.model.train_function
+        self._wrap()
+        self._prebuild()
+        if self.rebuild:
+            self.model.make_train_function(force=True)
+
+    def _wrap(self) -> None:
         opt = self.optimizer
         self._orig_apply = opt.apply
         tap = self
@@ -131,9 +141,13 @@ class Tap(TapBase):
 
         apply._mpwatch_tap = True  # type: ignore[attr-defined]
         object.__setattr__(opt, "apply", apply)
-        self._prebuild()
-        if self.rebuild:
-            self.model.make_train_function(force=True)
+
+    def _restart(self, step: int) -> None:
+        import tensorflow as tf
+
+        self.step.assign(int(step))
+        self.count.assign(0)
+        self.valid.assign(tf.zeros([self.capacity], tf.float32))
 
     def _prebuild(self) -> None:
         """Create now what the first trace would otherwise create: the LossScaleOptimizer's
@@ -321,6 +335,7 @@ class ModelState:
         self._resolved = False  # where the model's first mpwatch fit starts is fixed
         self._fit_resolved = False  # ... and this fit's start
         self.tap: Tap | None = None
+        self.parked: Any = None  # the last fit's tap, parked with its traced train function
         self._model = model
         self._users: dict[int, int | None] = {}
         # set by TrainingLoopRecorder: batches per host call, and no Keras train function
@@ -380,8 +395,8 @@ class ModelState:
         self._users.pop(id(user), None)
         if not self._users and self.tap is not None:
             self._sync_step()
-            self.tap.uninstall()
-            self.tap = None
+            self.tap.park()  # the next mpwatch fit with the same needs reuses its trace
+            self.parked, self.tap = self.tap, None
 
     def _wanted(self) -> tuple[int, int | None]:
         spe = self.capacity or int(getattr(self._model, "steps_per_execution", 1) or 1)
@@ -391,6 +406,12 @@ class ModelState:
     def ensure_installed(self) -> None:
         """Install (or re-install with new needs) the tap; cheap when nothing changed."""
         spe, grad_every = self._wanted()
+        if self.tap is None and self.parked is not None:
+            parked, self.parked = self.parked, None
+            if parked.resumable(spe, grad_every):
+                parked.resume(self.step)
+                self.tap = parked
+                return
         tap = self.tap
         if (
             tap is not None

@@ -103,6 +103,44 @@ class TapBase:
         self.variable_names: list[str] = []
         self.rebuild = True  # rebuild Keras' train function (False for custom training loops)
         self._num_vars: int | None = None
+        self._clean_fn: Any = None  # Keras' train function before the tap's (given back at park)
+        self._parked_fn: Any = None  # the tapped train function, kept between mpwatch fits
+
+    # --- between fits: park the traced, tapped train function instead of dropping it ----------
+    def park(self) -> None:
+        """At the end of an mpwatch fit: unwrap, keep the tapped train function for the next
+        mpwatch fit, and give Keras back the train function it had before (a plain ``fit`` then
+        runs, or traces, nothing of mpwatch's)."""
+        tapped = self.model.train_function
+        self.uninstall()
+        if self.rebuild and self.failed is None and tapped is not None:
+            self._parked_fn = tapped
+            self.model.train_function = self._clean_fn
+
+    def resumable(self, capacity: int, grad_every: int | None) -> bool:
+        """Whether the parked train function fits the next fit: same needs, same optimizer, and
+        Keras' train function still the one given back (no ``compile`` since)."""
+        return (
+            self._parked_fn is not None
+            and self.failed is None
+            and self.capacity == max(1, int(capacity))
+            and self.grad_every == grad_every
+            and self.optimizer is self.model.optimizer
+            and self.model.train_function is self._clean_fn
+        )
+
+    def resume(self, step: int) -> None:
+        """Reinstate the parked train function (no trace) with empty buffers from ``step``."""
+        fn, self._parked_fn = self._parked_fn, None
+        self._wrap()
+        self._restart(step)
+        self.model.train_function = fn
+
+    def _wrap(self) -> None:  # pragma: no cover  (each tap wraps its own optimizer methods)
+        raise NotImplementedError
+
+    def _restart(self, step: int) -> None:  # pragma: no cover
+        raise NotImplementedError
 
     def _fail(self, message: str) -> None:
         if self.failed is None:

@@ -13,7 +13,9 @@ batches, so the float16 forward overflows and Keras skips exactly those updates)
 softmax output the diagnosis must name); ``probe_known`` (test_probe.py's known model: every scaled
 gradient a power of two or zero, so which ones float16 loses is known in numpy); ``probe_bn`` (a
 CNN with BatchNormalization and Dropout, probed every step during fit: the probe must measure the
-train step's network and change nothing, so its weights equal a plain fit's bit for bit).
+train step's network and change nothing, so its weights equal a plain fit's bit for bit);
+``refits`` (fits with, with, without, with mpwatch: the traces of the train step counted, whether
+the tap was in them, the loss-scale truth per batch, and the weights against a plain twin's).
 """
 
 from __future__ import annotations
@@ -142,6 +144,50 @@ def probe_bn(logdir):
     return {"identical": weights[0] == weights[1], "n_weights": len(weights[0])}
 
 
+def refits(logdir):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 16)).astype("float32")
+    x[8] *= 1e5  # batch 1 of every fit overflows float16
+    y = rng.normal(size=(64, 1)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(5)
+        inp = keras.Input((16,))
+        out = keras.layers.Dense(1, dtype="float32")(keras.layers.Dense(8)(inp))
+        model = keras.Model(inp, out)
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        return model
+
+    watched, plain = build(), build()
+    traces = []
+    original = watched.train_step
+
+    def train_step(state, data):  # runs in Python only while jax traces the step
+        apply = watched.optimizer.__dict__.get("stateless_apply")
+        traces.append([fit_index[0], bool(getattr(apply, "_mpwatch_tap", False))])
+        return original(state, data)
+
+    object.__setattr__(watched, "train_step", train_step)
+    fit_index = [0]
+    plan = [True, True, False, True]
+    scales = []
+    for i, with_mpwatch in enumerate(plan):
+        fit_index[0] = i
+        observer = Observer()
+        cbs = [observer]
+        if with_mpwatch:
+            cbs.insert(0, mpwatch.MixedPrecisionMonitor(logdir, log_every=3, profile=False))
+        watched.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=cbs)
+        plain.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+        if with_mpwatch:
+            scales += observer.scale
+    same = all(
+        np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(watched.weights, plain.weights)
+    )
+    return {"traces": traces, "scales": scales, "identical": same}
+
+
 def main(out):
     truth = {}
     for spe, log_every in [(1, 1), (1, 7), (4, 1), (4, 7)]:
@@ -150,6 +196,7 @@ def main(out):
     truth["softmax"] = softmax(os.path.join(out, "softmax"))
     truth["probe_known"] = probe_known(os.path.join(out, "probe_known"))
     truth["probe_bn"] = probe_bn(os.path.join(out, "probe_bn"))
+    truth["refits"] = refits(os.path.join(out, "refits"))
     with open(os.path.join(out, "truth.json"), "w") as f:
         json.dump(truth, f)
 

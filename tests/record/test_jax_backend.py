@@ -135,6 +135,23 @@ def test_the_probe_measures_the_train_steps_network_and_changes_nothing(jax_runs
         assert all(v is not None for v in _col(p["layers"], "act_grad_underflow_fraction"))
 
 
+def test_later_fits_reuse_the_tapped_step_and_plain_fits_run_keras_own(jax_runs, read_events):
+    out, truth = jax_runs
+    t = truth["refits"]
+    # one trace with the tap (fit 0), one clean trace (the plain fit 2), none in fits 1 and 3
+    assert t["traces"] == [[0, True], [2, False]]
+    assert t["identical"]  # weights bit-identical to the plain twin's
+    scalars, _ = read_events(str(out / "refits"))
+    got = scalars[contract.LOSS_SCALE]
+    assert [s for s, _ in got] == list(range(0, 25))  # 3 mpwatch fits of 8 batches
+    assert [v for _, v in got[1:]] == t["scales"]
+    skipped = [s for s, v in scalars[contract.STEP_SKIPPED] if v == 1.0]
+    assert skipped == [2, 10, 18]
+    # gradient counts every log_every (3) steps of the run, also in the later fits (the step is
+    # data in the reused trace, never a constant baked into it)
+    assert [s for s, _ in scalars[contract.GRAD_NONFINITE_COUNT]] == list(range(3, 25, 3))
+
+
 def test_an_unsupported_backend_is_refused_before_training(monkeypatch, tmp_path):
     """Keras' torch (or numpy) backend: a clear error at on_train_begin, nothing written."""
     import keras
