@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from mpwatch.record import stats
-from mpwatch.record.tap_common import Collected, TapBase, from_ring
+from mpwatch.record.tap_common import Collected, TapBase, counts_entries, from_ring
 
 logger = logging.getLogger("mpwatch")
 
-_BUFFERS = ("count", "scale", "scale_used", "skipped", "valid", "counts")
+_BUFFERS = ("count", "scale", "scale_used", "skipped", "ccount", "cstep", "counts")
 
 
 def _index_of(items: list[Any], target: Any) -> int | None:
@@ -58,6 +58,7 @@ class JaxTap(TapBase):
         super().__init__(model, capacity, grad_every)
         self._step = int(start_step)  # the batch step of the last batch read
         self._read_count = int(start_step)  # the count (step) of the last batch read
+        self._read_ccount = 0  # counts tables written before the last read
         self._values: list[Any] | None = None  # the buffers' latest values (device arrays)
         self._installed = False
 
@@ -65,14 +66,15 @@ class JaxTap(TapBase):
     def _initial_values(self, step: int) -> list[Any]:
         import jax.numpy as jnp
 
-        cap, nv = self.capacity, self._num_vars or 0
+        cap, nv, k = self.capacity, self._num_vars or 0, self.count_slots
         return [
             jnp.asarray(step, jnp.int32),  # count: the step of the last batch written
             jnp.zeros((cap,), jnp.float32),  # scale after the step
             jnp.zeros((cap,), jnp.float32),  # scale used
             jnp.zeros((cap,), jnp.float32),  # skipped
-            jnp.zeros((cap,), jnp.float32),  # valid: counts computed at this slot's step
-            jnp.zeros((cap, nv, stats.NUM_COUNTS), jnp.float32),  # gradient counts
+            jnp.zeros((), jnp.int32),  # ccount: gradient-counts tables ever written
+            jnp.zeros((k,), jnp.int32),  # cstep: the step of each counts slot
+            jnp.zeros((k, nv, stats.NUM_COUNTS), jnp.float32),  # gradient counts
         ]
 
     # --- installation -------------------------------------------------------------------------
@@ -115,6 +117,7 @@ class JaxTap(TapBase):
 
     def _restart(self, step: int) -> None:
         self._step = self._read_count = int(step)
+        self._read_ccount = 0
         self._values = self._initial_values(step)
 
     def resume(self, step: int) -> None:
@@ -127,6 +130,7 @@ class JaxTap(TapBase):
         tap = self
 
         def get_jax_state(*args: Any, **kwargs: Any) -> Any:
+            tap._latest()  # the buffers as the last step left them (reads are once per interval)
             state = orig_state(*args, **kwargs)
             return tap._extend_state(state, args, kwargs)
 
@@ -213,7 +217,7 @@ class JaxTap(TapBase):
         import jax
         import jax.numpy as jnp
 
-        count, scale, scale_used, skipped, valid, counts = ours
+        count, scale, scale_used, skipped, ccount, cstep, counts = ours
         slot = jnp.mod(count, self.capacity)
         skip = jnp.equal(new_theirs[self._it], pre["it"]).astype(jnp.float32)
         after = (
@@ -234,9 +238,13 @@ class JaxTap(TapBase):
                 lambda g: jnp.zeros((len(g), stats.NUM_COUNTS), jnp.float32),
                 grads,
             )
-            counts = counts.at[slot].set(table)
-            valid = valid.at[slot].set(do.astype(jnp.float32))
-        return [count + 1, scale, scale_used, skipped, valid, counts]
+            # always into the slot after the newest table (zeros on steps without counts: that
+            # slot is free), counted as written only on a counts step
+            j = jnp.mod(ccount, self.count_slots)
+            counts = counts.at[j].set(table)
+            cstep = cstep.at[j].set(step_next)
+            ccount = ccount + do.astype(jnp.int32)
+        return [count + 1, scale, scale_used, skipped, ccount, cstep, counts]
 
     # --- on the host --------------------------------------------------------------------------
     def _latest(self) -> list[Any] | None:
@@ -251,13 +259,16 @@ class JaxTap(TapBase):
         values = self._latest()
         if values is None:
             return Collected(steps=[])
-        # the counts buffer stays on the device: from_ring fetches only the slots holding counts
+        # the counts buffer stays on the device: only the slots of new tables are fetched
         *small, counts = values
-        count, scale, scale_used, skipped, valid = (np.asarray(v) for v in small)
+        count, scale, scale_used, skipped, ccount, cstep = (np.asarray(v) for v in small)
         n = int(count) - self._read_count
         first_slot = self._read_count  # the batch written at count c went into slot c % cap
         self._read_count = int(count)
+        entries = counts_entries(int(ccount), self.count_slots, self._read_ccount)
+        self._read_ccount = int(ccount)
+        tables = {int(cstep[slot]): np.asarray(counts[slot]) for _, slot in entries}
         last, self._step = self._step, self._step + n
         return from_ring(
-            self, last, n, scale, scale_used, skipped, valid, counts, first_slot=first_slot
+            self, last, n, scale, scale_used, skipped, tables, first_slot=first_slot
         )

@@ -40,6 +40,7 @@ from mpwatch.record import stats
 from mpwatch.record.tap_common import (  # noqa: F401  (also their old import path)
     Collected,
     TapBase,
+    counts_entries,
     from_ring,
     loss_scale_optimizer,
 )
@@ -88,8 +89,9 @@ class Tap(TapBase):
             self.scale = var(tf.zeros([cap], tf.float32), "scale")
             self.scale_used = var(tf.zeros([cap], tf.float32), "scale_used")
             self.skipped = var(tf.zeros([cap], tf.float32), "skipped")
-            self.valid = var(tf.zeros([cap], tf.float32), "valid")
-        # [capacity, num_variables, 5]: created when the step is traced (a subclassed model
+            self.ccount = var(tf.constant(0, tf.int32), "counts_written")
+            self.cstep = var(tf.zeros([self.count_slots], tf.int64), "counts_step")
+        # [count_slots, num_variables, 5]: created when the step is traced (a subclassed model
         # builds its variables only then), see _counts_var
         self.counts = None
         self._strategy = strategy
@@ -99,7 +101,7 @@ class Tap(TapBase):
     def _make_read(self) -> Any:
         import tensorflow as tf
 
-        cap = self.capacity
+        k = self.count_slots
 
         @tf.function(autograph=False)
         def read() -> Any:
@@ -109,12 +111,13 @@ class Tap(TapBase):
                 self.scale.read_value(),
                 self.scale_used.read_value(),
                 self.skipped.read_value(),
-                self.valid.read_value(),
-                self.counts.read_value() if self.counts is not None else tf.zeros([cap, 0, 5]),
+                self.ccount.read_value(),
+                self.cstep.read_value(),
+                self.counts.read_value() if self.counts is not None else tf.zeros([k, 0, 5]),
             )
             with tf.control_dependencies(list(out)):
                 self.count.assign(0)
-                self.valid.assign(tf.zeros([cap], tf.float32))
+                self.ccount.assign(0)
             return out
 
         return read
@@ -143,11 +146,10 @@ class Tap(TapBase):
         object.__setattr__(opt, "apply", apply)
 
     def _restart(self, step: int) -> None:
-        import tensorflow as tf
 
         self.step.assign(int(step))
         self.count.assign(0)
-        self.valid.assign(tf.zeros([self.capacity], tf.float32))
+        self.ccount.assign(0)
 
     def _prebuild(self) -> None:
         """Create now what the first trace would otherwise create: the LossScaleOptimizer's
@@ -246,10 +248,11 @@ class Tap(TapBase):
             nv = self._num_vars
             pre["counts"] = tf.cond(
                 do,
-                lambda: tf.cast(stats.counts_table(grads), tf.float64),
-                lambda: tf.zeros([nv, stats.NUM_COUNTS], tf.float64),
+                lambda: tf.cast(stats.counts_table(grads), tf.float32),
+                lambda: tf.zeros([nv, stats.NUM_COUNTS], tf.float32),
             )
-            pre["valid"] = tf.cast(do, tf.float32)
+            pre["counts_done"] = tf.cast(do, tf.int32)
+            pre["counts_step"] = step_next
         elif self.grad_every:
             self._fail(
                 f"the optimizer got {len(grads)} gradients for {self._num_vars} trainable variables"
@@ -284,7 +287,7 @@ class Tap(TapBase):
         if self.counts is None:
             with tf.init_scope(), self._strategy.scope():
                 self.counts = tf.Variable(
-                    tf.zeros([self.capacity, self._num_vars, stats.NUM_COUNTS], tf.float64),
+                    tf.zeros([self.count_slots, self._num_vars, stats.NUM_COUNTS], tf.float32),
                     trainable=False,
                     name="mpwatch_counts",
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
@@ -297,12 +300,13 @@ class Tap(TapBase):
         import tensorflow as tf
 
         i = tf.math.floormod(self.count.read_value(), self.capacity)
-        idx = tf.reshape(i, [1, 1])
 
-        def put(buf: Any, value: Any) -> None:
+        def put(buf: Any, value: Any, at: Any = i) -> None:
             buf.assign(
                 tf.tensor_scatter_nd_update(
-                    buf.read_value(), idx, tf.expand_dims(tf.cast(value, buf.dtype), 0)
+                    buf.read_value(),
+                    tf.reshape(at, [1, 1]),
+                    tf.expand_dims(tf.cast(value, buf.dtype), 0),
                 )
             )
 
@@ -310,18 +314,26 @@ class Tap(TapBase):
         put(self.scale_used, values["scale_used"])
         put(self.skipped, values["skipped"])
         if "counts" in values:
-            put(self.valid, values["valid"])
-            put(self._counts_var(), values["counts"])
+            # always into the slot after the newest table (zeros on steps without counts: that
+            # slot is free), counted as written only on a counts step
+            j = tf.math.floormod(self.ccount.read_value(), self.count_slots)
+            put(self._counts_var(), values["counts"], j)
+            put(self.cstep, values["counts_step"], j)
+            self.ccount.assign_add(values["counts_done"])
         self.count.assign_add(1)
         self.step.assign_add(1)
 
     # --- on the host -------------------------------------------------------------------------
     def read(self) -> Collected:
-        count, step, scale, scale_used, skipped, valid, counts = (
+        count, step, scale, scale_used, skipped, ccount, cstep, counts = (
             np.asarray(t) for t in self._read()
         )
+        tables = {
+            int(cstep[slot]): counts[slot]
+            for _, slot in counts_entries(int(ccount), self.count_slots)
+        }
         return from_ring(
-            self, int(step) - int(count), int(count), scale, scale_used, skipped, valid, counts
+            self, int(step) - int(count), int(count), scale, scale_used, skipped, tables
         )
 
 

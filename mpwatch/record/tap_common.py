@@ -60,20 +60,19 @@ def from_ring(
     scale: np.ndarray,
     scale_used: np.ndarray,
     skipped: np.ndarray,
-    valid: np.ndarray,
-    counts: np.ndarray,
+    grad_counts: dict[int, np.ndarray],
     first_slot: int = 0,
 ) -> Collected:
     """The :class:`Collected` of the ``n`` batches after step ``last_step``, from a tap's ring
     buffers (both backends' taps): the k-th of them went into slot ``(first_slot + k) %
-    capacity``; when more batches ran than the ring holds, only the last ``capacity`` are kept."""
+    capacity``; when more batches ran than the ring holds, only the last ``capacity`` are kept.
+    ``grad_counts``: step -> counts table, read from the tap's own (smaller) counts ring."""
     cap = tap.capacity
     if n > cap:
         logger.warning("mpwatch: %d batches since the last read, only the last %d are kept", n, cap)
     steps = list(range(last_step + 1, last_step + n + 1))
     first_kept = max(0, n - cap)
     slots = [(first_slot + k) % cap for k in range(first_kept, n)]
-    kept = steps[first_kept:]
     out = Collected(steps=steps)
     if tap.lso is not None and tap.failed is None:
         out.loss_scale = np.full(n, np.nan, np.float32)
@@ -83,10 +82,19 @@ def from_ring(
         out.scale_used[first_kept:] = scale_used[slots]
         out.skipped[first_kept:] = skipped[slots]
     if tap.grad_every and tap.failed is None:
-        for s, slot in zip(kept, slots):
-            if valid[slot] > 0:
-                out.grad_counts[s] = np.asarray(counts[slot], np.float64)
+        kept = set(steps[first_kept:])
+        out.grad_counts = {
+            s: np.asarray(c, np.float64) for s, c in sorted(grad_counts.items()) if s in kept
+        }
     return out
+
+
+def counts_entries(written: int, slots: int, since: int = 0) -> list[tuple[int, int]]:
+    """``(entry, slot)`` of the counts tables written since entry ``since`` (``written`` in all)
+    that are still intact in a ring of ``slots``: the slot after the newest is scribbled on by
+    every step that computes no counts, so at most ``slots - 1`` entries survive."""
+    first = max(since, written - (slots - 1))
+    return [(c, c % slots) for c in range(first, written)]
 
 
 class TapBase:
@@ -99,6 +107,9 @@ class TapBase:
         self.lso = loss_scale_optimizer(self.optimizer)
         self.capacity = max(1, int(capacity))
         self.grad_every = grad_every
+        # the gradient-counts ring: a table only every grad_every steps, so a few slots hold
+        # every table between two reads (capacity batches) plus the one being written
+        self.count_slots = -(-self.capacity // grad_every) + 2 if grad_every else 1
         self.failed: str | None = None
         self.variable_names: list[str] = []
         self.rebuild = True  # rebuild Keras' train function (False for custom training loops)
