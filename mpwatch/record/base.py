@@ -118,16 +118,21 @@ def release_writer(writer: RunWriter) -> None:
 
 
 class RecordingCallback(keras.callbacks.Callback):
-    """Base of mpwatch's callbacks. Subclasses implement ``_begin``, ``_batch_end(got, logs)`` and
-    ``_end`` (any may be omitted) and call ``self._guard(part, fn)`` for their parts.
+    """Base of mpwatch's callbacks. Subclasses implement ``_begin``, ``_batch_end(got, logs)``,
+    ``_tap_data(data)`` and ``_end`` (any may be omitted) and call ``self._guard(part, fn)`` for
+    their parts.
 
-    ``got`` is the :class:`~mpwatch.record.state.Collected` of the batches that just ran.
+    ``got`` (each Keras call) holds the steps of the batches that just ran, counted on the host;
+    ``data`` (the tap's :class:`~mpwatch.record.state.Collected`: loss scale, skips, gradient
+    counts of every batch since the last read) comes once per ``log_every`` steps of the callbacks
+    with ``reads_tap`` and at the end of the fit, so no device value is read at every batch.
     ``grad_every`` (class attribute or set in ``__init__``): the gradient-count period this callback
     needs from the tap, None when it needs none.
     """
 
     part = "recording"
     grad_every: int | None = None
+    reads_tap = False  # consumes the tap's data (then the tap is read every log_every steps)
     require_compiled = True  # False when driven by TrainingLoopRecorder
 
     def __init__(self, log_dir: Any, log_every: int = 50) -> None:
@@ -181,11 +186,12 @@ class RecordingCallback(keras.callbacks.Callback):
         self.writer = acquire_writer(self.log_dir, enabled=backend.is_chief(self.model))
         self._active = True
         self._begun = False
-        self.state.require(self, self.grad_every)
+        self.state.require(self, self.grad_every, self.log_every if self.reads_tap else None)
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         if not self._active:
             return
+        self._call_begin = batch
         self._begin_once()
         self._guard("tap", self.state.ensure_installed)
         self._guard(self.part, self._batch_begin, batch)
@@ -193,10 +199,24 @@ class RecordingCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if not self._active:
             return
-        spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        got = self._guard("steps", self.state.collect, self, spe)
-        if got is not None and got.n:
-            self._guard(self.part, self._batch_end, got, logs or {})
+        got = self._guard("steps", self.state.collect, self, self._batches_in_call(batch))
+        if got is None:
+            return
+        steps, data = got
+        if data is not None and data.n:
+            self._guard(self.part, self._tap_data, data)
+        if steps.n:
+            self._guard(self.part, self._batch_end, steps, logs or {})
+
+    def _batches_in_call(self, end: int) -> int:
+        """Batches Keras ran in this call: its batch indices ``begin..end`` (with
+        ``steps_per_execution``); a custom training loop's steps per call."""
+        if self.state.capacity:
+            return self.state.capacity
+        begin = getattr(self, "_call_begin", None)
+        if begin is None or end < begin:
+            return int(getattr(self.model, "steps_per_execution", 1) or 1)
+        return end - begin + 1
 
     def _begin_once(self) -> None:
         """At the first batch of a fit, when every callback's ``on_train_begin`` has run (so a
@@ -215,6 +235,9 @@ class RecordingCallback(keras.callbacks.Callback):
         self._active = False
         try:
             if self._begun:
+                data = self._guard("steps", self.state.flush, self)
+                if data is not None and data.n:
+                    self._guard(self.part, self._tap_data, data)
                 self._guard(self.part, self._end)
         finally:
             try:
@@ -233,7 +256,11 @@ class RecordingCallback(keras.callbacks.Callback):
         pass
 
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
-        pass
+        """Each Keras call: ``got.steps`` are its batch steps (no tap data)."""
+
+    def _tap_data(self, data: Any) -> None:
+        """The tap's data (:class:`~mpwatch.record.tap_common.Collected`) when it is read: once per
+        interval of the subclasses with ``reads_tap``, and at the end of the fit."""
 
     def _end(self) -> None:
         pass

@@ -52,6 +52,7 @@ class GradientHealthMonitor(RecordingCallback):
     """
 
     part = "gradient_health"
+    reads_tap = True
 
     def __init__(self, log_dir: Any, log_every: int = 50, per_variable: bool = True) -> None:
         super().__init__(log_dir, log_every)
@@ -62,7 +63,7 @@ class GradientHealthMonitor(RecordingCallback):
     def _begin(self) -> None:
         self._layer_of = None
 
-    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+    def _tap_data(self, got: Any) -> None:
         if not got.grad_counts:
             return
         tap = self.state.tap

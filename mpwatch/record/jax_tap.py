@@ -17,11 +17,17 @@ optimizer, metrics)`` variables, jitted with the state donated; it reaches the o
   update was skipped (``iterations`` did not advance), and every ``grad_every`` steps the
   per-variable gradient counts (:func:`mpwatch.record.stats.jax_counts_table`);
 - is **read on the host** from ``model._jax_state``, which Keras sets after every train-function
-  call: ``count`` only grows (the host cannot reset device state it does not feed back), so the
-  batches since the last read are ``count - last count``.
+  call, once per read interval (:meth:`mpwatch.record.state.ModelState.collect`): ``count`` (the
+  step of the last batch written) only grows (the host cannot reset device state it does not feed
+  back), so the batches since the last read are ``count - last count``; the gradient-counts
+  tables have their own small ring, each with its step, and only new ones are fetched. The step is
+  data in the buffers, never a constant in the trace, so a later fit reuses the trace.
 
 With ``steps_per_execution > 1`` Keras runs several train steps in one call, each through
-``stateless_apply``, so each batch has its slot (the ring holds ``steps_per_execution`` of them).
+``stateless_apply``, so each batch has its slot (the ring holds a read interval plus one call).
+Keras rebuilds its state from the variables at each epoch's start (and after a callback's
+``jax_state_sync``): the wrapper of ``_get_jax_state`` first picks up the buffers as the last step
+left them.
 A ``keras.distribution`` is not supported by the tap (its state shardings are fixed per variable):
 there the tap stops with a notice and the steps are counted from Keras' batch numbers.
 """

@@ -57,6 +57,7 @@ class LossScaleMonitor(RecordingCallback):
     """
 
     part = "loss_scale"
+    reads_tap = True
 
     def __init__(self, log_dir: Any, log_every: int = 50) -> None:
         super().__init__(log_dir, log_every)
@@ -100,7 +101,7 @@ class LossScaleMonitor(RecordingCallback):
             return
         self.writer.scalar_series(contract.LOSS_SCALE, [0], [float(scale)])
 
-    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+    def _tap_data(self, got: Any) -> None:
         if not self._has_scale or got.loss_scale is None:
             return
         for s, v, k in zip(got.steps, got.loss_scale, got.skipped):

@@ -12,14 +12,21 @@ advance on a skipped step.
 
 **The tap.** One :class:`Tap` per model wraps the optimizer *instance's* ``apply`` (which Keras'
 ``train_step`` reaches through ``apply_gradients``), so it sees the real, scaled training gradients
-in the graph. Per batch it stores, into small ``tf.Variable`` ring buffers with one slot per batch
-of an execution (``steps_per_execution`` slots): the loss scale after the step, the scale the
-gradients were scaled with, whether the update was skipped (``iterations`` did not advance), and
-every ``grad_every`` steps a per-variable table of gradient counts (:mod:`mpwatch.record.stats`).
-The host reads the buffers once per ``on_train_batch_end`` (:meth:`ModelState.collect`), whichever
-mpwatch callback asks first; the others get the same :class:`Collected`. Under ``tf.distribute`` the
-buffers are mirrored and written from replica 0 (loss scale and the skip decision are the same on
-all replicas).
+in the graph. Per batch it stores, into small ``tf.Variable`` ring buffers: the loss scale after
+the step, the scale the gradients were scaled with, whether the update was skipped (``iterations``
+did not advance) (one slot per batch, for a read interval plus one Keras call of batches), and
+every ``grad_every`` steps a per-variable table of gradient counts (:mod:`mpwatch.record.stats`; a
+ring of a few tables, each with its step).
+
+**Reads.** The host counts the steps itself (Keras' batch indices give each call's batches) and
+reads the buffers only at the calls that reach a multiple of the read interval (the smallest
+``log_every`` of the callbacks that use the tap's data: loss scale, gradient health), when the
+ring would overflow, and at the end of the fit (:meth:`ModelState.collect`,
+:meth:`ModelState.flush`), whichever mpwatch callback asks first; the others get the same
+objects. A read is one host transfer, which waits for the device; between reads mpwatch touches no
+device value. The data of a read covers every batch since the last one, exactly. Under
+``tf.distribute`` the buffers are mirrored and written from replica 0 (loss scale and the skip
+decision are the same on all replicas).
 
 The tap is installed when the first batch begins (all callbacks have said what they need by then)
 and the train function is rebuilt to trace it. At ``on_train_end`` it is *parked*
@@ -350,11 +357,15 @@ class ModelState:
         self.parked: Any = None  # the last fit's tap, parked with its traced train function
         self._model = model
         self._users: dict[int, int | None] = {}
+        self._read_every: dict[int, int | None] = {}  # users that consume the tap's data
+        self._pending = 0  # batches the tap wrote since the last read
         # set by TrainingLoopRecorder: batches per host call, and no Keras train function
         self.capacity: int | None = None
         self.rebuild = True
-        self._cache: Collected | None = None
+        self._cache: tuple[Collected, Collected | None] | None = None
         self._consumers: set[int] = set()
+        self._flushed: Collected | None = None
+        self._flush_consumers: set[int] | None = None
 
     def resolve_start(self, log_dir: str, reads_logs: bool) -> None:
         """Fix where this fit's steps start, once per fit: the first mpwatch callback to reach the
@@ -397,23 +408,46 @@ class ModelState:
                 )
 
     # called from each mpwatch callback's on_train_begin
-    def require(self, user: object, grad_every: int | None = None) -> None:
+    def require(
+        self, user: object, grad_every: int | None = None, read_every: int | None = None
+    ) -> None:
+        """``user`` records this fit; ``grad_every``: it wants gradient counts every so many
+        steps; ``read_every``: it consumes the tap's data (loss scale, skips, counts) every so
+        many steps (the tap is read at the smallest such interval, not at every batch)."""
         self._users[id(user)] = grad_every
+        self._read_every[id(user)] = read_every
         self._fit_resolved = False  # a new fit: resolve_start runs again at its first batch
         self._cache = None
         self._consumers = set()
+        self._flushed, self._flush_consumers = None, None
 
     def release(self, user: object) -> None:
         self._users.pop(id(user), None)
+        self._read_every.pop(id(user), None)
         if not self._users and self.tap is not None:
+            if self._pending and self.tap.installed:
+                self._read()  # nobody flushed: keep the tap's step exact
             self._sync_step()
             self.tap.park()  # the next mpwatch fit with the same needs reuses its trace
             self.parked, self.tap = self.tap, None
 
     def _wanted(self) -> tuple[int, int | None]:
-        spe = self.capacity or int(getattr(self._model, "steps_per_execution", 1) or 1)
+        """(ring capacity, gradient-count period): the ring holds a read interval of batches
+        plus one call's (a read comes at the first call reaching a multiple of the interval)."""
         everies = [g for g in self._users.values() if g]
-        return spe, (min(everies) if everies else None)
+        return self._spe() + self.read_interval(), (min(everies) if everies else None)
+
+    def _spe(self) -> int:
+        """Batches per host call: ``steps_per_execution`` (or a custom loop's steps per call)."""
+        return self.capacity or int(getattr(self._model, "steps_per_execution", 1) or 1)
+
+    def read_interval(self) -> int:
+        """Steps between two reads of the tap: the smallest interval of its data's consumers
+        (1 for a custom training loop, which reads each call)."""
+        if self.capacity:
+            return 1
+        reads = [r for r in self._read_every.values() if r]
+        return min(reads) if reads else 1
 
     def ensure_installed(self) -> None:
         """Install (or re-install with new needs) the tap; cheap when nothing changed."""
@@ -451,27 +485,62 @@ class ModelState:
         if self.tap is not None:
             self.step = self.tap.current_step()
 
-    def collect(self, user: object, keras_batches: int = 1) -> Collected:
-        """The batches since the last read. Every user calls this once per on_train_batch_end; the
-        first call reads the tap, the others get the same object."""
+    def collect(self, user: object, keras_batches: int = 1) -> tuple[Collected, Collected | None]:
+        """(this call's steps, the tap's data or None). Every user calls this once per
+        ``on_train_batch_end`` (``keras_batches``: the batches Keras ran in the call); the first
+        call does the work, the others get the same objects.
+
+        The steps are counted on the host, with no device read. The tap is read (one host
+        transfer, which waits for the device) only when the call reaches a multiple of
+        :meth:`read_interval` or the ring would overflow; the data then covers every batch since
+        the last read, exactly (and the host count is set to the tap's own)."""
         if self._cache is not None and id(user) not in self._consumers:
             self._consumers.add(id(user))
             return self._cache
-        if self.tap is not None and self.tap.installed:
-            got = self.tap.read()
-            if got.n == 0 and self.tap.failed is not None:
-                got = self._fallback(keras_batches)
-            else:
-                self.step = got.steps[-1] if got.steps else self.step
+        n = max(1, int(keras_batches))
+        tap = self.tap
+        data = None
+        if tap is not None and tap.installed and tap.failed is None:
+            steps = list(range(self.step + 1, self.step + n + 1))
+            self.step += n
+            self._pending += n
+            every = self.read_interval()
+            if (
+                any(s % every == 0 for s in steps)
+                or self._pending + self._spe() > tap.capacity
+            ):
+                data = self._read()
+            got = Collected(steps=steps) if tap.failed is None else self._fallback(0, steps)
         else:
-            got = self._fallback(keras_batches)
-        self._cache = got
+            got = self._fallback(n)
+        self._cache = (got, data)
         self._consumers = {id(user)}
-        return got
+        return self._cache
 
-    def _fallback(self, n: int) -> Collected:
-        steps = list(range(self.step + 1, self.step + n + 1))
-        self.step += n
+    def flush(self, user: object) -> Collected | None:
+        """At the end of a fit: the tap's data not read yet (the same object for every user)."""
+        if self._flush_consumers is not None and id(user) not in self._flush_consumers:
+            self._flush_consumers.add(id(user))
+            return self._flushed
+        data = None
+        if self.tap is not None and self.tap.installed and self._pending:
+            data = self._read()
+        self._flushed, self._flush_consumers = data, {id(user)}
+        return data
+
+    def _read(self) -> Collected:
+        data = self.tap.read()
+        self._pending = 0
+        if data.steps:
+            self.step = data.steps[-1]
+        return data
+
+    def _fallback(self, n: int, steps: list[int] | None = None) -> Collected:
+        """Steps counted from Keras' batches (the tap is off or failed)."""
+        if steps is None:
+            steps = list(range(self.step + 1, self.step + n + 1))
+            self.step += n
+        self._pending = 0
         if self.tap is not None:
             self.tap.set_step(self.step)
         return Collected(steps=steps, exact=False)

@@ -182,3 +182,54 @@ def test_no_loss_scale_policies_say_so_once(tmp_path, policy, read_events, name)
     assert info["policy"] == name and info["loss_scale"]["kind"] == "none"
     # gradient health is still recorded (S = 1)
     assert [s for s, _ in scalars["mpwatch/grad/zero_fraction"]] == [2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("spe", [1, 4])
+@pytest.mark.parametrize("log_every", [1, 7, 50])
+def test_series_are_exact_per_batch_and_the_tap_is_read_once_per_interval(
+    tmp_path, policy, read_events, monkeypatch, spe, log_every
+):
+    """The loss scale and skips of every batch, whatever the interval and steps_per_execution,
+    while the device is read only at the calls that reach a multiple of ``log_every`` and once at
+    the end of the fit (not at every batch). Truth: the overflowing batches are known, so the
+    scale after step s is 2**15 halved once per overflow up to s (Keras grows it only after 2000
+    good steps), and the optimizer's own state after each Keras call (read by a callback)."""
+    import mpwatch
+    from mpwatch.record.state import Tap
+
+    reads = []
+    original_read = Tap.read
+
+    def counting_read(self):
+        got = original_read(self)
+        reads.append(got.steps)
+        return got
+
+    monkeypatch.setattr(Tap, "read", counting_read)
+    bad = (1, 4, 5, 9, 17)
+    batches = 24
+    with policy("mixed_float16"):
+        x, y = _data(n=10 * batches, bad_batches=bad)
+        model = _model(spe)
+        truth = Truth()
+        monitor = mpwatch.MixedPrecisionMonitor(
+            tmp_path, log_every=log_every, probe=False, profile=False
+        )
+        model.fit(x, y, batch_size=10, shuffle=False, verbose=0, callbacks=[monitor, truth])
+    scalars, _ = read_events(tmp_path)
+    want = [2.0**15 / 2 ** sum(b < s for b in bad) for s in range(1, batches + 1)]
+    assert scalars["mpwatch/loss_scale"] == [(0, 2.0**15)] + [
+        (s, v) for s, v in zip(range(1, batches + 1), want)
+    ]
+    call_ends = list(range(spe, batches + 1, spe))
+    assert truth.scales == [want[s - 1] for s in call_ends]  # the optimizer agrees
+    skipped = [s for s, v in scalars["mpwatch/step_skipped"] if v == 1.0]
+    assert skipped == [b + 1 for b in bad]
+    # reads: the calls that reach a multiple of log_every, then one at the end if data is left
+    calls = [range(end - spe + 1, end + 1) for end in call_ends]
+    expected = [c for c in calls if any(s % log_every == 0 for s in c)]
+    if not expected or expected[-1][-1] != batches:
+        expected.append(None)
+    assert len(reads) == len(expected)
+    assert [s for r in reads for s in r] == list(range(1, batches + 1))  # each batch once
+    assert len(reads) < batches or log_every == 1 and spe == 1
