@@ -54,6 +54,7 @@ from mpwatch.record.tap_common import (  # noqa: F401  (also their old import pa
 
 logger = logging.getLogger("mpwatch")
 STATE_ATTR = "_mpwatch_state"
+UNUSED_READ_EVERY = 100  # steps between reads of a tap whose data no callback uses
 
 
 def initial_step(model: Any) -> int:
@@ -447,7 +448,9 @@ class ModelState:
         if self.capacity:
             return 1
         reads = [r for r in self._read_every.values() if r]
-        return min(reads) if reads else 1
+        # nobody uses the data (a ProbeMonitor or StepTimeMonitor alone): read only to keep the
+        # ring from overflowing, never at every batch
+        return min(reads) if reads else UNUSED_READ_EVERY
 
     def ensure_installed(self) -> None:
         """Install (or re-install with new needs) the tap; cheap when nothing changed."""
