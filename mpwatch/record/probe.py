@@ -705,8 +705,8 @@ class ProbeMonitor(RecordingCallback):
         every: probe every this many batch steps (and at the end of each epoch). Default 500.
         probe_data: the fixed probe batch: ``(x, y)``, ``(x, y, sample_weight)`` or a
             ``tf.data.Dataset`` (its first batch is taken once, at ``on_train_begin``). Default: the
-            first training batch of the first ``fit``, captured as it passes and kept for the run
-            (captured with one extra trace of Keras' per-batch step function, nothing per step).
+            first training batch of the first ``fit``, taken from the train function's input as it
+            passes and kept for the run (no extra trace of the train function, nothing per step).
         loss_fn: ``loss_fn(y_true, y_pred) -> scalar``; default the model's compiled loss.
         margin_bits: headroom (in doublings below 65504) the recommended scale keeps; default 4.
         on_epoch_end_probe: also probe at each epoch's end (default True).
@@ -790,17 +790,30 @@ class ProbeMonitor(RecordingCallback):
         def capture(iterator: Any) -> Any:
             model.train_function = original
             monitor._wrapped_train_function = None
-            try:
-                data = (
-                    iterator.get_next() if hasattr(iterator, "get_next") else next(iter(iterator))
-                )
-            except (StopIteration, tf.errors.OutOfRangeError):
-                raise StopIteration from None
-            monitor._data = tf.nest.map_structure(
-                lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data
+            if not isinstance(iterator, tf.data.Iterator):  # Keras steps a Python iterator eagerly
+                try:
+                    data = next(iter(iterator))
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    raise StopIteration from None
+                monitor._data = _copy_tf(tf, data)
+                rest = itertools.islice(iterator, spe - 1) if spe > 1 else ()
+                return original(itertools.chain([data], rest))
+            # take this call's batches, keep the first, and hand Keras a tf.data iterator over
+            # them with the very element spec of Keras' own: the train function is traced once,
+            # for both (a Python iterator, or a spec of concrete shapes, would trace it again)
+            batches = []
+            for _ in range(spe):
+                got = iterator.get_next_as_optional()
+                if not got.has_value():
+                    break
+                batches.append(got.get_value())
+            if not batches:
+                raise StopIteration
+            monitor._data = _copy_tf(tf, batches[0])
+            taken = tf.data.Dataset.from_generator(
+                lambda: iter(batches), output_signature=iterator.element_spec
             )
-            rest = itertools.islice(iterator, spe - 1) if spe > 1 else ()
-            return original(itertools.chain([data], rest))
+            return original(iter(taken))
 
         self._wrapped_train_function = capture
         model.train_function = capture
@@ -831,3 +844,8 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+
+def _copy_tf(tf: Any, data: Any) -> Any:
+    """A copy of a batch's tensors, kept for the probe after the step has used them."""
+    return tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data)

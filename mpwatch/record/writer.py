@@ -165,6 +165,32 @@ def _scalar_metadata() -> Any:
     return scalar_metadata.create_summary_metadata(display_name=None, description=None)
 
 
+_series_fn: Any = None
+
+
+def _series_function() -> Any:
+    """One compiled function writing a scalar series through the writer passed to it.
+
+    The writer's resource is an argument, so a new writer (each ``fit`` opens one) reuses the
+    trace; ``tf.summary.write`` inside a function would capture the writer and retrace per fit.
+    """
+    global _series_fn
+    if _series_fn is None:
+        import tensorflow as tf
+
+        meta = tf.constant(_scalar_metadata().SerializeToString())
+
+        @tf.function(reduce_retracing=True)
+        def series(writer, tag, steps, values):  # noqa: ANN001, ANN202
+            for i in tf.range(tf.size(steps)):
+                tf.raw_ops.WriteSummary(
+                    writer=writer, step=steps[i], tensor=values[i], tag=tag, summary_metadata=meta
+                )
+
+        _series_fn = series
+    return _series_fn
+
+
 class RunWriter:
     """Writes mpwatch scalars and records into one run directory.
 
@@ -192,7 +218,6 @@ class RunWriter:
             use_tensorflow = backend.name() == backend.TENSORFLOW
         self.use_tensorflow = bool(use_tensorflow)
         self._writer = None
-        self._series_fn = None
 
     def _get(self):  # noqa: ANN202
         if self._writer is None:
@@ -245,17 +270,13 @@ class RunWriter:
                 for step, value in zip(steps, values):
                     tf.summary.scalar(tag, float(value), step=int(step))
                 return
-            if self._series_fn is None:
-                meta = _scalar_metadata()
-
-                @tf.function(reduce_retracing=True)
-                def series(tag, steps, values):  # noqa: ANN001, ANN202
-                    # tf.summary.write keeps the tag as given (scalar() would prefix "while/")
-                    for i in tf.range(tf.size(steps)):
-                        tf.summary.write(tag, values[i], step=steps[i], metadata=meta)
-
-                self._series_fn = series
-            self._series_fn(
+            resource = getattr(self._get(), "_resource", None)
+            if resource is None:  # a TensorFlow without the writer's resource: one call a value
+                for step, value in zip(steps, values):
+                    tf.summary.scalar(tag, float(value), step=int(step))
+                return
+            _series_function()(
+                resource,  # an argument, not a capture: one trace serves every writer and fit
                 tf.constant(tag, tf.string),  # a tensor: one trace for every tag
                 tf.constant([int(s) for s in steps], tf.int64),
                 tf.constant([float(v) for v in values], tf.float32),
@@ -313,4 +334,3 @@ class RunWriter:
             self._writer.flush()
             self._writer.close()
             self._writer = None
-            self._series_fn = None  # it captured the closed writer

@@ -113,3 +113,26 @@ def test_later_fits_reuse_the_tapped_function_and_plain_fits_run_keras_own(
     # skipped steps: each fit's overflowing batches
     skipped = [s for s, v in scalars["mpwatch/step_skipped"] if v == 1.0]
     assert skipped == [f * batches + b + 1 for f in range(3) for b in (1, 6)]
+
+
+@pytest.mark.parametrize("spe", [1, 3])
+def test_probe_takes_its_batch_without_tracing_the_train_function_again(tmp_path, policy, spe):
+    """The probe, given no probe_data, keeps the first training batch as it passes: the train
+    function runs once traced, every batch is trained on once and in order (weights equal a plain
+    fit's), and the kept batch is the data's first batch."""
+    import mpwatch
+
+    x, y = _data(n=75, bad=())  # a partial last batch: the dataset's batch dimension is None
+    with policy("mixed_float16"):
+        watched, plain = _model(spe), _model(spe)
+        traces = _count_traces(watched)
+        object.__setattr__(watched, "_fit_index", 0)
+        probe = mpwatch.ProbeMonitor(tmp_path, every=4)
+        watched.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0, callbacks=[probe])
+        plain.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+    assert [fit for fit, _ in traces] == [0]  # one trace in all, the first batch's
+    for a, b in zip(watched.weights, plain.weights):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    kept_x, kept_y = probe._data[:2]
+    np.testing.assert_array_equal(np.asarray(kept_x), x[:10])
+    np.testing.assert_array_equal(np.asarray(kept_y), y[:10])

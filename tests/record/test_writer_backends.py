@@ -78,3 +78,21 @@ def test_mpwatch_reads_both_the_same(tmp_path, read_events):
     scale = run.scalar(contract.LOSS_SCALE)
     assert scale.index.tolist() == [1, 2, 3] and scale.tolist() == [32768.0, 16384.0, 16384.0]
     assert run.grad_variables["variable"].tolist() == [f"layer_{i}/kernel" for i in range(3)]
+
+
+def test_series_of_later_writers_reuse_one_trace(tmp_path):
+    """Each fit opens (and closes) a writer: the compiled series writer takes the writer as an
+    argument, so the second and third writers' series are written without a new trace, each into
+    its own directory, with the values given."""
+    pytest.importorskip("tensorflow")
+    from mpwatch.record import writer as writer_module
+
+    for i in range(3):
+        w = RunWriter(str(tmp_path / f"fit{i}"), use_tensorflow=True)
+        w.scalar_series(contract.TRAIN_LOSS, [10 * i + s for s in range(6)], [i + 0.5] * 6)
+        w.close()
+        if i == 0:
+            traces = writer_module._series_function().experimental_get_tracing_count()
+        got = [(e[0], e[1], e[5]) for e in _events(str(tmp_path / f"fit{i}"))]
+        assert got == [(contract.TRAIN_LOSS, 10 * i + s, i + 0.5) for s in range(6)]
+    assert writer_module._series_function().experimental_get_tracing_count() == traces
