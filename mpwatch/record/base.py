@@ -199,14 +199,35 @@ class RecordingCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if not self._active:
             return
-        got = self._guard("steps", self.state.collect, self, self._batches_in_call(batch))
-        if got is None:
+        self._hold_writes()
+        try:
+            got = self._guard("steps", self.state.collect, self, self._batches_in_call(batch))
+            if got is None:
+                return
+            steps, data = got
+            if data is not None and data.n:
+                self._guard(self.part, self._tap_data, data)
+            if steps.n:
+                self._guard(self.part, self._batch_end, steps, logs or {})
+        finally:
+            self._release_writes()
+
+    def _hold_writes(self) -> None:
+        """What this batch end writes goes out in one call at :meth:`_release_writes`."""
+        if self.writer is not None:
+            self.writer.hold()
+
+    def _release_writes(self) -> None:
+        writer = self.writer
+        if writer is None:
             return
-        steps, data = got
-        if data is not None and data.n:
-            self._guard(self.part, self._tap_data, data)
-        if steps.n:
-            self._guard(self.part, self._batch_end, steps, logs or {})
+        try:
+            writer.release()
+        except Exception as e:  # noqa: BLE001  (never lose training to mpwatch)
+            if "writer" not in self._failed:  # said once; the events of this call are lost
+                self._failed.add("writer")
+                logger.error("mpwatch: could not write to %s: %r", writer.logdir, e)
+                self._notice("writer", "error", f"events lost: {type(e).__name__}: {e}")
 
     def _batches_in_call(self, end: int) -> int:
         """Batches Keras ran in this call: its batch indices ``begin..end`` (with

@@ -127,9 +127,13 @@ class MixedPrecisionMonitor(RecordingCallback):
             p.on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        super().on_train_batch_end(batch, logs)
-        for p in self.parts:
-            p.on_train_batch_end(batch, logs)
+        self._hold_writes()  # the parts share the writer: one write for all of them
+        try:
+            super().on_train_batch_end(batch, logs)
+            for p in self.parts:
+                p.on_train_batch_end(batch, logs)
+        finally:
+            self._release_writes()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         for p in self.parts:

@@ -130,6 +130,10 @@ class Tap(TapBase):
 
         return read
 
+    def prepare_read(self) -> None:
+        self._read.get_concrete_function()
+        self.read_ready = True
+
     # --- installation ------------------------------------------------------------------------
     @property
     def installed(self) -> bool:
@@ -302,6 +306,7 @@ class Tap(TapBase):
                     synchronization=tf.VariableSynchronization.ON_WRITE,
                 )
             self._read = self._make_read()
+            self.read_ready = False
         return self.counts
 
     def _write(self, values: dict[str, Any]) -> None:
@@ -513,6 +518,8 @@ class ModelState:
                 or self._pending + self._spe() > tap.capacity
             ):
                 data = self._read()
+            elif not tap.read_ready:  # the step is traced: trace the read now, off the interval
+                tap.prepare_read()  # steps (a one-time cost, not a per-interval one)
             got = Collected(steps=steps) if tap.failed is None else self._fallback(0, steps)
         else:
             got = self._fallback(n)

@@ -118,6 +118,12 @@ class TapBase:
         self._parked_fn: Any = None  # the tapped train function, kept between mpwatch fits
 
     # --- between fits: park the traced, tapped train function instead of dropping it ----------
+    read_ready = False  # the host read is ready to run (traced, where it is a function)
+
+    def prepare_read(self) -> None:
+        """Get the host read ready (trace it) outside the interval steps."""
+        self.read_ready = True
+
     def park(self) -> None:
         """At the end of an mpwatch fit: unwrap, keep the tapped train function for the next
         mpwatch fit, and give Keras back the train function it had before (a plain ``fit`` then

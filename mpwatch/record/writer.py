@@ -11,6 +11,7 @@ variables); ``mpwatch.read`` joins the parts back.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -165,30 +166,63 @@ def _scalar_metadata() -> Any:
     return scalar_metadata.create_summary_metadata(display_name=None, description=None)
 
 
-_series_fn: Any = None
+_write_fns: dict[str, Any] = {}
 
 
-def _series_function() -> Any:
-    """One compiled function writing a scalar series through the writer passed to it.
+def _write_function(kind: str) -> Any:
+    """One compiled function (per process) writing many summaries through the writer passed to
+    it: ``"scalars"`` (float32 values under the scalar plugin's metadata) or ``"records"``
+    (string tensors, each with its own serialized metadata).
 
-    The writer's resource is an argument, so a new writer (each ``fit`` opens one) reuses the
-    trace; ``tf.summary.write`` inside a function would capture the writer and retrace per fit.
+    The writer's resource is an argument, not a capture, so the writer each ``fit`` opens reuses
+    the trace (``tf.summary.write`` inside a function would capture the writer and retrace per
+    fit); an input signature makes every length share it. One call costs about what one eager
+    ``tf.summary.scalar`` costs (~0.3-1 ms on a CPU), for any number of values.
     """
-    global _series_fn
-    if _series_fn is None:
+    fn = _write_fns.get(kind)
+    if fn is None:
         import tensorflow as tf
 
-        meta = tf.constant(_scalar_metadata().SerializeToString())
+        writer = tf.TensorSpec([], tf.resource)
+        tags, steps = tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64)
 
-        @tf.function(reduce_retracing=True)
-        def series(writer, tag, steps, values):  # noqa: ANN001, ANN202
-            for i in tf.range(tf.size(steps)):
-                tf.raw_ops.WriteSummary(
-                    writer=writer, step=steps[i], tensor=values[i], tag=tag, summary_metadata=meta
-                )
+        def write_all(writer, tags, steps, values, metas):  # noqa: ANN001, ANN202
+            def body(i):  # noqa: ANN001, ANN202
+                meta = metas if metas.shape.rank == 0 else metas[i]
+                write = tf.raw_ops.WriteSummary(
+                    writer=writer, step=steps[i], tensor=values[i], tag=tags[i],
+                    summary_metadata=meta,
+                )  # fmt: skip
+                with tf.control_dependencies([write]):
+                    return i + 1
 
-        _series_fn = series
-    return _series_fn
+            tf.while_loop(lambda i: i < tf.size(steps), body, [tf.constant(0)])
+
+        # autograph off: an explicit loop traces in milliseconds (autograph's conversion: ~0.1 s)
+        if kind == "scalars":
+            meta = _scalar_metadata().SerializeToString()
+            signature = [writer, tags, steps, tf.TensorSpec([None], tf.float32)]
+
+            def fn(writer, tags, steps, values):  # noqa: ANN001, ANN202
+                write_all(writer, tags, steps, values, tf.constant(meta))
+        else:
+            strings = tf.TensorSpec([None], tf.string)
+            signature = [writer, tags, steps, strings, strings]
+            fn = write_all
+        fn = _write_fns[kind] = tf.function(fn, input_signature=signature, autograph=False)
+    return fn
+
+
+def _record_metadata(kind: str) -> Any:
+    from tensorboard.compat.proto import summary_pb2
+
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name=contract.PLUGIN_NAME, content=contract.metadata_content(kind)
+        ),
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+        summary_description=f"mpwatch {kind} record",
+    )
 
 
 class RunWriter:
@@ -196,14 +230,22 @@ class RunWriter:
 
     ``enabled=False`` makes every call a no-op (a non-chief worker under ``tf.distribute``).
     Several writers may share a logdir: TensorFlow shares one file writer per directory.
-    On Keras' TensorFlow backend the events go through ``tf.summary``; on other backends through
-    TensorBoard's own event writer (no TensorFlow needed), in the same on-disk contract.
+    On Keras' TensorFlow backend the events go through ``tf.summary``'s file writer; on other
+    backends through TensorBoard's own event writer (no TensorFlow needed), in the same on-disk
+    contract.
+
+    Between :meth:`hold` and the matching :meth:`release`, what is written is kept and written
+    at the outermost release, all of it in one call per kind (a callback's batch end writes its
+    interval this way: one compiled call instead of one eager op per value).
 
     Example:
         >>> import tempfile
         >>> from mpwatch import contract
         >>> w = RunWriter(tempfile.mkdtemp())
         >>> w.scalars(3, {contract.LOSS_SCALE: 1024.0, contract.STEP_SKIPPED: 0.0})
+        >>> w.hold()
+        >>> w.scalar_series(contract.TRAIN_LOSS, [1, 2, 3], [0.5, 0.4, 0.3])  # kept ...
+        >>> w.release()  # ... and written here
         >>> w.flush()
     """
 
@@ -218,6 +260,10 @@ class RunWriter:
             use_tensorflow = backend.name() == backend.TENSORFLOW
         self.use_tensorflow = bool(use_tensorflow)
         self._writer = None
+        self._lock = threading.Lock()
+        self._holds = 0
+        self._scalars: list[tuple[str, int, float]] = []
+        self._records: list[tuple[str, int, bytes, str]] = []  # tag, step, blob, kind
 
     def _get(self):  # noqa: ANN202
         if self._writer is None:
@@ -229,58 +275,88 @@ class RunWriter:
                 self._writer = _TensorBoardEvents(self.logdir)
         return self._writer
 
-    def _tb_scalars(self, tag_steps_values: list[tuple[str, int, float]]) -> None:
-        import numpy as np
-        from tensorboard.util import tensor_util
+    # --- holding writes for one call -------------------------------------------------------------
+    def hold(self) -> None:
+        """Keep what is written until the matching :meth:`release` (holds nest)."""
+        with self._lock:
+            self._holds += 1
 
-        meta = _scalar_metadata()
-        writer = self._get()
-        for tag, step, value in tag_steps_values:
-            proto = tensor_util.make_tensor_proto(np.float32(value))
-            writer.add(tag, step, proto, meta)
+    def release(self) -> None:
+        """End a hold; the outermost writes everything kept (raises what the write raises; what
+        was kept is dropped then, never written twice)."""
+        with self._lock:
+            self._holds = max(0, self._holds - 1)
+            outer = self._holds == 0
+        if outer:
+            self._write_pending()
 
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """Write several scalars at one step (tags from this module)."""
-        if not self.enabled or not values:
+    def _write_pending(self) -> None:
+        if not (self._scalars or self._records):  # the common case: nothing kept
+            return
+        with self._lock:
+            scalars, self._scalars = self._scalars, []
+            records, self._records = self._records, []
+        if not self.enabled or not (scalars or records):
             return
         if not self.use_tensorflow:
-            self._tb_scalars([(tag, int(step), float(v)) for tag, v in values.items()])
+            import numpy as np
+            from tensorboard.util import tensor_util
+
+            events, meta = self._get(), _scalar_metadata()
+            for tag, step, value in scalars:
+                events.add(tag, step, tensor_util.make_tensor_proto(np.float32(value)), meta)
+            for tag, step, blob, kind in records:
+                proto = tensor_util.make_tensor_proto(np.array(blob, dtype=object))
+                events.add(tag, step, proto, _record_metadata(kind))
             return
         import tensorflow as tf
 
-        with self._get().as_default():
-            for tag, value in values.items():
-                tf.summary.scalar(tag, float(value), step=int(step))
+        writer = self._get()
+        resource = getattr(writer, "_resource", None)
+        if resource is None:  # a TensorFlow whose writer hides its resource: one op a value
+            with writer.as_default():
+                for tag, step, value in scalars:
+                    tf.summary.scalar(tag, value, step=step)
+                for tag, step, blob, kind in records:
+                    tf.summary.write(tag, blob, step=step, metadata=_record_metadata(kind))
+            return
+        if scalars:
+            tags, steps, values = zip(*scalars)
+            _write_function("scalars")(
+                resource,
+                tf.constant(tags, tf.string),
+                tf.constant(steps, tf.int64),
+                tf.constant(values, tf.float32),
+            )
+        if records:
+            tags, steps, blobs, kinds = zip(*records)
+            metas = [_record_metadata(k).SerializeToString() for k in kinds]
+            _write_function("records")(
+                resource,
+                tf.constant(tags, tf.string),
+                tf.constant(steps, tf.int64),
+                tf.constant(blobs, tf.string),
+                tf.constant(metas, tf.string),
+            )
+
+    def _add(self, scalars: list[tuple[str, int, float]], records: list[Any]) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            self._scalars.extend(scalars)
+            self._records.extend(records)
+            held = self._holds > 0
+        if not held:
+            self._write_pending()
+
+    # --- what callbacks write ---------------------------------------------------------------
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Write several scalars at one step (tags from :mod:`mpwatch.contract`)."""
+        self._add([(tag, int(step), float(v)) for tag, v in values.items()], [])
 
     def scalar_series(self, tag: str, steps: list[int], values: list[float]) -> None:
-        """Write one scalar at several steps (e.g. per-step values gathered over an interval).
-
-        Long series go through one compiled function (an eager ``tf.summary.scalar`` per value
-        costs ~0.1-1 ms each: too much for per-step values on a hot path).
-        """
-        if not self.enabled or not len(steps):
-            return
-        if not self.use_tensorflow:
-            self._tb_scalars([(tag, int(s), float(v)) for s, v in zip(steps, values)])
-            return
-        import tensorflow as tf
-
-        with self._get().as_default():
-            if len(steps) < 4:
-                for step, value in zip(steps, values):
-                    tf.summary.scalar(tag, float(value), step=int(step))
-                return
-            resource = getattr(self._get(), "_resource", None)
-            if resource is None:  # a TensorFlow without the writer's resource: one call a value
-                for step, value in zip(steps, values):
-                    tf.summary.scalar(tag, float(value), step=int(step))
-                return
-            _series_function()(
-                resource,  # an argument, not a capture: one trace serves every writer and fit
-                tf.constant(tag, tf.string),  # a tensor: one trace for every tag
-                tf.constant([int(s) for s in steps], tf.int64),
-                tf.constant([float(v) for v in values], tf.float32),
-            )
+        """Write one scalar at several steps (e.g. per-step values gathered over an interval)."""
+        self._add([(tag, int(s), float(v)) for s, v in zip(steps, values)], [])
 
     def record(self, kind: str, step: int, payload: Mapping[str, Any]) -> int:
         """Write one structured record at ``step``; returns the compressed bytes written.
@@ -288,49 +364,25 @@ class RunWriter:
         A payload over ``contract.MAX_RECORD_BYTES`` compressed is written as several records of
         ``kind`` at ``step`` (:func:`split_payload`); one that cannot be split raises ValueError.
         """
-        contract.record_tag(kind)  # an unknown kind fails before anything is written
+        tag = contract.record_tag(kind)  # an unknown kind fails before anything is written
         try:
             records = split_payload(payload)
         except ValueError as e:
             raise ValueError(f"mpwatch {kind} record: {e}") from None
-        if self.enabled:
-            for _, blob in records:
-                self._write_record(kind, step, blob)
+        self._add([], [(tag, int(step), blob, kind) for _, blob in records])
         return sum(len(blob) for _, blob in records)
 
-    def _write_record(self, kind: str, step: int, blob: bytes) -> None:
-        from tensorboard.compat.proto import summary_pb2
-
-        metadata = summary_pb2.SummaryMetadata(
-            plugin_data=summary_pb2.SummaryMetadata.PluginData(
-                plugin_name=contract.PLUGIN_NAME, content=contract.metadata_content(kind)
-            ),
-            data_class=summary_pb2.DATA_CLASS_TENSOR,
-            summary_description=f"mpwatch {kind} record",
-        )
-        if not self.use_tensorflow:
-            import numpy as np
-            from tensorboard.util import tensor_util
-
-            proto = tensor_util.make_tensor_proto(np.array(blob, dtype=object))
-            self._get().add(contract.record_tag(kind), int(step), proto, metadata)
-            return
-        import tensorflow as tf
-
-        with self._get().as_default():
-            tf.summary.write(
-                contract.record_tag(kind),
-                tf.constant(blob, dtype=tf.string),
-                step=int(step),
-                metadata=metadata,
-            )
-
     def flush(self) -> None:
+        """Write what is kept (held or not) and flush the event file."""
+        self._write_pending()
         if self._writer is not None:
             self._writer.flush()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
-            self._writer = None
+        try:
+            self._write_pending()
+        finally:
+            if self._writer is not None:
+                self._writer.flush()
+                self._writer.close()
+                self._writer = None

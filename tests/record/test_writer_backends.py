@@ -92,7 +92,7 @@ def test_series_of_later_writers_reuse_one_trace(tmp_path):
         w.scalar_series(contract.TRAIN_LOSS, [10 * i + s for s in range(6)], [i + 0.5] * 6)
         w.close()
         if i == 0:
-            traces = writer_module._series_function().experimental_get_tracing_count()
+            traces = writer_module._write_function("scalars").experimental_get_tracing_count()
         got = [(e[0], e[1], e[5]) for e in _events(str(tmp_path / f"fit{i}"))]
         assert got == [(contract.TRAIN_LOSS, 10 * i + s, i + 0.5) for s in range(6)]
-    assert writer_module._series_function().experimental_get_tracing_count() == traces
+    assert writer_module._write_function("scalars").experimental_get_tracing_count() == traces
