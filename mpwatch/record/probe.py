@@ -533,25 +533,24 @@ class Probe:
         has_ref = self.has_ref
         grads = out["grads"]
         names = [getattr(v, "path", None) or v.name for v in self.model.trainable_variables]
-        var_rows = []
-        for name, layer, row in zip(names, self._var_layer, grads):
-            s = underflow.summarize_grads(row[None])
-            var_rows.append(
-                [
-                    name,
-                    layer,
-                    s["size"],
-                    s["ref_nonzero"] if has_ref else None,
-                    s["underflow_count"] if has_ref else None,
-                    _round(s["underflow_fraction"]) if has_ref else None,
-                    _round(s["grad_rel_error"]) if has_ref else None,
-                ]
-            )
+        var_rows = [
+            [
+                name,
+                layer,
+                s["size"],
+                s["ref_nonzero"] if has_ref else None,
+                s["underflow_count"] if has_ref else None,
+                _round(s["underflow_fraction"]) if has_ref else None,
+                _round(s["grad_rel_error"]) if has_ref else None,
+            ]
+            for name, layer, s in zip(names, self._var_layer, underflow.summarize_each(grads))
+        ]
         # per layer: gradients grouped by owning layer, activations by the tap's layer index
         order = list(self.layer_names)
-        for layer in self._var_layer:
-            if layer not in order:
-                order.append(layer)
+        var_index: dict[str, list[int]] = {}
+        for i, layer in enumerate(self._var_layer):
+            var_index.setdefault(layer, []).append(i)
+        order += [layer for layer in var_index if layer not in set(order)]
         acts = out["acts"]
         act_layer = getattr(self, "_act_layer_index", [])
         act_by_layer: dict[str, np.ndarray] = {}
@@ -567,7 +566,7 @@ class Probe:
         first_nonfinite = None
         max_act_all = 0.0
         for name in order:
-            rows = grads[[i for i, ly in enumerate(self._var_layer) if ly == name]]
+            rows = grads[var_index.get(name, [])]
             g = underflow.summarize_grads(rows)
             a = np.asarray(act_by_layer.get(name, np.zeros((0, 6))))
             if len(a):
