@@ -364,6 +364,7 @@ class ModelState:
         self._model = model
         self._users: dict[int, int | None] = {}
         self._read_every: dict[int, int | None] = {}  # users that consume the tap's data
+        self._needs: tuple[Any, int | None, int] | None = None  # cache of _needs_now
         self._pending = 0  # batches the tap wrote since the last read
         # set by TrainingLoopRecorder: batches per host call, and no Keras train function
         self.capacity: int | None = None
@@ -422,6 +423,7 @@ class ModelState:
         many steps (the tap is read at the smallest such interval, not at every batch)."""
         self._users[id(user)] = grad_every
         self._read_every[id(user)] = read_every
+        self._needs = None
         self._fit_resolved = False  # a new fit: resolve_start runs again at its first batch
         self._cache = None
         self._consumers = set()
@@ -430,6 +432,7 @@ class ModelState:
     def release(self, user: object) -> None:
         self._users.pop(id(user), None)
         self._read_every.pop(id(user), None)
+        self._needs = None
         if not self._users and self.tap is not None:
             if self._pending and self.tap.installed:
                 self._read()  # nobody flushed: keep the tap's step exact
@@ -440,8 +443,8 @@ class ModelState:
     def _wanted(self) -> tuple[int, int | None]:
         """(ring capacity, gradient-count period): the ring holds a read interval of batches
         plus one call's (a read comes at the first call reaching a multiple of the interval)."""
-        everies = [g for g in self._users.values() if g]
-        return self._spe() + self.read_interval(), (min(everies) if everies else None)
+        capacity, grad_every, _ = self._needs_now()
+        return capacity, grad_every
 
     def _spe(self) -> int:
         """Batches per host call: ``steps_per_execution`` (or a custom loop's steps per call)."""
@@ -450,12 +453,22 @@ class ModelState:
     def read_interval(self) -> int:
         """Steps between two reads of the tap: the smallest interval of its data's consumers
         (1 for a custom training loop, which reads each call)."""
-        if self.capacity:
-            return 1
-        reads = [r for r in self._read_every.values() if r]
-        # nobody uses the data (a ProbeMonitor or StepTimeMonitor alone): read only to keep the
-        # ring from overflowing, never at every batch
-        return min(reads) if reads else UNUSED_READ_EVERY
+        return self._needs_now()[2]
+
+    def _needs_now(self) -> tuple[int, int | None, int]:
+        """(ring capacity, gradient-count period, read interval), computed when the users (or the
+        model's steps_per_execution) change, not at every call of every callback."""
+        key = (self._spe(), self.capacity)
+        if self._needs is None or self._needs[0] != key:
+            reads = [r for r in self._read_every.values() if r]
+            if self.capacity:
+                interval = 1
+            else:  # nobody uses the data (a ProbeMonitor or StepTimeMonitor alone): read only
+                # to keep the ring from overflowing, never at every batch
+                interval = min(reads) if reads else UNUSED_READ_EVERY
+            everies = [g for g in self._users.values() if g]
+            self._needs = (key, (min(everies) if everies else None), interval)
+        return key[0] + self._needs[2], self._needs[1], self._needs[2]
 
     def ensure_installed(self) -> None:
         """Install (or re-install with new needs) the tap; cheap when nothing changed."""
