@@ -99,3 +99,43 @@ def test_failure_while_recording_is_logged_once_and_training_goes_on(
     assert "mpwatch/grad/zero_fraction" not in scalars
     ((_, notice),) = [n for n in records["notice"] if n[1]["part"] == "gradient_health"]
     assert notice["level"] == "error" and "boom in gradient health" in notice["message"]
+
+
+def test_a_failed_event_write_loses_that_batch_ends_events_not_training(
+    tmp_path, policy, read_events, caplog, monkeypatch
+):
+    """What a batch end writes goes out in one write at its end: when that write fails (a full
+    disk), training goes on, the error is logged once, those events are lost and later ones are
+    written."""
+    import mpwatch
+    from mpwatch import contract
+    from mpwatch.record.writer import RunWriter
+
+    original, failed = RunWriter._write_pending, []
+
+    def full_disk_once(self):
+        kept = [s for tag, s, _ in self._scalars if tag == contract.LOSS_SCALE]
+        if not failed and kept and min(kept) >= 6:  # the write of the interval after step 6
+            failed.append(kept)
+            self._scalars, self._records = [], []
+            raise OSError(28, "No space left on device")
+        return original(self)
+
+    monkeypatch.setattr(RunWriter, "_write_pending", full_disk_once)
+    with policy("mixed_float16"), caplog.at_level(logging.ERROR, logger="mpwatch"):
+        model = _compiled()
+        history = model.fit(
+            np.random.rand(60, 4).astype("float32"),
+            np.random.rand(60, 2).astype("float32"),
+            batch_size=10,
+            epochs=3,
+            verbose=0,
+            callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2, profile=False)],
+        )
+    assert len(history.history["loss"]) == 3  # training completed
+    errors = [r for r in caplog.records if r.name == "mpwatch" and r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "No space left" in errors[0].getMessage()
+    scalars, _ = read_events(tmp_path)
+    steps = [s for s, _ in scalars["mpwatch/loss_scale"]]
+    assert steps == [s for s in range(19) if s not in failed[0]]  # that write's steps lost
+    assert len(failed[0]) == 2 and max(steps) == 18  # one interval (log_every 2); later ones kept
