@@ -9,6 +9,18 @@ import numpy as np
 import pytest
 
 
+def _fit_3_epochs(monitor):
+    """Three epochs of 6 batches of a small compiled model under the monitor; Keras' history."""
+    return _compiled().fit(
+        np.random.rand(60, 4).astype("float32"),
+        np.random.rand(60, 2).astype("float32"),
+        batch_size=10,
+        epochs=3,
+        verbose=0,
+        callbacks=[monitor],
+    )
+
+
 def _compiled():
     import keras
 
@@ -81,15 +93,7 @@ def test_failure_while_recording_is_logged_once_and_training_goes_on(
 
     monkeypatch.setattr(gradient_health.GradientHealthMonitor, "_batch_end", broken)
     with policy("mixed_float16"), caplog.at_level(logging.ERROR, logger="mpwatch"):
-        model = _compiled()
-        history = model.fit(
-            np.random.rand(60, 4).astype("float32"),
-            np.random.rand(60, 2).astype("float32"),
-            batch_size=10,
-            epochs=3,
-            verbose=0,
-            callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2)],
-        )
+        history = _fit_3_epochs(mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2))
     assert len(history.history["loss"]) == 3  # training completed
     assert len(calls) == 1  # that part stopped after its first failure
     errors = [r for r in caplog.records if r.name == "mpwatch" and r.levelno >= logging.ERROR]
@@ -123,15 +127,7 @@ def test_a_failed_event_write_loses_that_batch_ends_events_not_training(
 
     monkeypatch.setattr(RunWriter, "_write_pending", full_disk_once)
     with policy("mixed_float16"), caplog.at_level(logging.ERROR, logger="mpwatch"):
-        model = _compiled()
-        history = model.fit(
-            np.random.rand(60, 4).astype("float32"),
-            np.random.rand(60, 2).astype("float32"),
-            batch_size=10,
-            epochs=3,
-            verbose=0,
-            callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2, profile=False)],
-        )
+        history = _fit_3_epochs(mpwatch.MixedPrecisionMonitor(tmp_path, log_every=2, profile=False))
     assert len(history.history["loss"]) == 3  # training completed
     errors = [r for r in caplog.records if r.name == "mpwatch" and r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "No space left" in errors[0].getMessage()
