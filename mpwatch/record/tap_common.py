@@ -117,13 +117,14 @@ class TapBase:
         self._clean_fn: Any = None  # Keras' train function before the tap's (given back at park)
         self._parked_fn: Any = None  # the tapped train function, kept between mpwatch fits
 
-    # --- between fits: park the traced, tapped train function instead of dropping it ----------
+    # --- the host read -------------------------------------------------------------------------
     read_ready = False  # the host read is ready to run (traced, where it is a function)
 
     def prepare_read(self) -> None:
         """Get the host read ready (trace it) outside the interval steps."""
         self.read_ready = True
 
+    # --- between fits: park the traced, tapped train function instead of dropping it ----------
     def park(self) -> None:
         """At the end of an mpwatch fit: unwrap, keep the tapped train function for the next
         mpwatch fit, and give Keras back the train function it had before (a plain ``fit`` then
