@@ -708,7 +708,8 @@ class ProbeMonitor(RecordingCallback):
         probe_data: the fixed probe batch: ``(x, y)``, ``(x, y, sample_weight)`` or a
             ``tf.data.Dataset`` (its first batch is taken once, at ``on_train_begin``). Default: the
             first training batch of the first ``fit``, taken from the train function's input as it
-            passes and kept for the run (no extra trace of the train function, nothing per step).
+            passes and kept for the run (nothing per step; no extra trace of the train function
+            on one device, one under a ``tf.distribute`` strategy of one replica).
         loss_fn: ``loss_fn(y_true, y_pred) -> scalar``; default the model's compiled loss.
         margin_bits: headroom (in doublings below 65504) the recommended scale keeps; default 4.
         on_epoch_end_probe: also probe at each epoch's end (default True).

@@ -131,8 +131,11 @@ class Tap(TapBase):
         return read
 
     def prepare_read(self) -> None:
-        self._read.get_concrete_function()
-        self.read_ready = True
+        self.read_ready = True  # tried once: if tracing fails here, the read traces when it runs
+        try:
+            self._read.get_concrete_function()
+        except Exception:  # noqa: BLE001  (an optimisation only: never fail the step count)
+            logger.debug("mpwatch: could not trace the tap's read ahead", exc_info=True)
 
     # --- installation ------------------------------------------------------------------------
     @property

@@ -196,7 +196,8 @@ def _write_function(kind: str) -> Any:
                 with tf.control_dependencies([write]):
                     return i + 1
 
-            tf.while_loop(lambda i: i < tf.size(steps), body, [tf.constant(0)])
+            with tf.device("/cpu:0"):  # where tf.summary.write puts it: WriteSummary is CPU-only
+                tf.while_loop(lambda i: i < tf.size(steps), body, [tf.constant(0)])
 
         # autograph off: an explicit loop traces in milliseconds (autograph's conversion: ~0.1 s)
         if kind == "scalars":
@@ -260,7 +261,8 @@ class RunWriter:
             use_tensorflow = backend.name() == backend.TENSORFLOW
         self.use_tensorflow = bool(use_tensorflow)
         self._writer = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the kept events and the holds
+        self._io = threading.RLock()  # the file writer: opened, written and closed by one at a time
         self._holds = 0
         self._scalars: list[tuple[str, int, float]] = []
         self._records: list[tuple[str, int, bytes, str]] = []  # tag, step, blob, kind
@@ -293,11 +295,14 @@ class RunWriter:
     def _write_pending(self) -> None:
         if not (self._scalars or self._records):  # the common case: nothing kept
             return
-        with self._lock:
-            scalars, self._scalars = self._scalars, []
-            records, self._records = self._records, []
-        if not self.enabled or not (scalars or records):
-            return
+        with self._io:
+            with self._lock:
+                scalars, self._scalars = self._scalars, []
+                records, self._records = self._records, []
+            if self.enabled and (scalars or records):
+                self._write(scalars, records)
+
+    def _write(self, scalars: list[Any], records: list[Any]) -> None:
         if not self.use_tensorflow:
             import numpy as np
             from tensorboard.util import tensor_util
@@ -374,15 +379,17 @@ class RunWriter:
 
     def flush(self) -> None:
         """Write what is kept (held or not) and flush the event file."""
-        self._write_pending()
-        if self._writer is not None:
-            self._writer.flush()
-
-    def close(self) -> None:
-        try:
+        with self._io:
             self._write_pending()
-        finally:
             if self._writer is not None:
                 self._writer.flush()
-                self._writer.close()
-                self._writer = None
+
+    def close(self) -> None:
+        with self._io:
+            try:
+                self._write_pending()
+            finally:
+                if self._writer is not None:
+                    self._writer.flush()
+                    self._writer.close()
+                    self._writer = None
