@@ -17,11 +17,12 @@ isolation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -199,8 +200,7 @@ class RecordingCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if not self._active:
             return
-        self._hold_writes()
-        try:
+        with self._writes_held():
             got = self._guard("steps", self.state.collect, self, self._batches_in_call(batch))
             if got is None:
                 return
@@ -209,18 +209,22 @@ class RecordingCallback(keras.callbacks.Callback):
                 self._guard(self.part, self._tap_data, data)
             if steps.n:
                 self._guard(self.part, self._batch_end, steps, logs or {})
-        finally:
-            self._release_writes()
 
-    def _hold_writes(self) -> None:
-        """What this batch end writes goes out in one call at :meth:`_release_writes`."""
-        if self.writer is not None:
-            self.writer.hold()
-
-    def _release_writes(self) -> None:
+    @contextlib.contextmanager
+    def _writes_held(self) -> Iterator[None]:
+        """What is written inside goes out in one call at its end; a failed write loses those
+        events (said once) and never the training."""
         writer = self.writer
         if writer is None:
+            yield
             return
+        writer.hold()
+        try:
+            yield
+        finally:
+            self._release(writer)
+
+    def _release(self, writer: RunWriter) -> None:
         try:
             writer.release()
         except Exception as e:  # noqa: BLE001  (never lose training to mpwatch)

@@ -127,13 +127,10 @@ class MixedPrecisionMonitor(RecordingCallback):
             p.on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self._hold_writes()  # the parts share the writer: one write for all of them
-        try:
+        with self._writes_held():  # the parts share the writer: one write for all of them
             super().on_train_batch_end(batch, logs)
             for p in self.parts:
                 p.on_train_batch_end(batch, logs)
-        finally:
-            self._release_writes()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         for p in self.parts:

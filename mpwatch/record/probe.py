@@ -550,7 +550,8 @@ class Probe:
         var_index: dict[str, list[int]] = {}
         for i, layer in enumerate(self._var_layer):
             var_index.setdefault(layer, []).append(i)
-        order += [layer for layer in var_index if layer not in set(order)]
+        known = set(order)
+        order += [layer for layer in var_index if layer not in known]
         acts = out["acts"]
         act_layer = getattr(self, "_act_layer_index", [])
         act_by_layer: dict[str, np.ndarray] = {}
@@ -798,7 +799,7 @@ class ProbeMonitor(RecordingCallback):
                     data = next(iter(iterator))
                 except (StopIteration, tf.errors.OutOfRangeError):
                     raise StopIteration from None
-                monitor._data = _copy_tf(tf, data)
+                monitor._data = _copy_tensors(data)
                 rest = itertools.islice(iterator, spe - 1) if spe > 1 else ()
                 return original(itertools.chain([data], rest))
             # take this call's batches, keep the first, and hand Keras a tf.data iterator over
@@ -812,7 +813,7 @@ class ProbeMonitor(RecordingCallback):
                 batches.append(got.get_value())
             if not batches:
                 raise StopIteration
-            monitor._data = _copy_tf(tf, batches[0])
+            monitor._data = _copy_tensors(batches[0])
             taken = tf.data.Dataset.from_generator(
                 lambda: iter(batches), output_signature=iterator.element_spec
             )
@@ -849,6 +850,8 @@ class ProbeMonitor(RecordingCallback):
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
 
 
-def _copy_tf(tf: Any, data: Any) -> Any:
+def _copy_tensors(data: Any) -> Any:
     """A copy of a batch's tensors, kept for the probe after the step has used them."""
+    import tensorflow as tf
+
     return tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data)

@@ -256,10 +256,8 @@ def rel_error(err_sq: float, ref_sq: float) -> float:
     return 0.0 if err_sq == 0 else math.inf
 
 
-def summarize_grads(rows: np.ndarray) -> dict[str, float]:
-    """Element-weighted summary of grad_table rows (one per variable): sums, then ratios."""
-    rows = np.asarray(rows, np.float64).reshape(-1, 7)
-    tot = rows.sum(axis=0) if len(rows) else np.zeros(7)
+def _summary(tot: list[float], max_ref: float) -> dict[str, float]:
+    """The summary of one grad_table row, or of rows summed (``max_ref``: their largest)."""
     return {
         "size": int(tot[G_SIZE]),
         "ref_nonzero": int(tot[G_REF_NONZERO]),
@@ -267,30 +265,22 @@ def summarize_grads(rows: np.ndarray) -> dict[str, float]:
         "underflow_fraction": fraction(tot[G_UNDERFLOW], tot[G_REF_NONZERO]),
         "grad_rel_error": rel_error(tot[G_ERR_SQ], tot[G_REF_SQ]),
         "nonfinite": int(tot[G_NONFINITE]),
-        "max_abs_ref": float(rows[:, G_MAX_REF].max()) if len(rows) else 0.0,
+        "max_abs_ref": float(max_ref),
     }
 
 
-def summarize_each(rows: np.ndarray) -> list[dict[str, float]]:
-    """:func:`summarize_grads` of each row on its own (one per variable): the same values, from
-    one pass over the table's columns instead of a call per variable."""
+def summarize_grads(rows: np.ndarray) -> dict[str, float]:
+    """Element-weighted summary of grad_table rows (one per variable): sums, then ratios."""
     rows = np.asarray(rows, np.float64).reshape(-1, 7)
-    cols = rows.T.tolist()
-    return [
-        {
-            "size": int(size),
-            "ref_nonzero": int(ref_nz),
-            "underflow_count": int(under),
-            "underflow_fraction": fraction(under, ref_nz),
-            "grad_rel_error": rel_error(err, ref),
-            "nonfinite": int(nonfinite),
-            "max_abs_ref": float(max_ref),
-        }
-        for size, ref_nz, under, err, ref, nonfinite, max_ref in zip(
-            *(cols[c] for c in (G_SIZE, G_REF_NONZERO, G_UNDERFLOW, G_ERR_SQ, G_REF_SQ,
-                                G_NONFINITE, G_MAX_REF))
-        )
-    ]  # fmt: skip
+    if not len(rows):
+        return _summary([0.0] * 7, 0.0)
+    return _summary(rows.sum(axis=0).tolist(), rows[:, G_MAX_REF].max())
+
+
+def summarize_each(rows: np.ndarray) -> list[dict[str, float]]:
+    """:func:`summarize_grads` of each row on its own (one per variable), from the rows as Python
+    lists (no numpy call per variable)."""
+    return [_summary(r, r[G_MAX_REF]) for r in np.asarray(rows, np.float64).reshape(-1, 7).tolist()]
 
 
 def histogram(counts: np.ndarray, scale: float | None, fmt: FloatFormat = FLOAT16) -> dict:

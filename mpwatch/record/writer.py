@@ -299,7 +299,7 @@ class RunWriter:
             with self._lock:
                 scalars, self._scalars = self._scalars, []
                 records, self._records = self._records, []
-            if self.enabled and (scalars or records):
+            if scalars or records:  # (only _add keeps events, and not when disabled)
                 self._write(scalars, records)
 
     def _write(self, scalars: list[Any], records: list[Any]) -> None:
