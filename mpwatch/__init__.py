@@ -28,6 +28,7 @@ _EXPORTS = {
     "GradientHealthMonitor": "mpwatch.record.gradient_health",
     "LayerDtypeMonitor": "mpwatch.record.layer_dtypes",
     "StepTimeMonitor": "mpwatch.record.step_time",
+    "TrainStepMonitor": "mpwatch.record.train_step",
     "ProbeMonitor": "mpwatch.record.probe",
     "ProfileMonitor": "mpwatch.record.profile_capture",
     "record_trace": "mpwatch.record.profile_capture",
@@ -48,6 +49,7 @@ __all__ = [
     "GradientHealthMonitor",
     "LayerDtypeMonitor",
     "StepTimeMonitor",
+    "TrainStepMonitor",
     "ProbeMonitor",
     "ProfileMonitor",
     "record_trace",
@@ -88,3 +90,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from mpwatch.record.probe import ProbeMonitor
     from mpwatch.record.profile_capture import ProfileMonitor, record_trace
     from mpwatch.record.step_time import StepTimeMonitor
+    from mpwatch.record.train_step import TrainStepMonitor

@@ -74,6 +74,9 @@ PROBE_UNDERFLOW_FRACTION = "mpwatch/probe/underflow_fraction"
 PROBE_GRAD_REL_ERROR = "mpwatch/probe/grad_rel_error"
 PROBE_RECOMMENDED_SCALE = "mpwatch/probe/recommended_scale"
 PROBE_ACTIVATION_HEADROOM_BITS = "mpwatch/probe/activation_headroom_bits"
+# per-batch input health, from the train step's own input (record/state.py tap, input_health.py)
+INPUT_MAX_ABS = "mpwatch/input/max_abs"  # max |x| over the batch's finite float inputs
+INPUT_NONFINITE_COUNT = "mpwatch/input/nonfinite_count"  # elements of the float inputs inf or nan
 
 SCALAR_TAGS = (
     LOSS_SCALE,
@@ -92,6 +95,8 @@ SCALAR_TAGS = (
     PROBE_GRAD_REL_ERROR,
     PROBE_RECOMMENDED_SCALE,
     PROBE_ACTIVATION_HEADROOM_BITS,
+    INPUT_MAX_ABS,
+    INPUT_NONFINITE_COUNT,
 )
 
 #: what each scalar tag means. The ``mpwatch/probe/*`` scalars repeat four numbers of the ``probe``
@@ -121,6 +126,10 @@ SCALAR_DOCS = {
     PROBE_RECOMMENDED_SCALE: "probe: the recommended loss scale (also in the probe record)",
     PROBE_ACTIVATION_HEADROOM_BITS: "probe: smallest activation headroom below 65504, in "
     "doublings (also in the probe record)",
+    INPUT_MAX_ABS: "max \\|x\\| over the finite elements of the batch's floating-point inputs "
+    "(the features the train step receives), at every step",
+    INPUT_NONFINITE_COUNT: "elements of the batch's floating-point inputs that are inf or NaN, at "
+    "every step",
 }
 
 # --- record kinds (tag = "mpwatch/record/" + kind) ------------------------------------------------
@@ -130,6 +139,7 @@ KIND_GRAD_VARIABLES = "grad_variables"  # per-variable gradient health (split ta
 KIND_PROBE = "probe"  # probe results at one step (dict of tables, histogram, sweep)
 KIND_PROFILE = "profile"  # profiler summary: per-layer time by dtype, op types (dict)
 KIND_NOTICE = "notice"  # a recording part that stopped or is unavailable, and why (dict)
+KIND_TRAIN_STEP = "train_step"  # the train step's contract: who steps, who scales (dict)
 
 # Column names of the record tables, in order (writers build rows in this order; the payload
 # schemas below give each column's type).
@@ -150,6 +160,13 @@ LAYERS_COLUMNS = [
     "is_output",
     "note",
 ]
+# written after LAYERS_COLUMNS since issue 24 (what a layer takes and gives); absent in older
+# records, which readers and rules still take
+LAYERS_GRAPH_COLUMNS = [
+    "activation",
+    "output_width",
+    "inputs",
+]
 PROBE_VARIABLE_COLUMNS = [
     "variable",
     "layer",
@@ -158,6 +175,7 @@ PROBE_VARIABLE_COLUMNS = [
     "underflow_count",
     "underflow_fraction",
     "grad_rel_error",
+    "ref_max_abs",
 ]
 PROBE_LAYER_COLUMNS = [
     "layer",
@@ -277,6 +295,7 @@ RECORD_KINDS = (
     KIND_PROBE,
     KIND_PROFILE,
     KIND_NOTICE,
+    KIND_TRAIN_STEP,
 )
 RECORD_PREFIX = "mpwatch/record/"
 
@@ -447,6 +466,21 @@ LAYERS_COLUMN_TYPES: dict[str, Any] = {
     "is_output": _bool("the layer produces a model output"),
     "note": _str("why effective_dtype or output_dtype differ from compute_dtype", nullable=True),
 }
+LAYERS_GRAPH_COLUMN_TYPES: dict[str, Any] = {
+    "activation": _str(
+        "the activation the layer applies last (its activation argument: sigmoid, softmax, "
+        "linear, ...; softmax for a Softmax layer; None for a layer without one)",
+        nullable=True,
+    ),
+    "output_width": _int("the last dimension of its output (None where unknown)", nullable=True),
+    "inputs": _t(
+        ["array", "null"],
+        "the layers feeding it in its model's graph, by name (Keras' inbound nodes; a Sequential: "
+        "the layer before it); a name not in the table is a model input; None where the graph is "
+        "not known (a subclassed model)",
+        items=_str(),
+    ),
+}
 GRAD_VARIABLE_COLUMN_TYPES: dict[str, Any] = {
     "variable": _str("the variable's path"),
     "layer": _str("the layer-table path of the layer owning it"),
@@ -465,6 +499,12 @@ PROBE_VARIABLE_COLUMN_TYPES: dict[str, Any] = {
     "underflow_count": _int("of those, zero in the mixed gradient" + _NO_REF, nullable=True),
     "underflow_fraction": _num("underflow_count / ref_nonzero" + _NO_REF, nullable=True),
     "grad_rel_error": _num("||mixed - reference|| / ||reference||" + _NO_REF, nullable=True),
+    "ref_max_abs": _num(
+        "max |reference gradient| (unscaled; None without a float32 reference or in records "
+        "written before it existed): the train-step rule compares it with what the optimizer "
+        "receives",
+        nullable=True,
+    ),
 }
 PROBE_LAYER_COLUMN_TYPES: dict[str, Any] = {
     "layer": _str("the layer's name"),
@@ -725,7 +765,11 @@ _LAYERS = _record_schema(
     "The per-layer dtype table, when training begins and whenever it changes "
     "(record/layer_dtypes.py).",
     {
-        "layers": _table_schema(LAYERS_COLUMNS, LAYERS_COLUMN_TYPES, "one row per layer"),
+        "layers": _table_schema(
+            LAYERS_COLUMNS + LAYERS_GRAPH_COLUMNS,
+            {**LAYERS_COLUMN_TYPES, **LAYERS_GRAPH_COLUMN_TYPES},
+            "one row per layer (records before issue 24 lack the last three columns)",
+        ),
         "class_modules": _t(
             "object",
             "each layer class of the table -> the module defining it (keras.src... for Keras' own, "
@@ -999,6 +1043,42 @@ _NOTICE = _record_schema(
     ["part", "level", "message"],
 )
 
+_OPTIMIZER = _obj(
+    {
+        "name": _str(
+            'how the model holds it: "optimizer" (the compiled one) or the attribute name '
+            '("d_optimizer")'
+        ),
+        "class": _str('its class: "Adam", "LossScaleOptimizer(Adam)"'),
+        "compiled": _bool("it is the optimizer given to compile() (model.optimizer)"),
+        "loss_scaled": _bool("a LossScaleOptimizer: it unscales and skips non-finite steps"),
+        "iterations_start": _int("its iterations when the fit began"),
+        "iterations": _int("its iterations when the record was written"),
+        "loss_scale": _num("its dynamic scale now (None: not loss-scaled)", nullable=True),
+    },
+    "one optimizer the model holds",
+)
+
+_TRAIN_STEP = _record_schema(
+    KIND_TRAIN_STEP,
+    "The train step's contract (record/train_step.py): where train_step is defined, whether "
+    "the model has a forward pass of its own, and every optimizer it holds with whether it "
+    "stepped and whether it scales the loss. Written when each fit starts and at each epoch's "
+    "end and the fit's end (the latest wins).",
+    {
+        "custom_train_step": _bool("train_step is the user's, not Keras' own"),
+        "train_step_owner": _str(
+            "the class defining train_step (module.QualName), None for Keras' own", nullable=True
+        ),
+        "has_call": _bool(
+            "the model has a forward pass (Functional, Sequential, or a call() of its own); a "
+            "GAN-style model whose train_step runs sub-models has none"
+        ),
+        "optimizers": _t("array", "every optimizer the model holds", items=_OPTIMIZER),
+    },
+    ["custom_train_step", "train_step_owner", "has_call", "optimizers"],
+)
+
 #: record kind -> JSON Schema (draft 2020-12) of its decoded payload
 PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     KIND_RUN_INFO: _RUN_INFO,
@@ -1007,6 +1087,7 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     KIND_PROBE: _PROBE,
     KIND_PROFILE: _PROFILE,
     KIND_NOTICE: _NOTICE,
+    KIND_TRAIN_STEP: _TRAIN_STEP,
 }
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "fold_overflow_consequences",
     "fold_shared_advice",
     "fold_tensor_core_use",
+    "fold_train_step",
 ]
 
 
@@ -158,6 +159,30 @@ def fold_tensor_core_use(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+def fold_train_step(findings: list[Finding]) -> list[Finding]:
+    """Where ``train-step`` found the train step's contract broken (an unscaled loss, an
+    optimizer stepping without loss scaling, 16-bit variables), the findings that rest on that
+    contract (:data:`~mpwatch.judge.rules.train_step.RESTS_ON_CONTRACT`, and an
+    ``activation-overflow`` found only in the gradients, at a scale the train step never used)
+    become its evidence: they measured a train step that does not exist."""
+    from mpwatch.judge.rules.train_step import RESTS_ON_CONTRACT
+
+    roots = {f.run: f for f in findings if f.rule == "train-step" and f.severity == "error"}
+    if not roots:
+        return findings
+    out = []
+    for f in findings:
+        root = roots.get(f.run)
+        rests = f.rule in RESTS_ON_CONTRACT or (
+            f.rule == "activation-overflow" and not f.data.get("forward", True)
+        )
+        if root is not None and rests:
+            _absorb(root, f)
+            continue
+        out.append(f)
+    return out
+
+
 def _absorb(head: Finding, f: Finding) -> None:
     """``f`` becomes evidence of ``head``: its title (and what it had absorbed) in ``head``'s
     evidence, its rule (and theirs) in ``head.data["also"]``."""
@@ -172,15 +197,17 @@ def _absorb(head: Finding, f: Finding) -> None:
 
 def diagnose_run(run: Run) -> list[Finding]:
     """Every run-level rule on one Run, most severe first, one finding per cause
-    (:func:`one_per_layer`, :func:`fold_overflow_consequences`, :func:`fold_shared_advice`,
-    :func:`fold_tensor_core_use`)."""
+    (:func:`fold_train_step`, :func:`one_per_layer`, :func:`fold_overflow_consequences`,
+    :func:`fold_shared_advice`, :func:`fold_tensor_core_use`)."""
     out: list[Finding] = []
     for rule in RUN_RULES:
         for f in rule.check(run):
             if f.run is None:
                 f.run = run.name
             out.append(f)
-    out = fold_tensor_core_use(fold_shared_advice(fold_overflow_consequences(out)))
+    out = fold_tensor_core_use(
+        fold_shared_advice(fold_overflow_consequences(fold_train_step(out)))
+    )
     return most_severe_first(one_per_layer(out))
 
 

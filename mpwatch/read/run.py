@@ -81,6 +81,9 @@ class Run:
             :attr:`profile_kernel_table` (a GPU trace's kernels); :attr:`profile_kernels` (the
             GPU kernel figures of the run), :attr:`profile_source` (where the figures come from).
         notices: every ``notice`` record, each with its ``step``.
+        train_step: the latest ``train_step`` record (the train step's contract: who defines
+            ``train_step``, every optimizer, whether it stepped and scales the loss), ``{}``
+            when none.
         warnings: what the reader skipped, and why.
     """
 
@@ -99,6 +102,7 @@ class Run:
     sweeps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     profile: dict[str, Any] | None = None
     notices: list[dict[str, Any]] = field(default_factory=list)
+    train_step: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     #: every structured record read, by kind: list of (step, payload) in step order
     records: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
@@ -553,6 +557,8 @@ def _build_run(name: str, path: str, events: Events) -> Run:
     prof = recs.get(contract.KIND_PROFILE, [])
     run.profile = dict(prof[-1][1]) if prof else None
     run.notices = [{"step": s, **p} for s, p in recs.get(contract.KIND_NOTICE, [])]
+    ts = recs.get(contract.KIND_TRAIN_STEP, [])
+    run.train_step = dict(ts[-1][1]) if ts else {}
     return run
 
 

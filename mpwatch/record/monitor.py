@@ -18,16 +18,17 @@ from mpwatch.record.probe import ProbeMonitor
 from mpwatch.record.profile_capture import DEFAULT_STEPS, ProfileMonitor
 from mpwatch.record.state import loss_scale_optimizer
 from mpwatch.record.step_time import StepTimeMonitor
+from mpwatch.record.train_step import TrainStepMonitor
 from mpwatch.record.twin import model_kind
 
 
 class MixedPrecisionMonitor(RecordingCallback):
     """Everything mpwatch records during ``model.fit``, in one callback.
 
-    Bundles :class:`LayerDtypeMonitor`, :class:`LossScaleMonitor`, :class:`GradientHealthMonitor`,
-    :class:`StepTimeMonitor`, :class:`ProbeMonitor` and :class:`ProfileMonitor` (each usable alone
-    too), and itself writes the ``run_info`` record and ``mpwatch/train/loss`` (Keras' running
-    training loss) at every Keras batch end.
+    Bundles :class:`TrainStepMonitor`, :class:`LayerDtypeMonitor`, :class:`LossScaleMonitor`,
+    :class:`GradientHealthMonitor`, :class:`StepTimeMonitor`, :class:`ProbeMonitor` and
+    :class:`ProfileMonitor` (each usable alone too), and itself writes the ``run_info`` record
+    and ``mpwatch/train/loss`` (Keras' running training loss) at every Keras batch end.
 
     Args:
         log_dir: the run directory (created if needed; must be writable).
@@ -90,6 +91,7 @@ class MixedPrecisionMonitor(RecordingCallback):
     def _build_parts(self) -> list[keras.callbacks.Callback]:
         o, d, n = self.options, self.log_dir, self.log_every
         parts: list[keras.callbacks.Callback] = []
+        parts.append(TrainStepMonitor(d))  # the contract every judgement rests on
         if o["layer_dtypes"]:
             parts.append(LayerDtypeMonitor(d, n))
         if o["loss_scale"]:

@@ -144,6 +144,19 @@ def _value(v: Any) -> Any:
     return getattr(v, "value", v)
 
 
+def _state_variables(model: Any) -> list[Any]:
+    """Every variable of ``model`` that a forward pass and ``compute_loss`` may write: its
+    non-trainable variables (moving statistics, seed states) and its metrics' variables (the
+    compiled loss's per-output trackers among them), each once."""
+    seen: set[int] = set()
+    out = []
+    for v in list(model.non_trainable_variables) + list(model.metrics_variables):
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
 #: the probe agrees with the train step when its loss (the pass in the model's own policies)
 #: is within this relative tolerance of the train step's loss on the same batch and weights
 LOSS_RTOL = 1e-2
@@ -424,16 +437,26 @@ class Probe:
             return JaxProbeFunction(self)
         import tensorflow as tf
 
-        state = list(self.model.non_trainable_variables)
+        model = self.model
 
         def fn(x: Any, y: Any, sw: Any, scale: Any) -> dict:
-            # training mode updates BatchNormalization's moving statistics (and seed states):
-            # read them first, write them back last (ordered by TensorFlow's automatic control
-            # dependencies on each variable), so the probe never changes the model
+            # the passes run the model's own code, which updates state the user sees:
+            # BatchNormalization's moving statistics and seed states (training mode), and the
+            # loss trackers (Keras' compute_loss updates a Mean per output of a multi-output
+            # model, which History reports as "<output>_loss"; a user's compute_loss may update
+            # its own). Read all of it first, write it back last (ordered by TensorFlow's
+            # automatic control dependencies on each variable): the probe never changes the model
+            state = _state_variables(model)
             saved = [tf.identity(_value(v)) for v in state]
             out = self._stats(x, y, sw, scale)
             for v, s in zip(state, saved):
                 _value(v).assign(s)
+            # trackers the passes created (the compiled loss built by a probe before any train
+            # step) start from zero, as Keras' metrics do
+            known = {id(v) for v in state}
+            for v in model.metrics_variables:
+                if id(v) not in known:
+                    _value(v).assign(tf.zeros_like(_value(v)))
             return out
 
         # autograph off, as in Keras' own train function: mpwatch's ops and Keras' layers have no
@@ -542,6 +565,7 @@ class Probe:
                 s["underflow_count"] if has_ref else None,
                 _round(s["underflow_fraction"]) if has_ref else None,
                 _round(s["grad_rel_error"]) if has_ref else None,
+                _round(s["max_abs_ref"]) if has_ref else None,
             ]
             for name, layer, s in zip(names, self._var_layer, underflow.summarize_each(grads))
         ]

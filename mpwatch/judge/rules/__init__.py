@@ -8,7 +8,7 @@ one line in :data:`ALL_RULES`. ``docs/rules.md`` is generated from them
 
 Example:
     >>> [m.RULE.id for m in ALL_RULES][:3]
-    ['output-16bit', 'activation-overflow', 'gradient-underflow']
+    ['train-step', 'output-16bit', 'activation-overflow']
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from types import ModuleType
 ALL_RULES: tuple[ModuleType, ...] = tuple(
     import_module(f"{__name__}.{name}")
     for name in (
+        "train_step",
         "output_16bit",
         "activation_overflow",
         "id_rounding",

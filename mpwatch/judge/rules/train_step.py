@@ -1,0 +1,312 @@
+"""Rule `train-step`: the train step breaks mixed precision's contract.
+
+## What it finds
+One error for each way the train step itself breaks mixed precision, whatever the model:
+- **the loss is not scaled**: the gradients the loss-scale optimizer receives (``grad_variables``)
+  are about the float32 reference gradients (the probe's ``ref_max_abs``) instead of the
+  reference times the scale S: a custom ``train_step`` that never calls
+  ``optimizer.scale_loss``. The optimizer still divides by S, so every update is 1/S of the right
+  one and training stalls. (Scaled twice: about S² times the reference, the gradients overflow.)
+- **an optimizer steps without loss scaling** under a float16 compute dtype: a GAN's
+  ``d_optimizer``/``g_optimizer``, or a model compiled with ``auto_scale_loss=False``; float16
+  gradients underflow and nothing skips an overflowing step. When the compiled optimizer never
+  stepped while others did, its loss scale (the one mpwatch records) says nothing.
+- **16-bit variables**: the pure ``"float16"`` policy (or a layer's ``dtype="float16"``) keeps
+  weights and optimizer state in float16: updates below 2^-11 of a weight round away, Adam's
+  second moment underflows, and Keras adds no loss scaling.
+
+## Why it matters
+Every other measure of mixed precision (underflow, overflow, the loss scale's health) assumes
+this contract; when it is broken they measure the wrong thing. A broken contract is the cause,
+and the findings that rest on it become its evidence.
+
+## Threshold
+Unscaled loss: the median, over variables, of log2(received max |g| / reference max |g|) below
+half of log2 S, with S at least 2^{MIN_SCALE_LOG2}; scaled twice: above {TWICE_FACTOR:g} x log2 S.
+An optimizer "steps" when its iterations advanced during the run. Errors, except bfloat16
+variables (a warning).
+
+## Example evidence
+```text
+the optimizer received gradients 2^0.3 times the float32 reference (median of 4 variables, 12
+comparisons), where a scaled loss gives 2^15 (32768): the loss was not multiplied by the scale,
+and LossScaleOptimizer divides by it: every update is 2^-15 of the right one
+```
+
+## Fix
+```python
+# in your train_step (TensorFlow):
+with tf.GradientTape() as tape:
+    y_pred = self(x, training=True)
+    loss = self.compute_loss(y=y, y_pred=y_pred)
+    scaled_loss = self.optimizer.scale_loss(loss)
+gradients = tape.gradient(scaled_loss, self.trainable_variables)
+self.optimizer.apply(gradients, self.trainable_variables)  # unscales, skips non-finite steps
+```
+
+## References
+- Keras LossScaleOptimizer: `scale_loss` multiplies the loss, `apply` divides the gradients by
+  the scale and skips non-finite steps <https://keras.io/api/optimizers/loss_scale_optimizer/>
+- Keras mixed precision API: `mixed_float16` keeps variables in float32; the pure `float16`
+  policy does not <https://keras.io/api/mixed_precision/>
+- Micikevicius et al. 2017, Mixed Precision Training: a float32 master copy of the weights and
+  loss scaling are both needed <https://arxiv.org/abs/1710.03740>
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mpwatch import contract
+from mpwatch.formats import SIXTEEN_BIT
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.rule import Rule, compute_dtype, fmt, names_list
+from mpwatch.read.run import Run
+
+MIN_SCALE_LOG2 = 4  # below 2**4 a scaled and an unscaled loss are too close to tell apart
+TWICE_FACTOR = 1.5  # above 1.5 x log2 S: the loss was scaled twice
+MIN_COMPARISONS = 3  # variables x probes compared before judging
+
+RULE = Rule(
+    id="train-step",
+    title="The train step breaks mixed precision's contract",
+    severities=("warning", "error"),
+    doc=__doc__,
+    thresholds={"MIN_SCALE_LOG2": MIN_SCALE_LOG2, "TWICE_FACTOR": TWICE_FACTOR},
+)
+
+#: rules whose findings rest on the train step's contract: when it is broken they become evidence
+#: of this rule's finding (:func:`mpwatch.judge.diagnose.fold_train_step`)
+RESTS_ON_CONTRACT = ("gradient-underflow", "loss-scale", "skipped-steps", "gradient-error")
+
+
+def check(run: Run) -> list[Finding]:
+    """Findings of this rule on one run."""
+    out: list[Finding] = []
+    variables = _variables_16bit(run)
+    if variables is not None:
+        out.append(variables)
+    optimizers = _unscaled_optimizers(run, already=variables is not None)
+    if optimizers is not None:
+        out.append(optimizers)
+    loss = _loss_not_scaled(run)
+    if loss is not None:
+        out.append(loss)
+    return out
+
+
+# --- 16-bit variables ----------------------------------------------------------------------------
+def _variables_16bit(run: Run) -> Finding | None:
+    var_dtype = str(run.info.get("variable_dtype") or "")
+    lt = run.layers
+    layers: list[str] = []
+    if len(lt) and {"variable_dtype", "name"} <= set(lt.columns):
+        params = lt["trainable_params"] if "trainable_params" in lt else lt.get("params")
+        has = params.fillna(0).astype(float) > 0 if params is not None else True
+        m = lt["variable_dtype"].astype(str).isin(SIXTEEN_BIT) & has
+        layers = [str(n) for n in lt.loc[m, "name"]]
+    if var_dtype not in SIXTEEN_BIT and not layers:
+        return None
+    dtype = var_dtype if var_dtype in SIXTEEN_BIT else str(
+        lt.loc[lt["name"].astype(str) == layers[0], "variable_dtype"].iloc[0]
+    )
+    policy = str(run.info.get("policy") or "")
+    whole = var_dtype in SIXTEEN_BIT
+    mixed = f"mixed_{dtype}"
+    where = (
+        f"the policy {policy!r} keeps every variable in {dtype}"
+        if whole
+        else f"{len(layers)} layer(s) keep their variables in {dtype}: {names_list(layers)}"
+    )
+    scaled = any(o.get("loss_scaled") for o in run.train_step.get("optimizers", []))
+    if not run.train_step:
+        scaled = str((run.info.get("loss_scale") or {}).get("kind")) == "dynamic"
+    ulp = 11 if dtype == "float16" else 8
+    evidence = (
+        f"{where}: an update smaller than 2^-{ulp} of a weight rounds away, and the optimizer's "
+        f"state (Adam's second moment g²) is {dtype} too"
+        + ("" if scaled or dtype != "float16" else "; no optimizer scales the loss")
+        + _loss_trend(run)
+    )
+    if whole:
+        fix = (
+            f'keras.mixed_precision.set_global_policy("{mixed}")  # {dtype} math, float32 '
+            "variables" + (", loss scaling" if dtype == "float16" else "")
+        )
+    else:
+        fix = "\n".join(
+            f'keras.layers.<Layer>(..., dtype="{mixed}", name="{n}")' for n in layers[:3]
+        ) + f"  # {dtype} math, float32 variables"
+    return RULE.finding(
+        "error" if dtype == "float16" else "warning",
+        f"Variables in {dtype}: the weights cannot take small updates"
+        + (f" (use {mixed})" if whole else ""),
+        evidence,
+        fix=fix,
+        action={"policy": mixed} if whole else {},
+        data={"cause": "variables_16bit", "dtype": dtype, "layers": layers, "policy": policy},
+    )
+
+
+def _loss_trend(run: Run) -> str:
+    loss = run.scalar(contract.TRAIN_LOSS).dropna()
+    if len(loss) < 2:
+        return ""
+    first, last = float(loss.iloc[0]), float(loss.iloc[-1])
+    if not math.isfinite(last) or last > first:
+        return f"; the training loss went from {fmt(first)} to {fmt(last)}"
+    return ""
+
+
+# --- optimizers that step without loss scaling ---------------------------------------------------
+def _stepped(o: dict[str, Any]) -> bool:
+    try:
+        return int(o.get("iterations") or 0) > int(o.get("iterations_start") or 0)
+    except (TypeError, ValueError):
+        return False
+
+
+def _unscaled_optimizers(run: Run, already: bool) -> Finding | None:
+    if compute_dtype(run) != "float16":
+        return None
+    opts = run.train_step.get("optimizers") or []
+    unscaled = [o for o in opts if _stepped(o) and not o.get("loss_scaled")]
+    if not unscaled or (already and all(o.get("compiled") for o in unscaled)):
+        return None  # the pure float16 policy's optimizer: that finding names the cause
+    idle = [o for o in opts if o.get("compiled") and not _stepped(o) and o.get("loss_scaled")]
+    names = [str(o.get("name")) for o in unscaled]
+    owner = run.train_step.get("train_step_owner")
+    evidence = (
+        "; ".join(
+            f"{o.get('name')!r} ({o.get('class')}) stepped "
+            f"{int(o.get('iterations', 0)) - int(o.get('iterations_start', 0))} times without a "
+            "loss scale"
+            for o in unscaled
+        )
+        + ": under float16 math its gradients underflow (nothing scales them up) and an "
+        "overflowing step is applied, not skipped"
+    )
+    if idle:
+        evidence += (
+            f"; the compiled optimizer {idle[0].get('class')} never stepped: the loss scale "
+            "mpwatch records is its, and says nothing about this training"
+        )
+    lines = []
+    for n in names:
+        attr = "self.optimizer" if n == "optimizer" else f"self.{n}"
+        lines.append(f"{attr} = keras.optimizers.LossScaleOptimizer({attr})")
+    lines.append("# and in train_step, for each loss and its optimizer:")
+    n0 = "self.optimizer" if names[0] == "optimizer" else f"self.{names[0]}"
+    lines.append(f"grads = tape.gradient({n0}.scale_loss(loss), variables)")
+    lines.append(f"{n0}.apply(grads, variables)  # unscales; skips non-finite steps")
+    where = f" in {owner.rsplit('.', 1)[-1]}.train_step" if owner else ""
+    return RULE.finding(
+        "error",
+        f"{names_list(names)} step{'s' if len(names) == 1 else ''} without loss scaling{where}",
+        evidence,
+        fix="\n".join(lines),
+        data={"cause": "optimizer_not_loss_scaled", "optimizers": names,
+              "idle_compiled": bool(idle)},  # fmt: skip
+    )
+
+
+# --- the loss is not scaled ----------------------------------------------------------------------
+def _ratios(run: Run) -> tuple[list[float], float | None]:
+    """log2(received max |g| / reference max |g|) for each variable and probe with a gradient
+    record near it, and the scale the received gradients were taken at (their median)."""
+    pv, gv = run.probe_variables, run.grad_variables
+    if not len(pv) or "ref_max_abs" not in pv or not len(gv) or "max_abs" not in gv:
+        return [], None
+    gsteps = np.array(sorted(set(int(s) for s in gv["step"])))
+    out: list[float] = []
+    scales: list[float] = []
+    for pstep, prows in pv.groupby("step"):
+        near = int(gsteps[np.abs(gsteps - int(pstep)).argmin()])
+        grows = gv[gv["step"] == near]
+        got = dict(zip(grows["variable"].astype(str), grows["max_abs"]))
+        scale = float(grows["loss_scale"].iloc[0]) if "loss_scale" in grows else 1.0
+        for var, ref in zip(prows["variable"].astype(str), prows["ref_max_abs"]):
+            r, g = _pos(ref), _pos(got.get(var))
+            if r is not None and g is not None:
+                out.append(math.log2(g / r))
+                scales.append(scale)
+    return out, (float(np.median(scales)) if scales else None)
+
+
+def _pos(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _loss_not_scaled(run: Run) -> Finding | None:
+    opts = run.train_step.get("optimizers") or []
+    compiled = next((o for o in opts if o.get("compiled")), None)
+    if compiled is not None and not (compiled.get("loss_scaled") and _stepped(compiled)):
+        return None
+    if compiled is None and str((run.info.get("loss_scale") or {}).get("kind")) != "dynamic":
+        return None
+    ratios, scale = _ratios(run)
+    if scale is None or len(ratios) < MIN_COMPARISONS or scale < 2.0**MIN_SCALE_LOG2:
+        return None
+    k = math.log2(scale)
+    got = float(np.median(ratios))
+    n_vars = int(pd.Series(run.probe_variables["variable"]).nunique())
+    measured = (
+        f"the optimizer received gradients 2^{got:.1f} times the float32 reference (median of "
+        f"{n_vars} variables, {len(ratios)} comparisons), where a scaled loss gives "
+        f"2^{int(k) if k.is_integer() else round(k, 1)} ({fmt(scale)}, the scale)"
+    )
+    owner = run.train_step.get("train_step_owner")
+    where = f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
+    backend = str(run.info.get("backend") or "tensorflow")
+    if got < k / 2:
+        evidence = (
+            f"{measured}: the loss was not multiplied by the scale, and LossScaleOptimizer "
+            f"divides by it: every update is 2^-{k:g} of the right one" + _loss_trend(run)
+        )
+        return RULE.finding(
+            "error",
+            f"{where} does not scale the loss: every update is 1/{fmt(scale)} of the right one",
+            evidence,
+            fix=_scale_loss_fix(backend),
+            data={"cause": "loss_not_scaled", "log2_ratio": got, "loss_scale": scale,
+                  "comparisons": len(ratios), "train_step_owner": owner},  # fmt: skip
+        )
+    if got > TWICE_FACTOR * k:
+        return RULE.finding(
+            "error",
+            f"{where} scales the loss twice",
+            f"{measured}: the loss was multiplied by the scale twice (scale_loss called on a "
+            "loss Keras already scales, or by hand as well)",
+            fix="# call optimizer.scale_loss(loss) once, on the loss you differentiate",
+            data={"cause": "loss_scaled_twice", "log2_ratio": got, "loss_scale": scale,
+                  "comparisons": len(ratios), "train_step_owner": owner},  # fmt: skip
+        )
+    return None
+
+
+def _scale_loss_fix(backend: str) -> str:
+    if backend == "jax":
+        return (
+            "# in the loss function your train_step differentiates (JAX), as Keras' own\n"
+            "# JAXTrainer.compute_loss_and_updates does:\n"
+            "mapping = list(zip(self.optimizer.variables, optimizer_variables))\n"
+            "with keras.StatelessScope(state_mapping=mapping):\n"
+            "    loss = self.optimizer.scale_loss(loss)\n"
+            "# then stateless_apply the gradients of that loss (it unscales them)"
+        )
+    return (
+        "with tf.GradientTape() as tape:\n"
+        "    y_pred = self(x, training=True)\n"
+        "    loss = self.compute_loss(y=y, y_pred=y_pred)\n"
+        "    scaled_loss = self.optimizer.scale_loss(loss)  # multiply by the loss scale\n"
+        "gradients = tape.gradient(scaled_loss, self.trainable_variables)\n"
+        "self.optimizer.apply(gradients, self.trainable_variables)  # divides by it again"
+    )

@@ -1,0 +1,200 @@
+"""Rule ``train-step`` (mpwatch/judge/rules/train_step.py) on constructed Runs.
+
+The gradients are numpy arrays of known magnitude: the float32 reference gradients ``ref``, and
+what a train step hands the optimizer (``ref * S`` when it scales the loss, ``ref`` when it does
+not, ``ref * S * S`` when it scales twice); the records hold their maxima as the recorders write
+them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from builders import (
+    assert_findings,
+    findings_of,
+    healthy_run,
+    make_run,
+    model_row,
+    probe_layer,
+)
+
+from mpwatch import contract
+from mpwatch.judge import diagnose
+
+RULE = "train-step"
+S = 32768.0
+
+
+def _grads(seed=0):
+    rng = np.random.default_rng(seed)
+    return {f"dense_{i}/kernel": rng.normal(0, 10.0 ** -rng.integers(1, 5), size=(64, 8))
+            for i in range(4)}  # fmt: skip
+
+
+def _optimizer(name="optimizer", scaled=True, compiled=True, start=0, its=100, scale=S):
+    cls = "LossScaleOptimizer(Adam)" if scaled else "Adam"
+    return {"name": name, "class": cls, "compiled": compiled, "loss_scaled": scaled,
+            "iterations_start": start, "iterations": its, "loss_scale": scale if scaled else None}
+
+
+def _with_gradients(run, factor, probe_steps=(50, 100), grad_steps=(40, 100), owner=None,
+                    optimizers=None):  # fmt: skip
+    """Probe variables (reference maxima) at ``probe_steps``; grad_variables (the optimizer's
+    received maxima: reference x factor) at ``grad_steps``; a train_step record."""
+    pv, gv = [], []
+    for k, step in enumerate(probe_steps):
+        for var, g in _grads(k).items():
+            pv.append({"step": step, "variable": var, "layer": var.split("/")[0],
+                       "ref_max_abs": float(np.abs(g).max())})  # fmt: skip
+    for k, step in enumerate(grad_steps):
+        for var, g in _grads(10 + k).items():  # other batches: other gradients, same magnitude
+            gv.append({"step": step, "variable": var, "layer": var.split("/")[0],
+                       "max_abs": float(np.abs(g * factor).max()), "loss_scale": S})  # fmt: skip
+    run.probe_variables = pd.DataFrame(pv)
+    run.grad_variables = pd.DataFrame(gv)
+    run.train_step = {
+        "custom_train_step": owner is not None,
+        "train_step_owner": owner,
+        "has_call": True,
+        "optimizers": optimizers if optimizers is not None else [_optimizer()],
+    }
+    return run
+
+
+def unscaled():
+    return _with_gradients(healthy_run(), 1.0, owner="__main__.CustomModel")
+
+
+def scaled():
+    return _with_gradients(healthy_run(), S, owner="__main__.CustomModel")
+
+
+def twice():
+    return _with_gradients(healthy_run(), S * S, owner="__main__.CustomModel")
+
+
+def gan():
+    run = healthy_run()
+    run.train_step = {
+        "custom_train_step": True,
+        "train_step_owner": "__main__.GAN",
+        "has_call": False,
+        "optimizers": [
+            _optimizer(its=0),
+            _optimizer("d_optimizer", scaled=False, compiled=False, its=60),
+            _optimizer("g_optimizer", scaled=False, compiled=False, its=60),
+        ],
+    }
+    return run
+
+
+def gan_fixed():
+    run = gan()
+    for o in run.train_step["optimizers"][1:]:
+        o.update(loss_scaled=True, **{"class": "LossScaleOptimizer(Adam)"})
+    return run
+
+
+def pure_float16():
+    run = healthy_run()
+    run.info = {**run.info, "policy": "float16", "compute_dtype": "float16",
+                "variable_dtype": "float16", "loss_scale": {"kind": "none"}}  # fmt: skip
+    run.layers["variable_dtype"] = "float16"
+    run.layers["policy"] = "float16"
+    run.scalars[contract.TRAIN_LOSS] = np.linspace(0.7, 9.0, len(run.scalars))
+    run.train_step = {"custom_train_step": False, "train_step_owner": None, "has_call": True,
+                      "optimizers": [_optimizer(scaled=False)]}  # fmt: skip
+    return run
+
+
+CASES = [
+    pytest.param(
+        unscaled(),
+        [{"severity": "error", "title_has": ("CustomModel.train_step", "1/32768"),
+          "fix_has": "scale_loss", "data": {"cause": "loss_not_scaled"}}],  # fmt: skip
+        id="custom-train-step-without-scale-loss",
+    ),
+    pytest.param(scaled(), [], id="custom-train-step-that-scales"),
+    pytest.param(
+        twice(),
+        [{"severity": "error", "title_has": "twice", "data": {"cause": "loss_scaled_twice"}}],
+        id="scaled-twice",
+    ),
+    pytest.param(
+        gan(),
+        [{"severity": "error", "title_has": ("'d_optimizer'", "'g_optimizer'", "GAN.train_step"),
+          "evidence_has": "never stepped", "fix_has": "LossScaleOptimizer(self.d_optimizer)",
+          "data": {"cause": "optimizer_not_loss_scaled", "idle_compiled": True}}],  # fmt: skip
+        id="gan-two-unscaled-optimizers",
+    ),
+    pytest.param(gan_fixed(), [], id="gan-with-a-loss-scale-optimizer-each"),
+    pytest.param(
+        pure_float16(),
+        [{"severity": "error", "title_has": "mixed_float16",
+          "evidence_has": ("no optimizer scales the loss", "from 0.7 to 9"),
+          "fix_has": 'set_global_policy("mixed_float16")',
+          "action": {"policy": "mixed_float16"}}],  # fmt: skip
+        id="pure-float16-policy",
+    ),
+    pytest.param(healthy_run(), [], id="healthy-run-without-a-train-step-record"),
+]
+
+
+@pytest.mark.parametrize(("run", "expected"), CASES)
+def test_train_step(run, expected):
+    assert_findings(findings_of(diagnose(run), RULE), expected)
+
+
+def test_the_measured_ratio_is_the_factor_the_gradients_were_given():
+    f = findings_of(diagnose(unscaled()), RULE)[0]
+    # received/reference maxima of different batches of the same magnitude: log2 ratio near 0
+    assert abs(f.data["log2_ratio"]) < 2.0
+    f2 = findings_of(diagnose(twice()), RULE)[0]
+    assert f2.data["log2_ratio"] == pytest.approx(30.0, abs=2.0)
+
+
+def test_a_broken_contract_takes_in_the_findings_that_rest_on_it():
+    """The false 'non-finite gradients' of a probe that assumed a scaled loss (an
+    activation-overflow found only in the gradients) and the scale rules become evidence."""
+    run = unscaled()
+    layers = [probe_layer("dense_0", mx=3.0, nonfinite=True), probe_layer("dense_1", mx=3.0)]
+    run.probe_layers = pd.DataFrame(
+        [[100, *r] for r in layers], columns=["step", *contract.PROBE_LAYER_COLUMNS]
+    )
+    run.probe_model = pd.DataFrame([{"step": 100, **model_row(first="dense_0"), "nonfinite": 10}])
+    alone = scaled()  # the same probe under a train step that keeps the contract: judged as is
+    alone.probe_layers, alone.probe_model = run.probe_layers, run.probe_model
+    assert [f.layer for f in diagnose(alone) if f.rule == "activation-overflow"] == ["dense_0"]
+    found = diagnose(run)
+    assert [f.rule for f in found if f.rule == "activation-overflow"] == []
+    head = findings_of(found, RULE)[0]
+    assert "activation-overflow" in head.data.get("also", [])
+
+
+def test_a_forward_overflow_stays_its_own_finding():
+    run = unscaled()
+    layers = [probe_layer("dense_0", mx=float("inf"), nonfinite=True), probe_layer("dense_1")]
+    run.probe_layers = pd.DataFrame(
+        [[100, *r] for r in layers], columns=["step", *contract.PROBE_LAYER_COLUMNS]
+    )
+    run.probe_model = pd.DataFrame([{"step": 100, **model_row(first="dense_0")}])
+    found = diagnose(run)
+    assert [f.layer for f in found if f.rule == "activation-overflow"] == ["dense_0"]
+
+
+def test_old_records_without_the_reference_maximum_judge_nothing():
+    run = unscaled()
+    run.probe_variables = run.probe_variables.drop(columns=["ref_max_abs"])
+    assert findings_of(diagnose(run), RULE) == []
+
+
+def test_a_small_scale_cannot_tell_scaled_from_unscaled():
+    run = unscaled()
+    run.grad_variables["loss_scale"] = 4.0
+    assert findings_of(diagnose(run), RULE) == []
+
+
+def test_make_run_stays_usable():  # the builder's defaults carry no train_step record
+    assert make_run().train_step == {}
