@@ -43,8 +43,9 @@ underflow that includes genuine zeros), activations, non-finite layers, and a hi
 mixed gradients.
 
 **The train step's network.** Both passes run in training mode, as Keras' train step does:
-BatchNormalization normalises with the batch's statistics (its moving statistics are read first
-and written back afterwards, inside the traced function, so the probe never changes the model).
+BatchNormalization normalises with the batch's statistics (its moving statistics, and the loss
+trackers that ``compute_loss`` updates, one per output of a multi-output model, are read first and
+written back afterwards, inside the traced function, so the probe never changes what the user sees).
 Layers that draw random numbers (Dropout, GaussianNoise, random augmentation: any layer owning a
 ``SeedGenerator``) run as in inference in *both* passes (``random_layers_off`` in the record), so
 the two passes compute the same network and a probe is deterministic. The loss is the model's own
@@ -451,12 +452,8 @@ class Probe:
             out = self._stats(x, y, sw, scale)
             for v, s in zip(state, saved):
                 _value(v).assign(s)
-            # trackers the passes created (the compiled loss built by a probe before any train
-            # step) start from zero, as Keras' metrics do
-            known = {id(v) for v in state}
-            for v in model.metrics_variables:
-                if id(v) not in known:
-                    _value(v).assign(tf.zeros_like(_value(v)))
+            # (trackers the first trace creates, building the compiled loss before any train
+            # step, are in `state` too: TensorFlow traces a function that creates variables again)
             return out
 
         # autograph off, as in Keras' own train function: mpwatch's ops and Keras' layers have no

@@ -112,6 +112,16 @@ def _scope(probe: Any, tv: list, ntv: list) -> Any:
 
     m = probe.model
     mapping = list(zip(m.trainable_variables, tv)) + list(zip(m.non_trainable_variables, ntv))
+    # the metrics' variables too: the compiled loss of a multi-output model updates a tracker
+    # per output, and during fit Keras keeps their values in its state and purges the variables
+    # (reading one fails). Their values never enter the loss, so zeros stand in; the updates
+    # stay in the scope, which is dropped: the user's trackers never see the probe
+    import jax.numpy as jnp
+
+    mapped = {id(v) for v, _ in mapping}
+    mapping += [
+        (v, jnp.zeros(v.shape, v.dtype)) for v in m.metrics_variables if id(v) not in mapped
+    ]
     return keras.StatelessScope(state_mapping=mapping, collect_losses=True)
 
 
