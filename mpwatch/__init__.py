@@ -28,6 +28,7 @@ _EXPORTS = {
     "GradientHealthMonitor": "mpwatch.record.gradient_health",
     "LayerDtypeMonitor": "mpwatch.record.layer_dtypes",
     "StepTimeMonitor": "mpwatch.record.step_time",
+    "InputHealthMonitor": "mpwatch.record.input_health",
     "TrainStepMonitor": "mpwatch.record.train_step",
     "ProbeMonitor": "mpwatch.record.probe",
     "ProfileMonitor": "mpwatch.record.profile_capture",
@@ -49,6 +50,7 @@ __all__ = [
     "GradientHealthMonitor",
     "LayerDtypeMonitor",
     "StepTimeMonitor",
+    "InputHealthMonitor",
     "TrainStepMonitor",
     "ProbeMonitor",
     "ProfileMonitor",
@@ -83,6 +85,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from mpwatch.judge.apply import apply_recommendations
     from mpwatch.read import Run, load_run, load_runs
     from mpwatch.record.gradient_health import GradientHealthMonitor
+    from mpwatch.record.input_health import InputHealthMonitor
     from mpwatch.record.layer_dtypes import LayerDtypeMonitor
     from mpwatch.record.loop import TrainingLoopRecorder, share_skip_decision
     from mpwatch.record.loss_scale import LossScaleMonitor

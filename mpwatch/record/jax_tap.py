@@ -40,11 +40,13 @@ from typing import Any
 import numpy as np
 
 from mpwatch.record import stats
-from mpwatch.record.tap_common import Collected, TapBase, counts_entries, from_ring
+from mpwatch.record.tap_common import Collected, TapBase, counts_entries, from_ring, input_health
 
 logger = logging.getLogger("mpwatch")
 
-_BUFFERS = ("count", "scale", "scale_used", "skipped", "ccount", "cstep", "counts")
+_BUFFERS = (
+    "count", "scale", "scale_used", "skipped", "in_max", "in_bad", "ccount", "cstep", "counts",
+)  # fmt: skip
 
 
 def _index_of(items: list[Any], target: Any) -> int | None:
@@ -78,6 +80,8 @@ class JaxTap(TapBase):
             jnp.zeros((cap,), jnp.float32),  # scale after the step
             jnp.zeros((cap,), jnp.float32),  # scale used
             jnp.zeros((cap,), jnp.float32),  # skipped
+            jnp.full((cap,), jnp.nan, jnp.float32),  # input max |x|
+            jnp.full((cap,), jnp.nan, jnp.float32),  # input non-finite count
             jnp.zeros((), jnp.int32),  # ccount: gradient-counts tables ever written
             jnp.zeros((k,), jnp.int32),  # cstep: the step of each counts slot
             jnp.zeros((k, nv, stats.NUM_COUNTS), jnp.float32),  # gradient counts
@@ -147,13 +151,28 @@ class JaxTap(TapBase):
         stateless_apply._mpwatch_tap = True  # type: ignore[attr-defined]
         object.__setattr__(model, "_get_jax_state", get_jax_state)
         object.__setattr__(opt, "stateless_apply", stateless_apply)
+        if self.rebuild:  # a custom training loop has no train_step of Keras' to see
+            orig_step = model.train_step
+
+            def train_step(state: Any, data: Any) -> Any:
+                tap._pending_input = None
+                try:
+                    tap._pending_input = input_health(data)
+                except Exception as e:  # noqa: BLE001  (an input mpwatch cannot read)
+                    logger.debug("mpwatch: no input health for this batch: %r", e)
+                return orig_step(state, data)
+
+            train_step._mpwatch_tap = True  # type: ignore[attr-defined]
+            object.__setattr__(model, "train_step", train_step)
         self._installed = True
 
     def uninstall(self) -> None:
         if not self._installed:
             return
         model, opt = self.model, self.optimizer
-        for obj, attr in ((model, "_get_jax_state"), (opt, "stateless_apply")):
+        for obj, attr in (
+            (model, "_get_jax_state"), (opt, "stateless_apply"), (model, "train_step"),
+        ):  # fmt: skip
             if getattr(obj.__dict__.get(attr), "_mpwatch_tap", False):
                 object.__delattr__(obj, attr)
         self._installed = False
@@ -206,6 +225,9 @@ class JaxTap(TapBase):
         self._it = _index_of(variables, self.optimizer.iterations)
         self._scale = _index_of(variables, self.lso.dynamic_scale) if self.lso is not None else None
         pre: dict[str, Any] = {"it": theirs[self._it]}
+        seen, self._pending_input = getattr(self, "_pending_input", None), None
+        nan = jnp.full((), jnp.nan, jnp.float32)
+        pre["in_max"], pre["in_bad"] = seen if seen is not None else (nan, nan)
         one = jnp.ones((), jnp.float32)
         pre["scale_used"] = (
             theirs[self._scale].astype(jnp.float32) if self._scale is not None else one
@@ -223,7 +245,7 @@ class JaxTap(TapBase):
         import jax
         import jax.numpy as jnp
 
-        count, scale, scale_used, skipped, ccount, cstep, counts = ours
+        count, scale, scale_used, skipped, in_max, in_bad, ccount, cstep, counts = ours
         slot = jnp.mod(count, self.capacity)
         skip = jnp.equal(new_theirs[self._it], pre["it"]).astype(jnp.float32)
         after = (
@@ -234,6 +256,8 @@ class JaxTap(TapBase):
         scale = scale.at[slot].set(after)
         scale_used = scale_used.at[slot].set(pre["scale_used"])
         skipped = skipped.at[slot].set(skip)
+        in_max = in_max.at[slot].set(pre["in_max"])
+        in_bad = in_bad.at[slot].set(pre["in_bad"])
         if "grads" in pre:
             step_next = count + 1  # this batch's step
             do = jnp.equal(jnp.mod(step_next, self.grad_every), 0)
@@ -250,7 +274,7 @@ class JaxTap(TapBase):
             counts = counts.at[j].set(table)
             cstep = cstep.at[j].set(step_next)
             ccount = ccount + do.astype(jnp.int32)
-        return [count + 1, scale, scale_used, skipped, ccount, cstep, counts]
+        return [count + 1, scale, scale_used, skipped, in_max, in_bad, ccount, cstep, counts]
 
     # --- on the host --------------------------------------------------------------------------
     def _latest(self) -> list[Any] | None:
@@ -267,7 +291,9 @@ class JaxTap(TapBase):
             return Collected(steps=[])
         # the counts buffer stays on the device: only the slots of new tables are fetched
         *small, counts = values
-        count, scale, scale_used, skipped, ccount, cstep = (np.asarray(v) for v in small)
+        count, scale, scale_used, skipped, in_max, in_bad, ccount, cstep = (
+            np.asarray(v) for v in small
+        )
         n = int(count) - self._read_count
         first_slot = self._read_count  # the batch written at count c went into slot c % cap
         self._read_count = int(count)
@@ -276,5 +302,6 @@ class JaxTap(TapBase):
         tables = {int(cstep[slot]): np.asarray(counts[slot]) for _, slot in entries}
         last, self._step = self._step, self._step + n
         return from_ring(
-            self, last, n, scale, scale_used, skipped, tables, first_slot=first_slot
-        )
+            self, last, n, scale, scale_used, skipped, tables, first_slot=first_slot,
+            inputs=(in_max, in_bad),
+        )  # fmt: skip

@@ -12,6 +12,7 @@ from mpwatch.record import backend
 from mpwatch.record.backend import device_info  # noqa: F401  (old import path)
 from mpwatch.record.base import RecordingCallback, check_positive_int
 from mpwatch.record.gradient_health import GradientHealthMonitor
+from mpwatch.record.input_health import InputHealthMonitor
 from mpwatch.record.layer_dtypes import LayerDtypeMonitor
 from mpwatch.record.loss_scale import LossScaleMonitor, no_loss_scale_reason
 from mpwatch.record.probe import ProbeMonitor
@@ -26,9 +27,10 @@ class MixedPrecisionMonitor(RecordingCallback):
     """Everything mpwatch records during ``model.fit``, in one callback.
 
     Bundles :class:`TrainStepMonitor`, :class:`LayerDtypeMonitor`, :class:`LossScaleMonitor`,
-    :class:`GradientHealthMonitor`, :class:`StepTimeMonitor`, :class:`ProbeMonitor` and
-    :class:`ProfileMonitor` (each usable alone too), and itself writes the ``run_info`` record
-    and ``mpwatch/train/loss`` (Keras' running training loss) at every Keras batch end.
+    :class:`GradientHealthMonitor`, :class:`InputHealthMonitor`, :class:`StepTimeMonitor`,
+    :class:`ProbeMonitor` and :class:`ProfileMonitor` (each usable alone too), and itself writes
+    the ``run_info`` record and ``mpwatch/train/loss`` (Keras' running training loss) at every
+    Keras batch end.
 
     Args:
         log_dir: the run directory (created if needed; must be writable).
@@ -36,6 +38,8 @@ class MixedPrecisionMonitor(RecordingCallback):
             memory) and of the gradient health (computed in the graph only at these steps).
         loss_scale, gradient_health, layer_dtypes, step_time: switch a part off with False.
         per_variable_gradients: also write the per-variable ``grad_variables`` record.
+        input_health: each batch's max |x| and non-finite count (:class:`InputHealthMonitor`),
+            so a bad batch is named by its step.
         probe, probe_every, probe_data: the float32-reference probe (:class:`ProbeMonitor`), every
             ``probe_every`` batch steps and at each epoch's end, on ``probe_data`` (default: the
             first training batch); ``probe=False`` switches it off.
@@ -68,6 +72,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         layer_dtypes: bool = True,
         step_time: bool = True,
         per_variable_gradients: bool = True,
+        input_health: bool = True,
         probe: bool = True,
         probe_every: int = 500,
         probe_data: Any = None,
@@ -81,6 +86,7 @@ class MixedPrecisionMonitor(RecordingCallback):
             "layer_dtypes": bool(layer_dtypes),
             "step_time": bool(step_time),
             "per_variable_gradients": bool(per_variable_gradients),
+            "input_health": bool(input_health),
             "probe": bool(probe),
         }
         self.profile = profile
@@ -98,6 +104,8 @@ class MixedPrecisionMonitor(RecordingCallback):
             parts.append(LossScaleMonitor(d, n))
         if o["gradient_health"]:
             parts.append(GradientHealthMonitor(d, n, per_variable=o["per_variable_gradients"]))
+        if o["input_health"]:
+            parts.append(InputHealthMonitor(d, n))
         if o["step_time"]:
             parts.append(StepTimeMonitor(d, n))
         if o["probe"]:

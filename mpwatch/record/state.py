@@ -49,6 +49,7 @@ from mpwatch.record.tap_common import (  # noqa: F401  (also their old import pa
     TapBase,
     counts_entries,
     from_ring,
+    input_health,
     loss_scale_optimizer,
 )
 
@@ -97,6 +98,8 @@ class Tap(TapBase):
             self.scale = var(tf.zeros([cap], tf.float32), "scale")
             self.scale_used = var(tf.zeros([cap], tf.float32), "scale_used")
             self.skipped = var(tf.zeros([cap], tf.float32), "skipped")
+            self.in_max = var(tf.fill([cap], float("nan")), "input_max_abs")
+            self.in_bad = var(tf.fill([cap], float("nan")), "input_nonfinite")
             self.ccount = var(tf.constant(0, tf.int32), "counts_written")
             self.cstep = var(tf.zeros([self.count_slots], tf.int64), "counts_step")
         # [count_slots, num_variables, 5]: created when the step is traced (a subclassed model
@@ -119,6 +122,8 @@ class Tap(TapBase):
                 self.scale.read_value(),
                 self.scale_used.read_value(),
                 self.skipped.read_value(),
+                self.in_max.read_value(),
+                self.in_bad.read_value(),
                 self.ccount.read_value(),
                 self.cstep.read_value(),
                 self.counts.read_value() if self.counts is not None else tf.zeros([k, 0, 5]),
@@ -159,6 +164,25 @@ class Tap(TapBase):
 
         apply._mpwatch_tap = True  # type: ignore[attr-defined]
         object.__setattr__(opt, "apply", apply)
+        if self.rebuild:  # a custom training loop has no train_step of Keras' to see
+            orig_step = self.model.train_step
+
+            def train_step(data: Any) -> Any:
+                tap._look_at_input(data)
+                return orig_step(data)
+
+            train_step._mpwatch_tap = True  # type: ignore[attr-defined]
+            object.__setattr__(self.model, "train_step", train_step)
+
+    def _look_at_input(self, data: Any) -> None:
+        """In the traced train step, before the user's: the batch's input health, for the
+        optimizer's ``apply`` that follows in the same trace to write into the ring."""
+        self._pending_input = None
+        if self.failed is None:
+            try:
+                self._pending_input = input_health(data)
+            except Exception as e:  # noqa: BLE001  (an input mpwatch cannot read: no health)
+                logger.debug("mpwatch: no input health for this batch: %r", e)
 
     def _restart(self, step: int) -> None:
 
@@ -204,6 +228,8 @@ class Tap(TapBase):
         if self._orig_apply is not None:
             if getattr(opt.__dict__.get("apply"), "_mpwatch_tap", False):
                 object.__delattr__(opt, "apply")
+            if getattr(self.model.__dict__.get("train_step"), "_mpwatch_tap", False):
+                object.__delattr__(self.model, "train_step")
             self._orig_apply = None
             # The traced train function still holds the tap's ops: a later fit traces a clean one.
             if self.rebuild:
@@ -248,6 +274,9 @@ class Tap(TapBase):
             # the model grew since install (built in its first call): count what the step has
             self._num_vars, self.counts, self._prebuilt_vars = None, None, None
         pre: dict[str, Any] = {"it": self._iterations()}
+        seen, self._pending_input = getattr(self, "_pending_input", None), None
+        nan = tf.constant(float("nan"), tf.float32)
+        pre["in_max"], pre["in_bad"] = seen if seen is not None else (nan, nan)
         if self.lso is not None and self.lso.built:
             pre["scale_used"] = tf.identity(self.lso.dynamic_scale.value)
         else:
@@ -329,6 +358,8 @@ class Tap(TapBase):
         put(self.scale, values["scale"])
         put(self.scale_used, values["scale_used"])
         put(self.skipped, values["skipped"])
+        put(self.in_max, values["in_max"])
+        put(self.in_bad, values["in_bad"])
         if "counts" in values:
             # always into the slot after the newest table (zeros on steps without counts: that
             # slot is free), counted as written only on a counts step
@@ -341,7 +372,7 @@ class Tap(TapBase):
 
     # --- on the host -------------------------------------------------------------------------
     def read(self) -> Collected:
-        count, step, scale, scale_used, skipped, ccount, cstep, counts = (
+        count, step, scale, scale_used, skipped, in_max, in_bad, ccount, cstep, counts = (
             np.asarray(t) for t in self._read()
         )
         tables = {
@@ -349,8 +380,9 @@ class Tap(TapBase):
             for _, slot in counts_entries(int(ccount), self.count_slots)
         }
         return from_ring(
-            self, int(step) - int(count), int(count), scale, scale_used, skipped, tables
-        )
+            self, int(step) - int(count), int(count), scale, scale_used, skipped, tables,
+            inputs=(in_max, in_bad),
+        )  # fmt: skip
 
 
 class ModelState:

@@ -28,6 +28,26 @@ def loss_scale_optimizer(optimizer: Any) -> Any:
     return None
 
 
+def input_health(data: Any) -> tuple[Any, Any]:
+    """In the traced train step, on either backend: ``(max |x| over the finite elements, count of
+    non-finite elements)`` of the batch's floating-point features (``x`` of ``(x, y,
+    sample_weight)``; integer inputs such as token ids are left out), both float32 scalars."""
+    import keras
+    from keras import ops
+
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    peak = ops.zeros((), "float32")
+    bad = ops.zeros((), "float32")
+    for t in keras.tree.flatten(x):
+        if not hasattr(t, "dtype") or "float" not in str(getattr(t.dtype, "name", t.dtype)):
+            continue
+        a = ops.abs(ops.cast(t, "float32"))  # a float64 value past float32's range counts as inf
+        finite = ops.isfinite(a)
+        peak = ops.maximum(peak, ops.max(ops.where(finite, a, ops.zeros_like(a))))
+        bad = bad + ops.cast(ops.sum(ops.cast(ops.logical_not(finite), "int32")), "float32")
+    return peak, bad
+
+
 @dataclass
 class Collected:
     """What the tap recorded for the batches of one Keras callback call.
@@ -42,6 +62,10 @@ class Collected:
     scale_used: np.ndarray | None = None
     skipped: np.ndarray | None = None
     grad_counts: dict[int, np.ndarray] = field(default_factory=dict)
+    #: per batch: max |x| of the batch's float features and their non-finite count (NaN where the
+    #: tap did not see the batch's input: a custom training loop)
+    input_max_abs: np.ndarray | None = None
+    input_nonfinite: np.ndarray | None = None
     exact: bool = True  # False: counted from Keras' batch numbers (the tap is off)
 
     @property
@@ -62,11 +86,13 @@ def from_ring(
     skipped: np.ndarray,
     grad_counts: dict[int, np.ndarray],
     first_slot: int = 0,
+    inputs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Collected:
     """The :class:`Collected` of the ``n`` batches after step ``last_step``, from a tap's ring
     buffers (both backends' taps): the k-th of them went into slot ``(first_slot + k) %
     capacity``; when more batches ran than the ring holds, only the last ``capacity`` are kept.
-    ``grad_counts``: step -> counts table, read from the tap's own (smaller) counts ring."""
+    ``grad_counts``: step -> counts table, read from the tap's own (smaller) counts ring;
+    ``inputs``: the input-health rings (max |x|, non-finite count)."""
     cap = tap.capacity
     if n > cap:
         logger.warning("mpwatch: %d batches since the last read, only the last %d are kept", n, cap)
@@ -81,6 +107,11 @@ def from_ring(
         out.loss_scale[first_kept:] = scale[slots]
         out.scale_used[first_kept:] = scale_used[slots]
         out.skipped[first_kept:] = skipped[slots]
+    if inputs is not None and tap.failed is None:
+        out.input_max_abs = np.full(n, np.nan, np.float32)
+        out.input_nonfinite = np.full(n, np.nan, np.float32)
+        out.input_max_abs[first_kept:] = np.asarray(inputs[0])[slots]
+        out.input_nonfinite[first_kept:] = np.asarray(inputs[1])[slots]
     if tap.grad_every and tap.failed is None:
         kept = set(steps[first_kept:])
         out.grad_counts = {

@@ -27,6 +27,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
         "gradient_underflow",
         "loss_scale",
         "skipped_steps",
+        "bad_batches",
         "output_rel_error",
         "gradient_error",
         "float32_inside",

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from mpwatch import contract
 from mpwatch.judge import scale_evidence as se
+from mpwatch.judge import skip_causes as sc
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, pct
 from mpwatch.read.run import Run
@@ -87,6 +88,104 @@ def _steps_after_warmup(run: Run) -> int | None:
 
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
+    if len(run.scalar(contract.STEP_SKIPPED).dropna()):
+        return _by_cause(run)
+    return _from_totals(run)
+
+
+def _by_cause(run: Run) -> list[Finding]:
+    """With the per-step flags: every skip attributed (:mod:`mpwatch.judge.skip_causes`); the
+    rate judged on the skips after the descent that no bad batch explains."""
+    flags = run.scalar(contract.STEP_SKIPPED).dropna()
+    flags = flags[flags.index > 0]
+    groups = sc.by_cause(sc.skip_causes(run))
+    descent = groups["descent"]
+    last_descent = descent[-1].step if descent else 0
+    n_steps = int((flags.index > last_descent).sum())
+    judged = groups["growth"] + groups["unexplained"]
+    rate = len(judged) / n_steps if n_steps > 0 else 0.0
+    sev_rate = None
+    if n_steps > 0 and rate > SKIP_RATE_WARN:
+        sev_rate = "error" if rate > SKIP_RATE_ERROR else "warning"
+    sev_early = None
+    if len(descent) > WARMUP_SKIP_ALLOWANCE:
+        sev_early = "error" if len(descent) > WARMUP_SKIP_ERROR else "warning"
+    if sev_rate is None and sev_early is None:
+        return []
+    severity = "error" if "error" in (sev_rate, sev_early) else "warning"
+    total = sum(len(v) for v in groups.values())
+    if sev_rate is not None:
+        title = f"{pct(rate)} of steps skipped for non-finite gradients"
+    else:
+        title = f"{len(descent)} steps skipped before the first finite step"
+    initial, growth_interval = se._growth_facts(run)
+    parts = [f"{total} steps skipped in all"]
+    if descent:
+        low = initial / 2.0 ** len(descent)
+        parts.append(
+            f"{len(descent)} in the scale's descent from {se.scale_text(initial)} to "
+            f"{se.scale_text(low)} (steps {sc.steps_text([c.step for c in descent], 3)})"
+        )
+    after = [f"{len(judged) + len(groups['bad_input'])} of the {n_steps} steps after it"]
+    if groups["growth"]:
+        after.append(
+            f"{len(groups['growth'])} failed doubling(s) (expected about 1 per {growth_interval})"
+        )
+    if groups["bad_input"]:
+        after.append(f"{len(groups['bad_input'])} on bad batches (bad-batches)")
+    if groups["unexplained"]:
+        steps = [c.step for c in groups["unexplained"]]
+        after.append(
+            f"{len(steps)} at a scale that had worked, on batches with sound input (steps "
+            f"{sc.steps_text(steps)})"
+        )
+    parts.append(": ".join([after[0], ", ".join(after[1:])]) if len(after) > 1 else after[0])
+    scales = _scales(run)
+    if scales["text"]:
+        parts.append(scales["text"])
+    if groups["unexplained"]:
+        fix = (
+            "# the model overflows on some batches at a scale that had worked: probe one of them\n"
+            f"# (steps {sc.steps_text([c.step for c in groups['unexplained']], 3)}) to find the "
+            "layer\n"
+            "mpwatch.MixedPrecisionMonitor(log_dir, probe_data=(x_batch, y_batch))"
+        )
+    elif len(descent) > WARMUP_SKIP_ERROR:
+        fix = (
+            "# even a scale of 1 or less overflowed: the forward pass itself is not finite on\n"
+            "# these batches, no scale helps; probe the first batch to find the layer\n"
+            "mpwatch.MixedPrecisionMonitor(log_dir, probe_every=1)"
+        )
+    else:
+        start = se.scale_text(initial / 2.0 ** len(descent)).split(" ")[0].replace("^", "**")
+        fix = (
+            "# the scale starts higher than these gradients allow: start where it settled\n"
+            f"keras.optimizers.LossScaleOptimizer(optimizer, initial_scale={start})"
+        )
+    return [
+        RULE.finding(
+            severity,
+            title,
+            "; ".join(parts),
+            fix=fix,
+            data={
+                "skipped": len(judged),
+                "steps": n_steps,
+                "rate": rate,
+                "total": total,
+                "early": len(descent),
+                "by_cause": {k: [c.step for c in v] for k, v in groups.items()},
+                "max_overflow_scale": scales["max_scale"],
+                "max_overflow_step": scales["max_step"],
+                "min_overflow_scale": scales["min_scale"],
+            },
+        )
+    ]
+
+
+def _from_totals(run: Run) -> list[Finding]:
+    """With only the cumulative count (sampled every few steps): skips after
+    ``WARMUP_STEPS`` against the steps after it, and the skips within it."""
     n_steps = _steps_after_warmup(run)
     if n_steps is None:
         return []
@@ -113,12 +212,12 @@ def check(run: Run) -> list[Finding]:
         RULE.finding(
             severity,
             title,
-            f"{total} steps skipped in all: {early} at or before step {WARMUP_STEPS} (the "
-            f"scale's descent from 2^15 explains up to {WARMUP_SKIP_ALLOWANCE}), {n_skip} of "
-            f"{max(n_steps, 0)} after it; the dynamic scale expects about 1 per 2000"
+            f"{total} steps skipped in all (only the cumulative count was recorded): {early} at "
+            f"or before step {WARMUP_STEPS}, {n_skip} of {max(n_steps, 0)} after it; the "
+            "dynamic scale expects about 1 per 2000"
             + (f"; {scales['text']}" if scales["text"] else ""),
-            fix="# a model that overflows at any scale: find the layer (activation-overflow) and "
-            'keep it float32\nkeras.layers.Dense(..., dtype="float32")',
+            fix="# record the per-step skip flag to see each skip's cause:\n"
+            "mpwatch.MixedPrecisionMonitor(log_dir)  # with loss_scale=True (the default)",
             data={
                 "skipped": n_skip,
                 "steps": n_steps,

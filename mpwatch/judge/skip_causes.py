@@ -1,0 +1,133 @@
+"""Why each step was skipped: every skip of a run attributed to a cause found in its records.
+
+Keras' ``LossScaleOptimizer`` skips a step whose gradients are not finite and halves the scale;
+after ``dynamic_growth_steps`` finite steps it doubles it. So a skip is one of:
+
+- ``descent``: one of the consecutive skips the run starts with, while the scale comes down from
+  its initial value to one the model's gradients fit in (a count, read from the per-step flags:
+  2^15 down to 2^12 is 3 skips);
+- ``bad_input``: the batch itself holds NaN/inf, or, under float16 math, values beyond float16's
+  range (the per-batch input health, ``mpwatch/input/*``): no scale helps, the data does;
+- ``growth``: the scale it ran at is larger than the one the previous skip left (the scale had
+  doubled since): a doubling that failed, as the dynamic scale expects about once per growth
+  interval;
+- ``unexplained``: a step that overflowed at a scale that had worked before, on a batch whose
+  input looks sound: the model's own overflow (the probe finds where, when it sees such a batch).
+
+:func:`skip_causes` returns one :class:`SkipCause` per skipped step; the ``skipped-steps`` and
+``bad-batches`` rules read it.
+
+Example:
+    >>> from mpwatch.read import Run
+    >>> skip_causes(Run(name=".", path=""))
+    []
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mpwatch import contract
+from mpwatch.formats import FLOAT16
+from mpwatch.judge.rule import compute_dtype
+from mpwatch.judge.scale_evidence import overflows
+from mpwatch.read.run import Run
+
+__all__ = [
+    "CAUSES",
+    "SkipCause",
+    "bad_input_steps",
+    "by_cause",
+    "descent_steps",
+    "skip_causes",
+    "steps_text",
+]
+
+#: the causes, in the order they are tried after the descent
+CAUSES = ("descent", "bad_input", "growth", "unexplained")
+
+
+@dataclass(frozen=True)
+class SkipCause:
+    """One skipped step: its step, the scale it ran at (None where unknown), its cause (one of
+    :data:`CAUSES`) and the evidence as a phrase."""
+
+    step: int
+    scale: float | None
+    cause: str
+    detail: str
+
+
+def descent_steps(run: Run) -> list[int]:
+    """The skipped steps the run starts with, consecutively (the scale's descent), from the
+    per-step skip flags; ``[]`` without them."""
+    flags = run.scalar(contract.STEP_SKIPPED).dropna()
+    out: list[int] = []
+    for step, flag in flags.items():
+        if int(step) == 0:
+            continue
+        if float(flag) < 0.5:
+            break
+        out.append(int(step))
+    return out
+
+
+def bad_input_steps(run: Run) -> dict[int, str]:
+    """Step -> what is wrong with its batch: NaN/inf in its float features, or (under float16
+    math) values beyond float16's range, from the per-batch input health."""
+    bad = run.scalar(contract.INPUT_NONFINITE_COUNT).dropna()
+    peak = run.scalar(contract.INPUT_MAX_ABS).dropna()
+    out: dict[int, str] = {}
+    for step, n in bad.items():
+        if float(n) > 0:
+            out[int(step)] = f"{int(n)} NaN/inf input values"
+    if compute_dtype(run) == "float16":
+        for step, mx in peak.items():
+            if float(mx) > FLOAT16.max and int(step) not in out:
+                out[int(step)] = f"max |x| {float(mx):.3g} > float16's {FLOAT16.max:g}"
+    return out
+
+
+def skip_causes(run: Run) -> list[SkipCause]:
+    """Every skipped step of the run with its cause (see the module docstring)."""
+    ovs = overflows(run)
+    if not ovs:
+        return []
+    descent = set(descent_steps(run))
+    bad = bad_input_steps(run)
+    out: list[SkipCause] = []
+    left: float | None = None  # the scale the previous skip left (half the scale it ran at)
+    for o in sorted(ovs, key=lambda o: o.step):
+        scale = o.scale
+        if o.step in descent:
+            cause, detail = "descent", "the scale's descent"
+        elif o.step in bad:
+            cause, detail = "bad_input", bad[o.step]
+        elif scale is not None and left is not None and scale > left:
+            cause, detail = "growth", f"the scale had grown to {_scale(scale)} since the last skip"
+        else:
+            cause, detail = "unexplained", "overflow at a scale that had worked, on a sound batch"
+        out.append(SkipCause(o.step, scale, cause, detail))
+        if scale is not None and math.isfinite(scale):
+            left = scale / 2.0
+    return out
+
+
+def _scale(s: float) -> str:
+    k = math.log2(s) if s > 0 else None
+    return f"2^{int(k)}" if k is not None and float(k).is_integer() else f"{s:g}"
+
+
+def by_cause(causes: list[SkipCause]) -> dict[str, list[SkipCause]]:
+    """The skips grouped by cause, every cause of :data:`CAUSES` present (maybe empty)."""
+    out: dict[str, list[SkipCause]] = {c: [] for c in CAUSES}
+    for c in causes:
+        out[c.cause].append(c)
+    return out
+
+
+def steps_text(steps: list[int], limit: int = 6) -> str:
+    """``18, 32, 40 and 3 more``."""
+    shown = ", ".join(str(s) for s in steps[:limit])
+    return shown + (f" and {len(steps) - limit} more" if len(steps) > limit else "")

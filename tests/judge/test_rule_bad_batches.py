@@ -1,0 +1,126 @@
+"""Rule ``bad-batches`` (mpwatch/judge/rules/bad_batches.py) and the attribution of every skipped
+step to its cause (mpwatch/judge/skip_causes.py), on constructed Runs.
+
+Ground truth: the batches are numpy arrays with known bad records; the loss scale and skip flags
+follow Keras' dynamic rule step by step (``keras_scale_history``), overflowing on the bad batches,
+on a doubling past what the gradients allow, and on a few sound batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from builders import assert_findings, findings_of, keras_scale_history, make_run
+
+from mpwatch import contract
+from mpwatch.judge import diagnose
+from mpwatch.judge.skip_causes import skip_causes
+
+# three halvings after the descent (400, 900, 1500) take four doublings, 2000 finite steps each,
+# to climb back past 2^12: the one at 11500 fails
+STEPS = 11600
+BAD = {400: 1e30, 900: np.nan}  # step -> the bad value one record of its batch holds
+SOUND_OVERFLOWS = {1500}  # a sound batch that overflows at a scale that had worked
+LIMIT = 2.0**12  # the gradients fit at scales up to 2^12
+
+
+def _batches():
+    rng = np.random.default_rng(0)
+    out = {}
+    for s in range(1, STEPS + 1):
+        x = rng.normal(size=(32, 8)).astype("float32")
+        if s in BAD:
+            x[3, 1] = BAD[s]
+        out[s] = x
+    return out
+
+
+def _overflows(step, scale):
+    return step in BAD or step in SOUND_OVERFLOWS or scale > LIMIT
+
+
+def _run():
+    batches = _batches()
+    scales, skipped = keras_scale_history(STEPS, _overflows)
+    finite = {s: np.isfinite(x) for s, x in batches.items()}
+    peak = {s: float(np.abs(np.where(finite[s], x, 0)).max()) for s, x in batches.items()}
+    bad = {s: float((~finite[s]).sum()) for s in batches}
+    return make_run(scalars={contract.LOSS_SCALE: scales, contract.STEP_SKIPPED: skipped,
+                             contract.INPUT_MAX_ABS: peak,
+                             contract.INPUT_NONFINITE_COUNT: bad})  # fmt: skip
+
+
+def _truth():
+    """Each skipped step's cause, from Keras' rule and the batches themselves."""
+    scales, skipped = keras_scale_history(STEPS, _overflows)
+    out, descending = {}, True
+    for s in range(1, STEPS + 1):
+        if not skipped[s]:
+            descending = False
+            continue
+        ran_at = scales[s - 1]
+        if descending:
+            out[s] = "descent"
+        elif s in BAD:
+            out[s] = "bad_input"
+        elif ran_at > LIMIT:
+            out[s] = "growth"
+        else:
+            out[s] = "unexplained"
+    return out
+
+
+def test_every_skip_is_attributed_to_its_cause():
+    got = {c.step: c.cause for c in skip_causes(_run())}
+    truth = _truth()
+    assert got == truth
+    # 2^15 down to 2^12 is three halvings; a doubling after 2000 finite steps fails once
+    assert [s for s, c in truth.items() if c == "descent"] == [1, 2, 3]
+    assert sorted(s for s, c in truth.items() if c == "bad_input") == sorted(BAD)
+    assert list(truth.values()).count("growth") >= 1
+    assert [s for s, c in truth.items() if c == "unexplained"] == sorted(SOUND_OVERFLOWS)
+
+
+def test_bad_batches_named_by_step_with_their_values():
+    (f,) = findings_of(diagnose(_run()), "bad-batches")
+    assert f.severity == "error"
+    assert f.data["steps"] == sorted(BAD)
+    assert f.data["skipped_steps"] == sorted(BAD)
+    assert f.data["nonfinite_steps"] == [900]
+    assert "1e+30" in f.evidence and "step 400" in f.evidence and "step 900" in f.evidence
+    assert "filter" in f.fix and "dtype" not in f.fix  # the data, never a layer dtype
+
+
+def test_the_skipped_steps_finding_counts_the_descent_and_points_at_what_exists():
+    run = _run()
+    found = diagnose(run)
+    rules = {f.rule for f in found}
+    for f in findings_of(found, "skipped-steps"):
+        # every finding it names exists; the descent is counted, not a constant
+        for named in ("bad-batches", "activation-overflow", "loss-scale"):
+            if f"({named})" in f.evidence:
+                assert named in rules
+        assert "3 in the scale's descent from 2^15 (32768) to 2^12 (4096)" in f.evidence
+        assert f.data["by_cause"]["unexplained"] == sorted(SOUND_OVERFLOWS)
+
+
+def test_a_clean_run_has_no_bad_batch():
+    run = _run()
+    run.scalars[contract.INPUT_MAX_ABS] = run.scalars[contract.INPUT_MAX_ABS].clip(upper=4.0)
+    run.scalars[contract.INPUT_NONFINITE_COUNT] = 0.0
+    assert findings_of(diagnose(run), "bad-batches") == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("mixed_float16", [{"severity": "warning", "data": {"steps": [7]}}]),
+        ("mixed_bfloat16", []),  # 7e4 is in bfloat16's range
+    ],
+)
+def test_values_beyond_float16_matter_only_under_float16(policy, expected):
+    peak = {s: 1.0 for s in range(1, 21)}
+    peak[7] = 7e4
+    run = make_run(policy=policy, scalars={contract.INPUT_MAX_ABS: peak,
+                                           contract.INPUT_NONFINITE_COUNT: {7: 0.0}})  # fmt: skip
+    assert_findings(findings_of(diagnose(run), "bad-batches"), expected)
