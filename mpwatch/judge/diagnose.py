@@ -35,6 +35,7 @@ __all__ = [
     "fold_shared_advice",
     "fold_tensor_core_use",
     "fold_train_step",
+    "no_forward_pass",
 ]
 
 
@@ -183,6 +184,24 @@ def fold_train_step(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+def no_forward_pass(run: Run, findings: list[Finding]) -> list[Finding]:
+    """A model without a forward pass of its own (a GAN whose ``train_step`` runs sub-models:
+    the ``train_step`` record's ``has_call`` False) has no output of its own: an
+    ``output-16bit`` finding about a sub-model's output becomes info, saying so (which output
+    reaches a loss in float16 is that train step's business)."""
+    if run.train_step.get("has_call") is not False:
+        return findings
+    for f in findings:
+        if f.rule == "output-16bit":
+            f.severity = "info"
+            f.evidence += (
+                "; the model has no forward pass of its own (its train_step runs sub-models): "
+                "whether this output reaches a loss in float16 depends on that train_step"
+            )
+            f.data = {**f.data, "no_forward_pass": True}
+    return findings
+
+
 def _absorb(head: Finding, f: Finding) -> None:
     """``f`` becomes evidence of ``head``: its title (and what it had absorbed) in ``head``'s
     evidence, its rule (and theirs) in ``head.data["also"]``."""
@@ -206,7 +225,7 @@ def diagnose_run(run: Run) -> list[Finding]:
                 f.run = run.name
             out.append(f)
     out = fold_tensor_core_use(
-        fold_shared_advice(fold_overflow_consequences(fold_train_step(out)))
+        fold_shared_advice(fold_overflow_consequences(fold_train_step(no_forward_pass(run, out))))
     )
     return most_severe_first(one_per_layer(out))
 

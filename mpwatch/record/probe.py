@@ -768,12 +768,30 @@ class ProbeMonitor(RecordingCallback):
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
+        from mpwatch.record.train_step import has_forward_pass
+
+        self._off = not has_forward_pass(self.model)
+        if self._off:  # said once per run, as what it is: nothing to probe, not a failure
+            told = getattr(self.state, "notices", set())
+            if self.part not in told:
+                told.add(self.part)
+                self.state.notices = told
+                self._notice(
+                    self.part,
+                    "info",
+                    f"no probe: {type(self.model).__name__} has no call() of its own (its "
+                    "train_step runs other models), and the float32-reference probe runs the "
+                    "model's forward pass; the train step's contract is still checked",
+                )
+            return
         if self.probe is None or self.probe.model is not self.model:
             self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
         if self._data is None and self.probe_data is not None:
             self._data = first_batch(self.probe_data)
 
     def _batch_begin(self, batch: int) -> None:
+        if getattr(self, "_off", False):
+            return
         if self._data is None and self._wrapped_train_function is None:
             self._capture_next_batch()
 
@@ -860,6 +878,8 @@ class ProbeMonitor(RecordingCallback):
     # --- probing ---------------------------------------------------------------------------------
     def _probe(self, step: int | None) -> None:
         if step is None or step == self._last_probe_step or self._data is None:
+            return
+        if getattr(self, "_off", False):
             return
         self._last_probe_step = step
         source = "probe_data" if self.probe_data is not None else "training"

@@ -1,0 +1,147 @@
+"""Models that break mixed precision's contract in their own train step (issue 24), each trained
+with mpwatch's monitor by ``examples/contract_models.py``, then trained again with the finding's
+fix applied. Every finding is checked against truth computed here (the train step's own
+gradients against a float32 twin's, the optimizers' own classes and iterations, the weights'
+dtypes, the batches' values), and every fix must make its problem go away when applied.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from repo_scripts import load_script
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+import mpwatch  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cm():
+    return load_script("examples/contract_models.py")
+
+
+@pytest.fixture(scope="module")
+def trained(cm, tmp_path_factory):
+    """(name, fixed) -> (model, history, findings): each trained once, on demand."""
+    cache = {}
+
+    def get(name, fixed=False):
+        key = (name, fixed)
+        if key not in cache:
+            logdir = str(tmp_path_factory.mktemp(f"{name}{'_fixed' if fixed else ''}"))
+            model, history = cm.train(name, logdir, fixed=fixed)
+            cache[key] = (model, history, mpwatch.diagnose(logdir), logdir)
+        return cache[key]
+
+    return get
+
+
+def _of(findings, rule):
+    return [f for f in findings if f.rule == rule]
+
+
+def _errors(findings):
+    return [(f.rule, f.title) for f in findings if f.severity == "error"]
+
+
+def test_custom_train_step_without_scale_loss(cm, trained):
+    model, history, findings, _ = trained("custom_step")
+    (f,) = _of(findings, "train-step")
+    assert f.severity == "error" and f.data["cause"] == "loss_not_scaled"
+    assert "self.optimizer.scale_loss(loss)" in f.fix
+    # truth: what this train step hands the optimizer against the float32 reference, by hand
+    x, y = cm.custom_step_data()
+    x, y = x[:32], y[:32]
+    with cm.policy_scope("mixed_float16"):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(y=y, y_pred=model(x, training=True))
+        mixed = tape.gradient(loss, model.trainable_variables)
+    with cm.policy_scope("float32"):
+        ref_model = cm.custom_step_model()
+    ref_model.set_weights(model.get_weights())
+    with tf.GradientTape() as tape:
+        ref_loss = ref_model.compute_loss(y=y, y_pred=ref_model(x, training=True))
+    ref = tape.gradient(ref_loss, ref_model.trainable_variables)
+    ratio = np.median([math.log2(np.abs(m).max() / np.abs(r).max()) for m, r in zip(mixed, ref)])
+    scale = float(model.optimizer.dynamic_scale.numpy())
+    assert math.log2(scale) >= 10  # the scale the optimizer divides by
+    assert abs(ratio) < 1.0  # the train step hands it unscaled gradients
+    assert f.data["loss_scale"] == scale
+    assert abs(f.data["log2_ratio"] - ratio) < 2.0  # mpwatch measured the same, on its batches
+    # the user sees it too: training stalls
+    losses = history.history["loss"]
+    assert losses[-1] > 0.9 * losses[0]
+    # the fix, applied: the finding is gone and the model trains
+    _, fixed_history, fixed_findings, _ = trained("custom_step", fixed=True)
+    assert _of(fixed_findings, "train-step") == []
+    assert fixed_history.history["loss"][-1] < losses[-1] / 10
+    assert _errors(fixed_findings) == []
+
+
+def test_gan_with_two_unscaled_optimizers(trained):
+    gan, _, findings, _ = trained("gan")
+    (f,) = _of(findings, "train-step")
+    # truth from the optimizers themselves
+    lso = keras.optimizers.LossScaleOptimizer
+    assert not isinstance(gan.d_optimizer, lso) and not isinstance(gan.g_optimizer, lso)
+    assert int(gan.d_optimizer.iterations.numpy()) > 0
+    assert int(gan.g_optimizer.iterations.numpy()) > 0
+    assert isinstance(gan.optimizer, lso) and int(gan.optimizer.iterations.numpy()) == 0
+    assert f.severity == "error" and sorted(f.data["optimizers"]) == ["d_optimizer", "g_optimizer"]
+    assert f.data["idle_compiled"] is True and "never stepped" in f.evidence
+    assert "LossScaleOptimizer(self.d_optimizer)" in f.fix and "scale_loss" in f.fix
+    # no probe of a model without call(), said as what it is (info), never an error
+    assert not [e for e in _errors(findings) if e[0] == "recording"]
+    # no loss-scale finding about the compiled optimizer that never stepped
+    assert _of(findings, "loss-scale") == [] and _of(findings, "skipped-steps") == []
+    # the fix, applied: each optimizer loss-scaled and stepping, no error left
+    fixed, _, fixed_findings, _ = trained("gan", fixed=True)
+    assert isinstance(fixed.d_optimizer, lso) and isinstance(fixed.g_optimizer, lso)
+    assert int(fixed.d_optimizer.iterations.numpy()) > 0
+    assert _of(fixed_findings, "train-step") == []
+    assert _errors(fixed_findings) == []
+
+
+def test_pure_float16_policy(trained):
+    model, history, findings, _ = trained("float16_policy")
+    hidden = [w for layer in model.layers[:-1] for w in layer.trainable_weights]
+    assert {w.dtype for w in hidden} == {"float16"}  # truth: the weights themselves
+    (f,) = _of(findings, "train-step")
+    assert f.severity == "error" and f.data["cause"] == "variables_16bit"
+    assert f.action == {"policy": "mixed_float16"}
+    assert 'set_global_policy("mixed_float16")' in f.fix
+    # the fix, applied: float32 variables, the finding gone, a lower loss
+    fixed, fixed_history, fixed_findings, _ = trained("float16_policy", fixed=True)
+    assert {w.dtype for w in fixed.trainable_weights} == {"float32"}
+    assert _of(fixed_findings, "train-step") == []
+    assert fixed_history.history["loss"][-1] < history.history["loss"][-1]
+
+
+def test_bad_batches_named_by_step(cm, trained):
+    model, history, findings, _ = trained("bad_batches")
+    x, _ = cm.bad_batches_data()
+    n = len(x) // cm.BATCH
+    peaks = np.abs(x).reshape(n, -1).max(axis=1)
+    truth = [i + 1 for i in range(n) if peaks[i] > 65504]  # steps (1 for the first batch)
+    assert truth == list(cm.BAD_STEPS)
+    (f,) = _of(findings, "bad-batches")
+    assert f.severity == "error"
+    assert f.data["steps"] == truth
+    # the optimizer skipped exactly those steps: its iterations count the others
+    assert int(model.optimizer.iterations.numpy()) == n - len(truth)
+    assert f.data["skipped_steps"] == truth
+    assert math.isnan(history.history["loss"][-1])  # what the user saw
+    # never a layer dtype for a data problem, and no second finding for the same skips
+    assert not [g for g in findings if g.action.get("dtype")]
+    assert _of(findings, "skipped-steps") == [] and _of(findings, "activation-overflow") == []
+    # the fix, applied (the records filtered): nothing skipped, a finite loss, no finding
+    fixed, fixed_history, fixed_findings, _ = trained("bad_batches", fixed=True)
+    assert _of(fixed_findings, "bad-batches") == []
+    assert math.isfinite(fixed_history.history["loss"][-1])
+    assert _errors(fixed_findings) == []
