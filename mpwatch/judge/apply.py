@@ -1,18 +1,36 @@
-"""Apply the advisor's advice to a Keras model: :func:`apply_recommendations`.
+"""Apply the findings' advice to a Keras model: :func:`apply_recommendations`.
 
-Returns an :class:`Applied`: a clone of the model with the recommended layers in float32 and the
-weights copied; the same advice as a ``keras.dtype_policies.DTypePolicyMap`` (layer path ->
-policy); the recommended ``LossScaleOptimizer`` (``initial_scale`` and ``dynamic_growth_steps`` as
-the findings say, wrapping a fresh copy of the model's inner optimizer, or the optimizer given);
-and all of it as a code snippet to paste into the model's source. The snippet and the returned
-objects say the same: the optimizer line of the snippet, run on the same inner optimizer, builds
-an optimizer with exactly the returned one's ``initial_scale`` and ``dynamic_growth_steps``.
+Returns an :class:`Applied`: a clone of the model that trains as the advice says, its weights
+copied from the model's; the same advice as a ``keras.dtype_policies.DTypePolicyMap`` (layer path
+-> policy); and all of it as a code snippet. One advice, said the same way everywhere:
+
+- **One policy.** The policy the fixed model is built under is the first finding's
+  ``action["policy"]`` (``set_global_policy("float32")``, ``"mixed_float16"`` instead of
+  ``"float16"``, ...), else the model's own; findings come most severe first, and a policy that
+  leaves mixed precision is not taken after a finding whose fix keeps it (its layers in float32,
+  its loss scale): that finding came first (:func:`policy_advice`). Advice that is moot under the
+  policy is left out: layers kept in float32 under ``float32`` (every layer is), a loss scale
+  under a policy without float16 (nothing is scaled). What is left out, ``notes`` says (and the
+  snippet, as comments). The snippet never sets two policies.
+- **A fresh optimizer, never the model's.** When the model was compiled, the clone is compiled as
+  it was (loss, loss weights, metrics as fresh instances, ``steps_per_execution``, ...) with a new
+  optimizer built from the original's config: wrapped in a ``LossScaleOptimizer`` with the
+  recommended ``initial_scale`` / ``dynamic_growth_steps`` where a finding recommends them (Keras'
+  defaults for the other), else as the original was (Keras wraps it under ``mixed_float16``).
+  Training the clone never touches the original's variables, weights or optimizer state. A model
+  that was not compiled gives a clone that is not compiled.
+- **The snippet is code that runs.** ``before_build`` (the policy, before the model is built)
+  and ``after_build`` (on the built ``model``, before it is compiled: each recommended layer's
+  policy; the optimizer line, run on ``optimizer``, the user's own optimizer), joined under a
+  header as ``snippet``. Run on a freshly built model, they give the clone's layer policies, and
+  the optimizer line builds an optimizer with the clone's ``initial_scale`` and
+  ``dynamic_growth_steps``.
 
 Example:
     >>> import mpwatch  # doctest: +SKIP
     >>> findings = mpwatch.diagnose("logs/run1")  # doctest: +SKIP
     >>> fixed = mpwatch.apply_recommendations(model, findings)  # doctest: +SKIP
-    >>> fixed.model.compile(optimizer=fixed.optimizer or "adam", loss="mse")  # doctest: +SKIP
+    >>> fixed.model.fit(x, y)  # doctest: +SKIP
     >>> print(fixed.snippet)  # doctest: +SKIP
 """
 
@@ -22,10 +40,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpwatch.formats import is_16bit
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.scale_evidence import optimizer_code
 
 __all__ = ["Applied", "apply_recommendations", "float32_layers"]
+
+#: the policies under which a LossScaleOptimizer scales anything (float16 compute)
+FLOAT16_POLICIES = ("mixed_float16", "float16")
 
 
 @dataclass
@@ -33,20 +55,28 @@ class Applied:
     """What :func:`apply_recommendations` returns.
 
     Attributes:
-        model: the clone (not compiled: compile it as you compiled the original).
+        model: the clone, under ``policy``, the recommended layers in float32, the weights
+            copied; compiled as the original was with ``optimizer`` when the original was
+            compiled, else not compiled. None without a model.
         policy_map: ``keras.dtype_policies.DTypePolicyMap``: layer path -> ``float32`` for each
-            recommended layer, the model's policy as the default.
-        snippet: the advice as code.
+            recommended layer, ``policy`` as the default.
+        snippet: the advice as code: a header, ``before_build`` and ``after_build``.
         layers: names of the layers set to float32.
-        loss_scale: the recommended initial loss scale, when a finding gave one.
-        dynamic_growth_steps: the recommended ``dynamic_growth_steps``, when a finding gave one.
-        optimizer: a new ``keras.optimizers.LossScaleOptimizer`` with ``loss_scale`` and
-            ``dynamic_growth_steps`` (Keras' defaults where a finding gave none), wrapping the
-            ``optimizer`` argument (its inner optimizer if it is a LossScaleOptimizer), else a
-            fresh copy (from its config) of the compiled model's inner optimizer; None when no
-            finding is about the loss scale, or there is no optimizer to wrap. Compile the clone
-            with it.
+        loss_scale: the recommended initial loss scale, when a finding gave one (and the policy
+            computes in float16).
         skipped: findings' layers not found in the model (name -> reason).
+        dynamic_growth_steps: the recommended ``dynamic_growth_steps``, when a finding gave one.
+        optimizer: with a compiled model: the optimizer the clone is compiled with (a new one,
+            see the module doc); without one: a new ``LossScaleOptimizer`` with the recommended
+            values wrapping the ``optimizer`` argument (its inner optimizer if it is a
+            LossScaleOptimizer), or None when no finding is about the loss scale or there is
+            nothing to wrap.
+        policy: the dtype policy the fixed model is built under (None: no model, no policy
+            advice).
+        before_build: the snippet's code to run before the model is built (the global policy).
+        after_build: the snippet's code to run on the built ``model`` before it is compiled, with
+            ``optimizer`` the user's optimizer (not a LossScaleOptimizer).
+        notes: advice left out (moot under ``policy``) or what could not be repeated, and why.
     """
 
     model: Any
@@ -57,6 +87,10 @@ class Applied:
     skipped: dict[str, str] = field(default_factory=dict)
     dynamic_growth_steps: int | None = None
     optimizer: Any = None
+    policy: str | None = None
+    before_build: str = ""
+    after_build: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 def float32_layers(findings: Iterable[Finding]) -> list[str]:
@@ -88,6 +122,46 @@ def loss_scale_advice(findings: Iterable[Finding]) -> tuple[float | None, int | 
     return scale, growth
 
 
+def _keeps_mixed(action: dict[str, Any]) -> bool:
+    """Whether an action is advice for mixed precision (layers in float32, a loss scale)."""
+    return bool(
+        action.get("dtype") == "float32"
+        or action.get("float32_layers")
+        or action.get("loss_scale")
+        or action.get("dynamic_growth_steps")
+    )
+
+
+def policy_advice(findings: Iterable[Finding]) -> tuple[str | None, list[str]]:
+    """(the policy to use, notes): the first finding's ``action["policy"]``, in the findings'
+    order (most severe first), unless it leaves mixed precision (float32) after a finding whose
+    advice keeps it (layers in float32, a loss scale): that one comes first, and the policy is
+    left out with a note. Later, different policies are left out with a note too."""
+    chosen: str | None = None
+    notes: list[str] = []
+    mixed_before = False
+    for f in findings:
+        action = f.action or {}
+        advised = action.get("policy")
+        if advised:
+            advised = str(advised)
+            if chosen is None and (is_16bit(advised) or not mixed_before):
+                chosen = advised
+            elif advised != chosen:
+                why = (
+                    f"{chosen} comes first" if chosen is not None
+                    else "the findings before it keep mixed precision (their fixes are applied)"
+                )  # fmt: skip
+                notes.append(f'{f.rule}\'s set_global_policy("{advised}") left out: {why}')
+        mixed_before = mixed_before or _keeps_mixed(action)
+    return chosen, notes
+
+
+def _policy_name(obj: Any) -> str | None:
+    name = getattr(getattr(obj, "dtype_policy", None), "name", None)
+    return name if isinstance(name, str) else None
+
+
 def _inner(optimizer: Any) -> Any:
     import keras
 
@@ -96,28 +170,75 @@ def _inner(optimizer: Any) -> Any:
     return optimizer
 
 
-def _loss_scale_optimizer(model: Any, optimizer: Any, scale: float | None,
-                          growth: int | None) -> Any:  # fmt: skip
-    """The LossScaleOptimizer the snippet's line builds (None: nothing to wrap or to change)."""
+def _copy_optimizer(optimizer: Any) -> Any:
+    """A new optimizer of the same class and config (learning rate or its schedule included),
+    with no state: never the same object, never the same variables."""
+    return optimizer.__class__.from_config(optimizer.get_config())
+
+
+def _optimizer(model: Any, given: Any, policy: str | None, scale: float | None,
+               growth: int | None) -> Any:  # fmt: skip
+    """The optimizer to compile the clone with (with a model) or to hand out (without one); see
+    :attr:`Applied.optimizer`."""
     import keras
 
-    if scale is None and growth is None:
+    compiled = model is not None and getattr(model, "compiled", False)
+    original = getattr(model, "optimizer", None) if compiled else None
+    base = given if given is not None else original
+    if base is None:
         return None
-    if optimizer is not None:
-        inner = _inner(optimizer)
-    else:
-        compiled = getattr(model, "optimizer", None) if model is not None else None
-        if compiled is None:
-            return None
-        inner = _inner(compiled)
-        # the clone has new variables: a fresh copy of the optimizer, its state not carried over
-        inner = inner.__class__.from_config(inner.get_config())
-    kwargs: dict[str, Any] = {}
-    if scale is not None:
-        kwargs["initial_scale"] = scale
-    if growth is not None:
-        kwargs["dynamic_growth_steps"] = growth
-    return keras.optimizers.LossScaleOptimizer(inner, **kwargs)
+    inner = _inner(base)
+    if original is not None and inner is _inner(original):
+        inner = _copy_optimizer(inner)  # the original's own optimizer is never reused
+    if scale is not None or growth is not None:
+        kwargs: dict[str, Any] = {}
+        if scale is not None:
+            kwargs["initial_scale"] = scale
+        if growth is not None:
+            kwargs["dynamic_growth_steps"] = growth
+        return keras.optimizers.LossScaleOptimizer(inner, **kwargs)
+    if not compiled:
+        return None  # no advice about the optimizer and nothing to compile
+    if isinstance(base, keras.optimizers.LossScaleOptimizer) and policy in FLOAT16_POLICIES:
+        # as the original was scaled (Keras' own wrapper, or the user's with their values)
+        return keras.optimizers.LossScaleOptimizer(
+            inner,
+            initial_scale=base.initial_scale,
+            dynamic_growth_steps=base.dynamic_growth_steps,
+        )
+    return inner  # Keras' compile wraps it under mixed_float16, as it wrapped the original's
+
+
+def _fresh_metrics(metrics: Any) -> Any:
+    """The compile ``metrics`` structure with each Metric instance replaced by a new one of the
+    same config (a metric holds state: the clone's must not be the original's)."""
+    import keras
+
+    if isinstance(metrics, keras.metrics.Metric):
+        return metrics.__class__.from_config(metrics.get_config())
+    if isinstance(metrics, dict):
+        return {k: _fresh_metrics(v) for k, v in metrics.items()}
+    if isinstance(metrics, (list, tuple)):
+        return type(metrics)(_fresh_metrics(m) for m in metrics)
+    return metrics
+
+
+def _compile_like(clone: Any, model: Any, optimizer: Any) -> None:
+    """Compile ``clone`` with ``model``'s compile arguments and ``optimizer`` (the arguments as
+    given to ``compile``, so unregistered custom losses work; metrics as new instances)."""
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    if config is None:  # a Keras without the raw arguments: the serialized ones
+        from keras.src.saving import serialization_lib
+
+        config = serialization_lib.deserialize_keras_object(model.get_compile_config())
+    kwargs = dict(config)
+    kwargs["optimizer"] = optimizer
+    for key in ("metrics", "weighted_metrics"):
+        if kwargs.get(key) is not None:
+            kwargs[key] = _fresh_metrics(kwargs[key])
+    clone.compile(**kwargs)
+    if clone.built:
+        clone.optimizer.build(clone.trainable_variables)  # as Keras' clone_model does
 
 
 def _all_layers(model: Any) -> list[Any]:
@@ -132,6 +253,19 @@ def _all_layers(model: Any) -> list[Any]:
     return out
 
 
+def _layer_chains(model: Any) -> dict[str, list[str]]:
+    """Layer name -> the names of ``get_layer`` calls from the model to it (nested models)."""
+    out: dict[str, list[str]] = {}
+
+    def rec(layer: Any, chain: list[str]) -> None:
+        for sub in getattr(layer, "layers", None) or []:
+            out.setdefault(sub.name, chain + [sub.name])
+            rec(sub, chain + [sub.name])
+
+    rec(model, [])
+    return out
+
+
 def _output_layer(model: Any) -> Any:
     """The layer producing a Sequential or single-output Functional model's output, or None."""
     outs = getattr(model, "outputs", None) or []
@@ -143,31 +277,88 @@ def _output_layer(model: Any) -> Any:
     return layers[-1] if layers else None
 
 
+def _clone(model: Any, float32: set[str], old: str | None, policy: str | None) -> Any:
+    """``model`` cloned layer by layer under ``policy``: the ``float32`` layers in float32, the
+    layers that had the model's policy ``old`` in ``policy`` (as building the model under the
+    new global policy gives them), the others (pinned by the user) as they were; not compiled."""
+    import keras
+
+    switch = policy is not None and policy != old
+
+    def clone_function(layer: Any) -> Any:
+        config = layer.get_config()
+        if layer.name in float32:
+            config["dtype"] = "float32"
+        elif switch and _policy_name(layer) == old:
+            config["dtype"] = policy
+        return layer.__class__.from_config(config)
+
+    global_before = keras.mixed_precision.global_policy()
+    compiled = getattr(model, "compiled", False)
+    try:
+        if policy is not None:  # the models clone_model creates (the clone, nested ones) take
+            keras.mixed_precision.set_global_policy(policy)  # the global policy
+        # Keras' clone_model compiles a compiled model's clone from its serialized config: with
+        # a new optimizer of the old values, and failing on an unregistered custom loss. The
+        # clone is compiled here instead (_compile_like), with the optimizer the advice says
+        model.compiled = False
+        return keras.models.clone_model(model, clone_function=clone_function, recursive=True)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise ValueError(
+            f"mpwatch: cannot clone {type(model).__name__} layer by layer ({e}); a subclassed "
+            "model must be changed in its code: see apply_recommendations(None, findings)"
+            ".snippet"
+        ) from e
+    finally:
+        model.compiled = compiled
+        keras.mixed_precision.set_global_policy(global_before)
+
+
 def apply_recommendations(model: Any, findings: Iterable[Finding],
                           optimizer: Any = None) -> Applied:  # fmt: skip
-    """A clone of ``model`` with the layers the findings recommend in float32, weights copied, and
-    the recommended LossScaleOptimizer.
+    """A clone of ``model`` that trains as the findings say: under their policy, the layers they
+    recommend in float32, weights copied, compiled (when ``model`` was) with a new optimizer
+    (the recommended loss scale where one is recommended); see the module doc.
 
     Works for Sequential and Functional models (nested ones too). A subclassed model cannot be
     cloned layer by layer: ``ValueError`` says so; use :attr:`Applied.snippet` (from
     ``apply_recommendations(None, findings)``, which returns the advice without a clone).
-    ``optimizer``: the optimizer to wrap in the recommended LossScaleOptimizer (default: a fresh
-    copy of the compiled model's inner optimizer); see :attr:`Applied.optimizer`.
+    ``optimizer``: the optimizer to compile the clone with, or to wrap in the recommended
+    LossScaleOptimizer (default: a new copy of the compiled model's inner optimizer; the
+    model's own optimizer, given here, is copied too, never shared).
+
+    A layer the user pinned to the model's own policy (``dtype="mixed_float16"`` in a mixed
+    model) is switched with the others when the findings change the policy; in the user's code,
+    building the model under the new global policy leaves it as it is.
     """
     import keras
 
     findings = list(findings)
     targets = float32_layers(findings)
     loss_scale, growth = loss_scale_advice(findings)
-    default = None
-    if model is not None:
-        default = getattr(model, "dtype_policy", None)
-    policy_map = keras.dtype_policies.DTypePolicyMap(default_policy=default)
+    advised, notes = policy_advice(findings)
+    old = _policy_name(model) if model is not None else None
+    policy = advised or old
+    if policy is not None and not is_16bit(policy) and targets:
+        notes.append(
+            f"keeping {', '.join(targets)} in float32 is moot under the {policy} policy (every "
+            "layer computes in float32): left out"
+        )
+        targets = []
+    if policy is not None and policy not in FLOAT16_POLICIES and (loss_scale or growth):
+        notes.append(
+            f"no loss scale under the {policy} policy (nothing computes in float16): the "
+            "loss-scale advice is left out"
+        )
+        loss_scale = growth = None
+    policy_map = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
     skipped: dict[str, str] = {}
     clone = None
     found: list[str] = []
+    chains: dict[str, list[str]] = {}
     if model is not None:
         by_name = {layer.name: layer for layer in _all_layers(model)}
+        chains = _layer_chains(model)
         outputs = {f.layer for f in findings if (f.action or {}).get("output")}
         for name in targets:
             layer = by_name.get(name)
@@ -183,22 +374,7 @@ def apply_recommendations(model: Any, findings: Iterable[Finding],
             policy_map[getattr(layer, "path", None) or layer.name] = keras.dtype_policies.get(
                 "float32"
             )
-        want = set(found)
-
-        def clone_function(layer: Any) -> Any:
-            config = layer.get_config()
-            if layer.name in want:
-                config["dtype"] = "float32"
-            return layer.__class__.from_config(config)
-
-        try:
-            clone = keras.models.clone_model(model, clone_function=clone_function, recursive=True)
-        except (ValueError, TypeError, NotImplementedError) as e:
-            raise ValueError(
-                f"mpwatch: cannot clone {type(model).__name__} layer by layer ({e}); a subclassed "
-                "model must be changed in its code: see apply_recommendations(None, findings)"
-                ".snippet"
-            ) from e
+        clone = _clone(model, set(found), old, policy)
         if not clone.built and model.built:
             clone.build(model.input_shape if hasattr(model, "input_shape") else None)
         clone.set_weights(model.get_weights())
@@ -206,46 +382,80 @@ def apply_recommendations(model: Any, findings: Iterable[Finding],
         found = list(targets)
         for name in targets:
             policy_map[name] = keras.dtype_policies.get("float32")
+    opt = _optimizer(model, optimizer, policy, loss_scale, growth)
+    if clone is not None and getattr(model, "compiled", False):
+        _compile_like(clone, model, opt)
+        opt = clone.optimizer  # Keras' wrapper under mixed_float16, where it added one
+    classes = _layer_classes(model, findings)
+    before = _before_build(advised if advised != old else None)
+    after = _after_build(found, chains, classes, loss_scale, growth)
     return Applied(
         model=clone,
         policy_map=policy_map,
-        snippet=_snippet(found, findings, loss_scale, growth, model),
+        snippet=_snippet(before, after, notes),
         layers=found,
         loss_scale=loss_scale,
         skipped=skipped,
         dynamic_growth_steps=growth,
-        optimizer=_loss_scale_optimizer(model, optimizer, loss_scale, growth),
+        optimizer=opt,
+        policy=policy,
+        before_build=before,
+        after_build=after,
+        notes=notes,
     )
 
 
-def _snippet(layers: list[str], findings: list[Finding], loss_scale: float | None,
-             growth: int | None, model: Any) -> str:  # fmt: skip
-    lines = ["# mpwatch: recommended changes"]
+def _layer_classes(model: Any, findings: list[Finding]) -> dict[str, str]:
+    """Layer name -> its constructor as the user's code writes it: ``keras.layers.Dense`` for
+    Keras' own classes, the class name for the user's (from the model, else the finding)."""
     classes: dict[str, str] = {}
     if model is not None:
-        classes = {layer.name: type(layer).__name__ for layer in _all_layers(model)}
+        for layer in _all_layers(model):
+            cls = type(layer)
+            own = cls.__module__.split(".")[0] != "keras"
+            classes[layer.name] = cls.__name__ if own else f"keras.layers.{cls.__name__}"
     for f in findings:
         if f.layer and not classes.get(f.layer):
             cls = (f.data or {}).get("class")
             if cls:
-                classes[f.layer] = cls
-    for name in layers:
-        cls = classes.get(name, "Layer")
-        lines.append(f'keras.layers.{cls}(..., name="{name}", dtype="float32")')
+                classes[f.layer] = f"keras.layers.{cls}"
+    return classes
+
+
+def _before_build(policy: str | None) -> str:
+    """The code to run before the model is built: the global policy, when the advice changes it."""
+    if policy is None:
+        return ""
+    return "\n".join(
+        [
+            "# before the model is built (its layers take the global policy when created):",
+            f'keras.mixed_precision.set_global_policy("{policy}")',
+        ]
+    )
+
+
+def _after_build(layers: list[str], chains: dict[str, list[str]], classes: dict[str, str],
+                 loss_scale: float | None, growth: int | None) -> str:  # fmt: skip
+    """The code to run on the built ``model`` before it is compiled."""
+    lines: list[str] = []
     if layers:
-        lines.append("# or, keeping the model code as it is:")
-        lines.append("policy_map = keras.dtype_policies.DTypePolicyMap()")
-        lines.append(f"for path in {[n for n in layers]!r}:")
-        lines.append('    policy_map[path] = keras.dtype_policies.get("float32")')
+        lines.append("# once the model is built, before it is compiled: these layers in float32")
+        for name in layers:
+            cls = classes.get(name, "keras.layers.<Layer>")
+            lines.append(f'# (or where it is created: {cls}(..., name="{name}", dtype="float32"))')
+            calls = "".join(f'.get_layer("{n}")' for n in chains.get(name, [name]))
+            lines.append(f'model{calls}.dtype_policy = "float32"')
     if loss_scale is not None or growth is not None:
-        lines.append("# optimizer: your optimizer (Adam, ...), not a LossScaleOptimizer")
+        lines.append("# `optimizer`: your optimizer (Adam, ...), not a LossScaleOptimizer")
         lines.append(optimizer_code(loss_scale, growth))
-        lines.append("model.compile(optimizer=optimizer, ...)")
-    for f in findings:
-        pol = (f.action or {}).get("policy")
-        if pol:
-            lines.append(f'keras.mixed_precision.set_global_policy("{pol}")')
-            break
-    if len(lines) == 1:
+        lines.append("# model.compile(optimizer=optimizer, ...)  # your loss and metrics")
+    return "\n".join(lines)
+
+
+def _snippet(before: str, after: str, notes: list[str]) -> str:
+    lines = ["# mpwatch: recommended changes"]
+    lines += [part for part in (before, after) if part]
+    lines += [f"# note: {note}" for note in notes]
+    if not (before or after):
         lines.append("# nothing to change")
     return "\n".join(lines)

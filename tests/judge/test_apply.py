@@ -301,8 +301,258 @@ def test_deep_sigmoid_mlp_advice_is_predicted_and_verified_to_lose_less(policy, 
         assert keep and under.action == advice.action
         res = mpwatch.apply_recommendations(model, findings)
         assert res.layers == keep
-        after = _underflow(keras, res.model, *batch, res.optimizer.initial_scale
-                           if res.optimizer is not None else scale)  # fmt: skip
+        after = _underflow(keras, res.model, *batch,
+                           res.loss_scale if res.loss_scale is not None else scale)  # fmt: skip
         predicted = advice.data["underflow_with_layers_float32"]
         assert after < before / 10
         assert after == pytest.approx(predicted, abs=0.005)
+
+
+# --- the fixed model trains as the snippet says (issue 24, item 6) --------------------------------
+# Ground truth from Keras itself: the snippet's code run on a freshly built model gives the layer
+# policies Keras reports for the fixed model; the optimizers' variables are compared by identity
+# and value; the original's state is snapshotted before the fixed model trains and after.
+SCALE = Finding("loss-scale", "warning", "t", "e", action={"loss_scale": 4096.0})
+
+
+def _build(keras, final_dtype=None):
+    """A small two-layer Functional model, layer names explicit (a fresh build names them so)."""
+    inp = keras.Input((4,), name="x")
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(inp)
+    out = keras.layers.Dense(3, activation="softmax", name="probs", dtype=final_dtype)(h)
+    return keras.Model(inp, out, name="classifier")
+
+
+def _policies(model):
+    """[(name, class, policy)] of the model and every layer under it, in order."""
+    out = [(model.name, type(model).__name__, model.dtype_policy.name)]
+
+    def rec(layer):
+        for sub in getattr(layer, "layers", None) or []:
+            out.append((sub.name, type(sub).__name__, sub.dtype_policy.name))
+            rec(sub)
+
+    rec(model)
+    return out
+
+
+def _state(model):
+    """Every weight and optimizer variable (and metric variable) of a model, as numpy."""
+    values = [np.array(v) for v in model.weights]
+    values += [np.array(v) for v in model.optimizer.variables]
+    values += [np.array(v) for v in model.metrics_variables]
+    return values
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def _data(n=16):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, n)
+
+
+def _run_snippet(keras, res, build, optimizer):
+    """The snippet, as code: its parts run around a fresh build; returns (model, optimizer).
+    The caller restores the global policy (the snippet may set it)."""
+    compile(res.snippet, "<snippet>", "exec")  # the whole snippet is Python
+    for part in (res.before_build, res.after_build):
+        assert part in res.snippet
+    scope = {"keras": keras, "optimizer": optimizer}
+    exec(res.before_build, scope)
+    scope["model"] = build()
+    exec(res.after_build, scope)
+    return scope["model"], scope["optimizer"]
+
+
+def _variable_ids(optimizer):
+    ids = {id(v) for v in optimizer.variables}
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        ids |= {id(v) for v in inner.variables}
+    return ids
+
+
+def test_the_fixed_model_is_compiled_with_a_new_optimizer_at_the_recommended_scale(policy):
+    import keras
+
+    x, y = _data()
+    with policy("mixed_float16"):
+        keras.utils.set_random_seed(0)
+        model = _build(keras)
+        model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy",
+                      metrics=["accuracy"])  # fmt: skip
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the original has optimizer state
+        original = model.optimizer
+        res = mpwatch.apply_recommendations(model, [_keep("probs"), SCALE])
+        fixed = res.model
+        opt = fixed.optimizer
+        # compiled, with a new LossScaleOptimizer at the recommended scale, shared with nothing
+        assert fixed.compiled and opt is res.optimizer
+        assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+        assert opt is not original and opt.inner_optimizer is not original.inner_optimizer
+        assert not _variable_ids(opt) & _variable_ids(original)
+        assert opt.initial_scale == 4096.0 == res.loss_scale
+        assert float(np.asarray(opt.dynamic_scale)) == 4096.0  # built: the scale it starts at
+        assert int(np.asarray(opt.iterations)) == 0 < int(np.asarray(original.iterations))
+        assert isinstance(opt.inner_optimizer, keras.optimizers.Adam)
+        assert float(np.asarray(opt.inner_optimizer.learning_rate)) == pytest.approx(3e-3)
+        assert float(np.asarray(original.dynamic_scale)) == 32768.0  # the original's is its own
+        # training the fixed model changes nothing of the original's
+        before = _state(model)
+        fixed_before = [np.array(v) for v in fixed.weights]
+        history = fixed.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        assert set(history.history) == {"loss", "accuracy"}  # compiled as the original was
+        assert _same(_state(model), before)
+        assert not _same([np.array(v) for v in fixed.weights], fixed_before)  # it trained
+        assert int(np.asarray(opt.iterations)) == 2
+        # the snippet, run on a fresh model: the same layer policies and the same optimizer
+        fresh, from_snippet = _run_snippet(
+            keras, res, lambda: _build(keras), keras.optimizers.Adam(3e-3)
+        )
+    assert _policies(fresh) == _policies(fixed)
+    assert dict((n, p) for n, _, p in _policies(fixed))["probs"] == "float32"
+    assert (from_snippet.initial_scale, from_snippet.dynamic_growth_steps) == (
+        opt.initial_scale, opt.dynamic_growth_steps
+    )  # fmt: skip
+
+
+def test_without_scale_advice_the_new_optimizer_scales_as_the_original_did(policy):
+    import keras
+
+    with policy("mixed_float16"):
+        model = _build(keras)
+        mine = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=256.0, dynamic_growth_steps=50
+        )
+        model.compile(mine, "sparse_categorical_crossentropy")
+        res = mpwatch.apply_recommendations(model, [_keep("probs")])
+        opt = res.model.optimizer
+        assert opt is res.optimizer and opt is not mine
+        assert opt.inner_optimizer is not mine.inner_optimizer
+        assert (opt.initial_scale, opt.dynamic_growth_steps) == (256.0, 50)
+        assert not _variable_ids(opt) & _variable_ids(mine)
+        # the model's own optimizer passed as the one to use: copied, never shared
+        res = mpwatch.apply_recommendations(model, [SCALE], optimizer=mine)
+        assert res.optimizer.inner_optimizer is not mine.inner_optimizer
+        assert not _variable_ids(res.optimizer) & _variable_ids(mine)
+        assert res.optimizer.initial_scale == 4096.0
+        # a model that was not compiled gives a clone that is not compiled
+        res = mpwatch.apply_recommendations(_build(keras), [_keep("probs"), SCALE])
+        assert not res.model.compiled and res.optimizer is None
+
+
+def test_one_policy_the_advice_moot_under_it_left_out(policy):
+    """A finding says float32 for the whole model, others keep a layer in float32 and set a
+    loss scale: one coherent change, float32, and notes for what it makes moot."""
+    import keras
+
+    to_float32 = Finding("no-tensor-cores", "warning", "t", "e", action={"policy": "float32"})
+    with policy("mixed_float16"):
+        model = _build(keras)
+        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
+        res = mpwatch.apply_recommendations(model, [to_float32, _keep("probs"), SCALE])
+        fixed = res.model
+        assert res.policy == "float32" and res.layers == [] and res.loss_scale is None
+        assert len(res.notes) == 2
+        code = [ln for ln in res.snippet.splitlines() if not ln.lstrip().startswith("#")]
+        assert code == ['keras.mixed_precision.set_global_policy("float32")']
+        assert {p for _, _, p in _policies(fixed)} == {"float32"}
+        opt = fixed.optimizer  # float32: Keras does not wrap it, nor does mpwatch
+        assert isinstance(opt, keras.optimizers.Adam)
+        assert opt is not model.optimizer.inner_optimizer
+        assert res.policy_map.default_policy.name == "float32"
+        assert keras.mixed_precision.global_policy().name == "mixed_float16"  # restored
+        fresh, _ = _run_snippet(keras, res, lambda: _build(keras), keras.optimizers.Adam())
+        x, y = _data()
+        fixed.fit(x, y, batch_size=8, verbose=0)
+    assert _policies(fresh) == _policies(fixed)
+
+
+def test_pure_float16_becomes_mixed_float16_with_float32_variables(policy):
+    """The train-step finding's fix for the pure float16 policy: the clone is built under
+    mixed_float16 (float32 variables, the weights cast), the output kept in float32, and Keras
+    wraps the new optimizer in its LossScaleOptimizer."""
+    import keras
+
+    use_mixed = Finding("train-step", "error", "t", "e", action={"policy": "mixed_float16"})
+    with policy("float16"):
+        model = _build(keras)
+        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
+        res = mpwatch.apply_recommendations(model, [use_mixed, _keep("probs")])
+        fixed = res.model
+        assert {v.dtype for v in model.weights} == {"float16"}
+        assert {v.dtype for v in fixed.weights} == {"float32"}
+        for a, b in zip(model.get_weights(), fixed.get_weights()):
+            assert np.array_equal(a.astype(np.float32), b)
+        assert isinstance(fixed.optimizer, keras.optimizers.LossScaleOptimizer)
+        assert fixed.optimizer.inner_optimizer is not model.optimizer
+        fresh, _ = _run_snippet(keras, res, lambda: _build(keras), keras.optimizers.Adam())
+    pol = dict((n, p) for n, _, p in _policies(fixed))
+    assert pol["classifier"] == pol["hidden"] == "mixed_float16" and pol["probs"] == "float32"
+    assert _policies(fresh) == _policies(fixed)
+
+
+def test_a_layer_the_user_pinned_keeps_its_policy(policy):
+    """A mixed model whose output the user pinned to float32, advised mixed_bfloat16: building
+    it under the snippet's global policy leaves the pinned layer as it is, so does the clone."""
+    import keras
+
+    to_bf16 = Finding("try-mixed-precision", "info", "t", "e",
+                      action={"policy": "mixed_bfloat16"})  # fmt: skip
+    with policy("mixed_float16"):
+        model = _build(keras, final_dtype="float32")
+        res = mpwatch.apply_recommendations(model, [to_bf16])
+        fresh, _ = _run_snippet(keras, res, lambda: _build(keras, "float32"), None)
+    pol = dict((n, p) for n, _, p in _policies(res.model))
+    assert pol["classifier"] == pol["hidden"] == "mixed_bfloat16" and pol["probs"] == "float32"
+    assert _policies(fresh) == _policies(res.model)
+
+
+def test_a_custom_loss_and_metric_instances_are_compiled_again(policy):
+    """Keras' clone_model compiles from the serialized config, which fails on an unregistered
+    loss function; the fixed model is compiled with the arguments as given, metrics new."""
+    import keras
+
+    def my_loss(y_true, y_pred):
+        return keras.ops.mean(keras.ops.square(y_true - keras.ops.cast(y_pred, "float32")))
+
+    with policy("mixed_float16"):
+        inp = keras.Input((4,))
+        model = keras.Model(inp, keras.layers.Dense(2, dtype="float32", name="out")(inp))
+        mae = keras.metrics.MeanAbsoluteError()
+        model.compile(keras.optimizers.SGD(0.01), my_loss, metrics=[mae])
+        x = np.ones((8, 4), np.float32)
+        y = np.zeros((8, 2), np.float32)
+        model.evaluate(x, y, verbose=0)
+        before = [np.array(v) for v in mae.variables]
+        res = mpwatch.apply_recommendations(model, [SCALE])
+        history = res.model.fit(x, y, batch_size=8, verbose=0)
+    assert set(history.history) == {"loss", "mean_absolute_error"}
+    assert _same([np.array(v) for v in mae.variables], before)
+    assert res.model.optimizer.initial_scale == 4096.0
+
+
+def test_the_first_findings_direction_wins(policy):
+    """Findings come most severe first. A fix that keeps mixed precision (layers in float32)
+    before a policy that leaves it (float32 on this device): the fix is applied, the policy
+    left out with a note. The other way round: float32, and the layer advice moot."""
+    import keras
+
+    on_cpu = Finding("no-tensor-cores", "warning", "t", "e", action={"policy": "float32"})
+    with policy("mixed_float16"):
+        model = _build(keras)
+        keep_first = mpwatch.apply_recommendations(model, [_keep("probs"), on_cpu])
+        policy_first = mpwatch.apply_recommendations(model, [on_cpu, _keep("probs")])
+    assert keep_first.policy == "mixed_float16" and keep_first.layers == ["probs"]
+    assert keep_first.before_build == "" and "set_global_policy" not in "\n".join(
+        ln for ln in keep_first.snippet.splitlines() if not ln.startswith("#")
+    )
+    assert keep_first.notes == [
+        'no-tensor-cores\'s set_global_policy("float32") left out: the findings before it '
+        "keep mixed precision (their fixes are applied)"
+    ]
+    assert policy_first.policy == "float32" and policy_first.layers == []
+    assert {p for _, _, p in _policies(policy_first.model)} == {"float32"}
+    assert len(policy_first.notes) == 1 and "moot" in policy_first.notes[0]
