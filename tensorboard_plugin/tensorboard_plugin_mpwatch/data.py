@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +45,10 @@ from mpwatch.read import ProbeResult, Run, run_from_records
 from mpwatch.read.run import PROBE_TOP_KEYS, later_writes_win
 
 __all__ = [
+    "Judged",
     "RunRecords",
     "build_model",
-    "findings",
+    "findings_by_run",
     "info_view",
     "json_safe",
     "layers_view",
@@ -322,19 +324,42 @@ def build_model(records: RunRecords) -> Run:
 FINDING_KEYS = ("severity", "layer", "rule", "title", "evidence", "fix", "why")
 
 
-def findings(model: Run) -> tuple[list[dict[str, Any]], str | None]:
-    """The advisor's findings as dicts, and why there are none when the advisor failed."""
-    from mpwatch.judge import diagnose
+def _finding_json(f: Any) -> dict[str, Any]:
+    d = f.to_dict()
+    return {k: d.get(k) for k in FINDING_KEYS}
+
+
+#: run name -> (its findings as dicts, why there are none when the advisor failed)
+Judged = dict[str, tuple[list[dict[str, Any]], str | None]]
+
+
+def findings_by_run(models: Mapping[str, Run]) -> Judged:
+    """Each run's findings (as dicts) and why there are none when the advisor failed, judged as
+    ``mpwatch diagnose LOGDIR`` judges them: :func:`mpwatch.judge.diagnose_runs` over every run of
+    the experiment (a mixed run compared with a float32 run of the same model, a measured
+    comparison replacing its ``no-tensor-cores`` finding), then split by run, in the CLI's order.
+
+    ``models``: run name -> its Run. When the joint diagnosis fails (a run still being written may
+    be incomplete), each run is judged alone and its note says that it was not compared.
+    """
+    from mpwatch.judge import diagnose_run, diagnose_runs
 
     try:
-        diagnosed = diagnose(model)
-    except Exception as e:  # a run still being written may be incomplete: say so, keep the tab
-        return [], f"the advisor failed on this run: {type(e).__name__}: {e}"
-    out = []
-    for f in diagnosed:
-        d = f.to_dict()
-        out.append({k: d.get(k) for k in FINDING_KEYS})
-    return out, None
+        found = diagnose_runs(list(models.values()))
+    except Exception as e:  # keep the tab: judge each run alone, say why
+        why = f"{type(e).__name__}: {e}"
+        out: Judged = {}
+        for name, model in models.items():
+            try:
+                alone = [_finding_json(f) for f in diagnose_run(model)]
+                out[name] = (alone, f"judged alone (the comparison of runs failed: {why})")
+            except Exception as e1:  # noqa: BLE001 - this run's data may be incomplete
+                out[name] = ([], f"the advisor failed on this run: {type(e1).__name__}: {e1}")
+        return out
+    by_run: dict[str, list[dict[str, Any]]] = {name: [] for name in models}
+    for f in found:
+        by_run.setdefault(str(f.run), []).append(_finding_json(f))
+    return {name: (items, None) for name, items in by_run.items()}
 
 
 # --- views ---------------------------------------------------------------------------------------

@@ -9,7 +9,10 @@ Routes (under ``/data/plugin/mpwatch/``), all ``application/json``:
   at; see :func:`tensorboard_plugin_mpwatch.data.scalars_view`); the skipped steps.
 - ``layers?run=R``: the per-layer table with findings as badges.
 - ``probes?run=R[&step=S]``: probe steps, the layer × probe-step underflow heatmap, the probe at S.
-- ``findings?run=R``: the advisor's findings, run facts and notices.
+- ``findings?run=R``: the run's findings, run facts and notices. Findings are judged as
+  ``mpwatch diagnose LOGDIR`` judges them: over every run of the experiment at once
+  (:func:`tensorboard_plugin_mpwatch.data.findings_by_run`), so a mixed run is compared with a
+  float32 run of the same model, and the tab shows each run's share of the CLI's findings.
 - ``profile?run=R``: the latest profile record and the panel's figures (``summary``: on a GPU
   trace mpwatch's Tensor Core share beside xprof's, the precisions, the unknown share), or null.
 
@@ -17,7 +20,9 @@ Every view is built from the run's :class:`mpwatch.read.Run` (``data.build_model
 content of the run: a run's entry (its Run, findings and views) is reused while a fresh read of the
 run through the data provider has the same fingerprint (every scalar point and record served), so
 a record added late, even at an existing step and wall time, is served at the next request after
-:data:`CHECK_TTL_S`.
+:data:`CHECK_TTL_S`. The findings (and the layer table's badges) depend on every run: they are
+judged again when any run's fingerprint changes; the other runs are read again when TensorBoard's
+listing of them changes.
 
 Parameters are validated; an unknown run is a 404 JSON error. Nothing reads the file system with a
 request parameter: static files are loaded once, by name, at start.
@@ -25,6 +30,7 @@ request parameter: static files are loaded once, by name, at start.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -88,8 +94,7 @@ class _Entry:
     __slots__ = (
         "records",
         "model",
-        "findings",
-        "findings_note",
+        "judged",
         "views",
         "decoded",
         "checked",
@@ -99,8 +104,7 @@ class _Entry:
     def __init__(self, records: data.RunRecords, decoded: dict[Any, Any], listed: str) -> None:
         self.records = records
         self.model = data.build_model(records)
-        self.findings: list[dict[str, Any]] | None = None
-        self.findings_note: str | None = None
+        self.judged: str | None = None  # the experiment judgement its findings views were built on
         self.views: dict[Any, Any] = {}
         self.decoded = decoded  # content digest -> payload, kept across contents of the run
         self.checked = time.monotonic()  # when the run was last read and fingerprinted
@@ -123,6 +127,9 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         self._cache: dict[tuple[str, str], _Entry] = {}
         self._listing: dict[str, tuple[float, dict[str, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
+        # experiment id -> (the runs' fingerprints digest, run -> (findings, note))
+        self._judged: dict[str, tuple[str, data.Judged]] = {}
+        self._judge_lock = threading.Lock()
 
     # --- TBPlugin -------------------------------------------------------------------------------
     def get_plugin_apps(self) -> dict[str, Any]:
@@ -180,6 +187,14 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         runs = self._list_runs(ctx, eid)
         if run not in runs:
             raise BadRequest("unknown run (or no mpwatch data in it)", code=404)
+        return self._run_entry(ctx, eid, run, runs, fresh=True)
+
+    def _run_entry(
+        self, ctx: Any, eid: str, run: str, runs: dict[str, dict[str, Any]], fresh: bool
+    ) -> _Entry:
+        """The run's entry: reused while TensorBoard's listing of the run is unchanged and (when
+        ``fresh``, the requested run) it was read less than :data:`CHECK_TTL_S` ago, or a fresh
+        read has the same fingerprint; else built from a fresh read."""
         listed = runs[run]["version"]
         key = (eid, run)
         with self._lock:
@@ -187,7 +202,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
             if (
                 entry is not None
                 and entry.listed == listed
-                and time.monotonic() - entry.checked < CHECK_TTL_S
+                and (not fresh or time.monotonic() - entry.checked < CHECK_TTL_S)
             ):
                 return entry
             decoded = entry.decoded if entry is not None else {}
@@ -200,14 +215,40 @@ class MpwatchPlugin(base_plugin.TBPlugin):
             entry = _Entry(records, decoded, listed)
             self._cache.pop(key, None)
             self._cache[key] = entry
-            while len(self._cache) > MAX_CACHED_RUNS:  # drop the least recently built
+            # every run of an experiment is judged together: keep them all
+            while len(self._cache) > max(MAX_CACHED_RUNS, len(runs)):  # drop the least recent
                 self._cache.pop(next(iter(self._cache)))
         return entry
 
-    def _entry_findings(self, entry: _Entry) -> list[dict[str, Any]]:
-        if entry.findings is None:
-            entry.findings, entry.findings_note = data.findings(entry.model)
-        return entry.findings
+    def _entry_findings(
+        self, request: wrappers.Request, entry: _Entry
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The run's findings and note, from the judgement of every run of the experiment
+        (:func:`data.findings_by_run`, cached until a run's fingerprint changes). A new judgement
+        drops the entry's views built on the old one (findings, layers)."""
+        ctx, eid = self._context(request)
+        runs = self._list_runs(ctx, eid)
+        entries = {
+            name: self._run_entry(ctx, eid, name, runs, fresh=False)
+            for name in runs
+            if name != entry.model.name
+        }
+        entries[entry.model.name] = entry
+        digest = hashlib.sha256(
+            json.dumps(sorted((n, e.fingerprint) for n, e in entries.items())).encode()
+        ).hexdigest()
+        with self._judge_lock:
+            judged = self._judged.get(eid)
+            if judged is None or judged[0] != digest:
+                # in name order, as the CLI reads a logdir: a mixed run's partner is the first
+                # float32 run of its model
+                by_run = data.findings_by_run({n: entries[n].model for n in sorted(entries)})
+                judged = self._judged[eid] = (digest, by_run)
+        if entry.judged != digest:
+            entry.views.pop("findings", None)
+            entry.views.pop("layers", None)
+            entry.judged = digest
+        return judged[1].get(entry.model.name, ([], None))
 
     @staticmethod
     def _int_arg(
@@ -263,9 +304,8 @@ class MpwatchPlugin(base_plugin.TBPlugin):
 
     def _layers(self, request: wrappers.Request) -> str:
         entry = self._entry(request)
-        return self._view(
-            entry, "layers", lambda: data.layers_view(entry.model, self._entry_findings(entry))
-        )
+        found, _ = self._entry_findings(request, entry)
+        return self._view(entry, "layers", lambda: data.layers_view(entry.model, found))
 
     def _probes(self, request: wrappers.Request) -> str:
         step = self._int_arg(request, "step", None, 0, 2**62)
@@ -277,12 +317,13 @@ class MpwatchPlugin(base_plugin.TBPlugin):
 
     def _findings(self, request: wrappers.Request) -> str:
         entry = self._entry(request)
+        found, note = self._entry_findings(request, entry)
 
         def build() -> dict[str, Any]:
             return {
                 "run": entry.model.name,
-                "findings": self._entry_findings(entry),
-                "note": entry.findings_note,
+                "findings": found,
+                "note": note,
                 **data.info_view(entry.model),
             }
 
