@@ -211,7 +211,10 @@ def make_run(name="run", policy="mixed_float16", layers=None, scalars=None, prob
     [probe layer rows]) (see :func:`model_row`, :func:`probe_layer`)."""
     run = Run(name=name, path=f"/logs/{name}")
     run.info = info if info is not None else run_info(policy)
-    lt = pd.DataFrame(layers if layers is not None else layer_rows(policy), columns=LAYER_COLUMNS)
+    rows = layers if layers is not None else layer_rows(policy)
+    # rows as a layers record writes them now (with the graph columns), or as older ones did
+    full = LAYER_COLUMNS + contract.LAYERS_GRAPH_COLUMNS
+    lt = pd.DataFrame(rows, columns=full if rows and len(rows[0]) == len(full) else LAYER_COLUMNS)
     run.layers = lt
     if scalars:
         steps = sorted({s for ser in scalars.values() for s in ser})
@@ -231,6 +234,18 @@ def make_run(name="run", policy="mixed_float16", layers=None, scalars=None, prob
     run.profile = profile
     run.notices = notices or []
     return run
+
+
+def graph_row(name, cls="Dense", *, inputs=None, act=None, width=None, dims=None, out=False,
+              dtype="float16", params=10) -> list:  # fmt: skip
+    """One layer-table row as the recorder writes it now: :data:`LAYER_COLUMNS` then the graph
+    columns (``activation``, ``output_width``, ``inputs``: the names feeding it, None unknown).
+    ``dtype`` is its compute and output dtype under mixed_float16."""
+    dims = dict(dims or {})
+    aligned = all(v % 8 == 0 for v in dims.values()) if dims else None
+    pol = "float32" if dtype == "float32" else "mixed_float16"
+    return [name, f"m/{name}", cls, 1, pol, dtype, "float32", dtype, dtype, params, params, dims,
+            aligned, out, None, act, width, inputs]  # fmt: skip
 
 
 def probe_layer(name, uf=0.0, rel=1e-4, mx=10.0, nonfinite=False) -> list:

@@ -385,13 +385,17 @@ def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
     ``classifier_activation=None`` and a float32 ``Activation`` (see :func:`application_of`)."""
     app = application_of(run, name) if run is not None else None
     if app is not None:
+        act = (layer_row(run, name) or {}).get("activation") if run is not None else None
+        apply = "model = mpwatch.apply_recommendations(model, findings).model"
+        tail = "# or, without editing the model code:\n" + apply
+        if act == "linear":  # classifier_activation=None already: only its Dense can change
+            return f"{apply}  # its {name!r} Dense (logits) in float32"
+        code = f'"{act}"' if isinstance(act, str) and act.isidentifier() else '"softmax"'
+        note = "" if isinstance(act, str) else "  # the builder's default: yours if you passed one"
         return (
             f"model = keras.applications.{app}(..., classifier_activation=None)\n"
-            'outputs = keras.layers.Activation("softmax", dtype="float32")(model.output)'
-            "  # your classifier_activation\n"
-            "model = keras.Model(model.input, outputs)\n"
-            "# or, without editing the model code:\n"
-            "model = mpwatch.apply_recommendations(model, findings).model"
+            f'outputs = keras.layers.Activation({code}, dtype="float32")(model.output){note}\n'
+            "model = keras.Model(model.input, outputs)\n" + tail
         )
     cls = cls or "Layer"
     ctor = layer_constructor(run, cls) if run is not None else f"keras.layers.{cls}"

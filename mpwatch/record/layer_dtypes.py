@@ -8,8 +8,9 @@ from mpwatch import contract
 from mpwatch.formats import FLOAT32_INSIDE, is_16bit
 from mpwatch.layers import sublayers, walk
 from mpwatch.record.base import RecordingCallback
+from mpwatch.record.layer_graph import graph_columns
 
-COLUMNS = contract.LAYERS_COLUMNS
+COLUMNS = contract.LAYERS_COLUMNS + contract.LAYERS_GRAPH_COLUMNS
 
 
 def tc_dims(layer: Any) -> dict[str, int]:
@@ -71,10 +72,14 @@ def output_layers(model: Any) -> set[int]:
     return ids
 
 
-def layer_rows(model: Any, traced: dict[int, str] | None = None) -> list[list[Any]]:
-    """The rows of the layer table (columns :data:`COLUMNS`)."""
+def layer_rows(
+    model: Any, traced: dict[int, str] | None = None, widths: dict[int, int] | None = None
+) -> list[list[Any]]:
+    """The rows of the layer table (columns :data:`COLUMNS`); ``traced`` and ``widths``: output
+    dtypes and widths noted while the train step was traced (see :class:`_OutputDtypeTracer`)."""
     traced = traced or {}
     outs = output_layers(model)
+    graph = graph_columns(model, widths)
     rows = []
     for layer, path, depth in walk(model):
         cls = type(layer).__name__
@@ -121,6 +126,7 @@ def layer_rows(model: Any, traced: dict[int, str] | None = None) -> list[list[An
                 aligned,
                 id(layer) in outs,
                 note,
+                *graph.get(id(layer), [None, None, None]),
             ]
         )
     return rows
@@ -143,6 +149,7 @@ class _OutputDtypeTracer:
 
     def __init__(self, model: Any) -> None:
         self.dtypes: dict[int, str] = {}
+        self.widths: dict[int, int] = {}
         self._patched: list[Any] = []
         for layer, _, _ in walk(model):
             if sublayers(layer) or "call" in layer.__dict__:
@@ -153,13 +160,16 @@ class _OutputDtypeTracer:
         import keras
 
         orig = layer.call
-        dtypes = self.dtypes
+        dtypes, widths = self.dtypes, self.widths
 
         def call(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
             try:
                 first = keras.tree.flatten(out)[0]
                 dtypes[id(layer)] = str(keras.backend.standardize_dtype(first.dtype))
+                last = first.shape[-1] if len(first.shape) else None
+                if last is not None:
+                    widths[id(layer)] = int(last)
             except Exception:  # noqa: BLE001
                 pass
             return out
@@ -185,7 +195,9 @@ class LayerDtypeMonitor(RecordingCallback):
     (LayerNormalization
     and BatchNormalization under ``mixed_float16`` normalise in float32 inside: effective
     ``float32``, with a note), parameter counts, Tensor Core dims (units, filters, input channels,
-    kernel input dim) and whether all are multiples of 8, and whether it produces a model output.
+    kernel input dim) and whether all are multiples of 8, whether it produces a model output, and
+    what it takes and gives (:mod:`mpwatch.record.layer_graph`): its activation, output width and
+    the layers feeding it in Keras' graph.
     Beside the table, ``class_modules``: each layer class's module (Keras' own, or the user's).
 
     Args:
@@ -203,9 +215,11 @@ class LayerDtypeMonitor(RecordingCallback):
         self._last: Any = None
         self._first = False
 
-    def table(self, traced: dict[int, str] | None = None) -> dict[str, Any]:
+    def table(
+        self, traced: dict[int, str] | None = None, widths: dict[int, int] | None = None
+    ) -> dict[str, Any]:
         return {
-            "layers": contract.table(COLUMNS, layer_rows(self.model, traced)),
+            "layers": contract.table(COLUMNS, layer_rows(self.model, traced, widths)),
             "class_modules": class_modules(self.model),
         }
 
@@ -224,7 +238,7 @@ class LayerDtypeMonitor(RecordingCallback):
         if self._tracer is not None:
             tracer, self._tracer = self._tracer, None
             tracer.undo()
-            self._write_if_changed(self.table(tracer.dtypes), got.steps[0])
+            self._write_if_changed(self.table(tracer.dtypes, tracer.widths), got.steps[0])
 
     def _write_if_changed(self, payload: dict[str, Any], step: int) -> None:
         if payload == self._last:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from builders import assert_findings, findings_of, layer_rows, make_run, run_info
+from builders import assert_findings, findings_of, graph_row, layer_rows, make_run, run_info
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
@@ -143,7 +143,8 @@ def test_a_keras_applications_classifier_is_fixed_through_the_builder(run, app):
 def test_other_models_get_the_layer_fix(run):
     (f,) = findings_of(diagnose(run), RULE)
     assert f.data["application"] is None
-    assert 'keras.layers.Dense(..., dtype="float32"' in f.fix
+    assert 'keras.layers.Dense(10, ..., dtype="float32"' in f.fix  # its units, as recorded
+    assert "softmax" not in f.fix  # an older record does not say its activation: none is made up
 
 
 def test_a_custom_output_class_is_named_as_the_user_names_it():
@@ -226,3 +227,188 @@ def test_class_modules_tell_the_users_class_from_keras():
     mods = class_modules(model)
     assert mods["Doubler"] == __name__
     assert mods["Dense"].startswith("keras.")
+
+
+# --- fixes from the layer's real activation and units (issue 24) ---------------------------------
+def _out_run(cls, act, width, dims=None, old=False):
+    """A hidden Dense, then the float16 output ``out`` (class ``cls``, its activation and width
+    as a layers record writes them; ``old``: a record written before the graph columns)."""
+    rows = [
+        graph_row("hidden", dims={"units": 16}, act="relu", width=16, inputs=["x"]),
+        graph_row("out", cls, act=act, width=width, dims=dims, out=True, inputs=["hidden"]),
+    ]
+    run = make_run(layers=rows)
+    if old:
+        run.layers = run.layers.drop(columns=contract.LAYERS_GRAPH_COLUMNS)
+    mods = {"Dense": "keras.src.layers.core.dense", cls: "keras.src.layers"}
+    if cls == "MyHead":
+        mods[cls] = "my_project.layers"
+    run.records[contract.KIND_LAYERS] = [(1, {"layers": {}, "class_modules": mods})]
+    return run
+
+
+FIX_CASES = [
+    pytest.param(
+        _out_run("Dense", "sigmoid", 1, {"units": 1}),
+        ('keras.layers.Dense(1, ..., activation="sigmoid", dtype="float32", name="out")',
+         'x = keras.layers.Dense(1, ..., activation=None, name="out_logits")(x)',
+         'outputs = keras.layers.Activation("sigmoid", dtype="float32", name="out")(x)'),
+        id="one-unit-sigmoid-gets-sigmoid",
+    ),
+    pytest.param(
+        _out_run("Dense", "linear", 1, {"units": 1}),
+        ('keras.layers.Dense(1, ..., dtype="float32", name="out")  # a linear output',),
+        id="regression-output-gets-no-activation",
+    ),
+    pytest.param(
+        _out_run("Dense", "softmax", 10, {"units": 10}),
+        ('keras.layers.Dense(10, ..., activation="softmax", dtype="float32", name="out")',
+         'outputs = keras.layers.Activation("softmax", dtype="float32", name="out")(x)'),
+        id="softmax-classifier-gets-softmax",
+    ),
+    pytest.param(
+        _out_run("Conv2D", "sigmoid", 1, {"filters": 1}),
+        ('keras.layers.Conv2D(1, ..., activation="sigmoid", dtype="float32", name="out")',
+         "apply sigmoid in float32"),
+        id="segmentation-conv-gets-its-filters-and-sigmoid",
+    ),
+    pytest.param(
+        _out_run("Activation", "sigmoid", 1),
+        ('keras.layers.Activation("sigmoid", dtype="float32", name="out")',),
+        id="an-activation-layer-keeps-its-activation",
+    ),
+    pytest.param(
+        _out_run("Softmax", "softmax", 10),
+        ('keras.layers.Softmax(..., dtype="float32", name="out")',),
+        id="a-softmax-layer",
+    ),
+    pytest.param(
+        _out_run("Dense", "my_swish", 4, {"units": 4}),
+        ("activation=my_swish, dtype", "keras.layers.Activation(my_swish, dtype="),
+        id="the-users-activation-function-by-its-name",
+    ),
+    pytest.param(
+        _out_run("LSTM", "tanh", 3, {"units": 3}),
+        ('keras.layers.LSTM(..., dtype="float32", name="out")',),
+        id="a-recurrent-output-is-the-layer-itself",
+    ),
+    pytest.param(
+        _out_run("MyHead", None, 2),
+        ('MyHead(..., dtype="float32", name="out")', "its __init__ must pass **kwargs"),
+        id="the-users-class",
+    ),
+    pytest.param(
+        _out_run("Dense", None, None, {"units": 1}, old=True),
+        ('keras.layers.Dense(1, ..., dtype="float32", name="out")',
+         "Activation(<its activation>"),
+        id="older-record-without-the-activation",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("run", "wanted"), FIX_CASES)
+def test_the_fix_is_written_from_the_layers_activation_and_units(run, wanted):
+    (f,) = findings_of(diagnose(run), RULE)
+    for part in wanted:
+        assert part in f.fix, (part, f.fix)
+    act = run.layers.set_index("name").get("activation", {}).get("out")
+    if act != "softmax":  # never a softmax the model did not have
+        assert "softmax" not in f.fix.lower(), f.fix
+    if act == "linear" or act is None or act == "tanh":
+        assert "keras.layers.Activation(" not in f.fix.replace("keras.layers.Activation(<", "")
+    assert "apply_recommendations" in f.fix
+
+
+def test_a_softmax_over_one_unit_is_named_in_the_evidence():
+    (f,) = findings_of(diagnose(_out_run("Dense", "softmax", 1, {"units": 1})), RULE)
+    assert "a softmax over one unit is always 1.0" in f.evidence
+    assert f.data["activation"] == "softmax"
+
+
+@pytest.mark.parametrize(
+    ("act", "wanted", "absent"),
+    [
+        ("sigmoid", 'keras.layers.Activation("sigmoid", dtype="float32")(model.output)', "softmax"),
+        ("linear", "findings).model  # its 'predictions' Dense (logits)", "Activation("),
+        ("softmax", 'keras.layers.Activation("softmax", dtype="float32")(model.output)', "default"),
+    ],
+)
+def test_a_keras_applications_classifier_gets_its_recorded_activation(act, wanted, absent):
+    run = _app_run("resnet50", "resnet50")  # conv1_conv, then predictions
+    graph = {"activation": ["relu", act], "output_width": [64, 10]}
+    run.layers = run.layers.assign(**graph, inputs=[["input_layer"], ["conv1_conv"]])
+    (f,) = findings_of(diagnose(run), RULE)
+    assert wanted in f.fix and absent not in f.fix, f.fix
+
+
+def _fix_lines(fix):
+    """The fix's code lines, runnable: comments cut, ``...`` (the user's other arguments) left
+    out."""
+    out = []
+    for line in fix.splitlines():
+        code = line.split("  #")[0].rstrip()
+        if code and not code.startswith("#"):
+            out.append(code.replace(", ...", "").replace("(..., ", "("))
+    return out
+
+
+@pytest.mark.parametrize(("act", "units"), [("sigmoid", 1), ("linear", 1), ("softmax", 5)])
+def test_the_fix_applied_to_a_keras_model_does_what_it_says(act, units):
+    """A real mixed_float16 model with a float16 output: the recorded rows give the finding; each
+    code line of its fix, run as written, gives a float32 output equal to the float32 model's
+    (the output's own activation, not a constant 1.0)."""
+    import keras
+    import numpy as np
+
+    from mpwatch.record.layer_dtypes import class_modules
+    from mpwatch.record.layer_dtypes import layer_rows as real_rows
+
+    def build(policy_name):
+        keras.mixed_precision.set_global_policy(policy_name)
+        try:
+            x = keras.Input((6,), name="x")
+            h = keras.layers.Dense(16, activation="relu", name="hidden")(x)
+            return keras.Model(x, keras.layers.Dense(units, activation=act, name="out")(h))
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+
+    model, twin = build("mixed_float16"), build("float32")
+    twin.set_weights([np.random.default_rng(i).normal(0, 0.5, w.shape).astype("float32")
+                      for i, w in enumerate(twin.get_weights())])  # fmt: skip
+    model.set_weights(twin.get_weights())
+    data = np.random.default_rng(9).normal(0, 1, (32, 6)).astype("float32")
+    want = np.asarray(twin(data))
+    run = make_run(layers=real_rows(model))
+    run.records[contract.KIND_LAYERS] = [(1, {"layers": {}, "class_modules": class_modules(model)})]
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.data["activation"] == act
+    lines = _fix_lines(f.fix)
+    hidden = model.get_layer("hidden")
+    # the layer itself in float32 (first line)
+    layer = eval(lines[0], {"keras": keras})  # noqa: S307  (the fix, as written)
+    inp = keras.Input((6,))
+    fixed = keras.Model(inp, layer(hidden(inp)))
+    layer.set_weights(model.get_layer("out").get_weights())
+    models = [fixed]
+    if act != "linear":  # its matmul in 16 bits, its own activation in float32 after it
+        assert len([ln for ln in lines if ln.startswith(("x = ", "outputs = "))]) == 2
+        inp = keras.Input((6,))
+        ns = {"keras": keras, "x": hidden(inp)}
+        for ln in lines:
+            if ln.startswith(("x = ", "outputs = ")):
+                exec(ln, ns)  # noqa: S102  (the fix, as written)
+        split = keras.Model(inp, ns["outputs"])
+        split.get_layer("out_logits").set_weights(model.get_layer("out").get_weights())
+        assert split.layers[-1].name == "out"  # the output keeps its name (loss dicts)
+        models.append(split)
+    else:
+        assert not any("Activation(" in ln for ln in lines)
+    for m in models:
+        got = np.asarray(m(data))
+        assert m.outputs[0].dtype == "float32" and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+        assert not np.allclose(got, 1.0)  # not a constant 1.0
+        assert got.std() > 1e-3
+    if act == "sigmoid":  # what the old advice did: a softmax over the one sigmoid unit
+        old = keras.layers.Activation("softmax", dtype="float32")(model.output)
+        assert np.all(np.asarray(keras.Model(model.input, old)(data)) == 1.0)

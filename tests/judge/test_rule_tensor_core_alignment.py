@@ -4,8 +4,17 @@ Runs."""
 from __future__ import annotations
 
 import pytest
-from builders import assert_findings, findings_of, make_run, model_row, probe_layer, run_info
+from builders import (
+    assert_findings,
+    findings_of,
+    graph_row,
+    make_run,
+    model_row,
+    probe_layer,
+    run_info,
+)
 
+from mpwatch import contract
 from mpwatch.judge import diagnose
 
 RULE = "tensor-core-alignment"
@@ -50,6 +59,100 @@ CASES = [
 ]
 
 
+# --- never a dimension the task or the data fixes (issue 24) -------------------------------------
+def _graph(*rows, old=False, batch=32):
+    """A run of these layer rows (:func:`graph_row`), batch size 32 unless told; ``old``: a record
+    written before the graph columns."""
+    run = make_run(layers=list(rows), info=run_info("mixed_float16", batch_size=batch))
+    if old:
+        run.layers = run.layers.drop(columns=contract.LAYERS_GRAPH_COLUMNS)
+    return run
+
+
+HIDDEN = graph_row("hidden", dims={"units": 30}, act="relu", width=30, inputs=["x"])
+HEAD = graph_row("head", dims={"units": 10}, act="linear", width=10, inputs=["hidden"])
+PROBS = graph_row("probs", "Activation", act="softmax", width=10, inputs=["head"], out=True,
+                  dtype="float32")  # fmt: skip
+
+CASES += [
+    pytest.param(
+        _graph(HIDDEN, HEAD, PROBS),
+        [{"layer": "hidden", "fix_has": "Dense(units=32, ...)"}],
+        id="classes-before-a-float32-activation-are-the-tasks",
+    ),
+    pytest.param(
+        _graph(
+            HIDDEN,
+            HEAD,
+            graph_row("drop", "Dropout", width=10, inputs=["head"]),
+            graph_row("probs", "Activation", act="softmax", width=10, inputs=["drop"], out=True),
+        ),
+        [{"layer": "hidden"}],
+        id="through-a-dropout-too",
+    ),
+    pytest.param(
+        # a residual onto the model input 'x' (13 features): 'proj' must have 13 units
+        _graph(
+            graph_row("hidden", dims={"units": 30}, width=30, inputs=["x"]),
+            graph_row("proj", dims={"units": 13}, width=13, inputs=["hidden"]),
+            graph_row("add", "Add", width=13, inputs=["x", "proj"]),
+            graph_row("out", dims={"units": 8}, width=8, inputs=["add"], out=True),
+        ),
+        [{"layer": "hidden"}],
+        id="a-width-merged-with-the-model-input-is-the-datas",
+    ),
+    pytest.param(
+        # a hidden layer of the same width as the output, not feeding it directly: the user's
+        _graph(
+            graph_row("h10", dims={"units": 10}, width=10, inputs=["x"]),
+            graph_row("h16", dims={"units": 16}, width=16, inputs=["h10"]),
+            graph_row("out", dims={"units": 10}, width=10, inputs=["h16"], out=True),
+        ),
+        [{"layer": "h10", "fix_has": "Dense(units=16, ...)"}],
+        id="only-the-layers-that-make-the-outputs-width",
+    ),
+    pytest.param(
+        _graph(HIDDEN, HEAD, PROBS, old=True),
+        [{"layer": "hidden"}],
+        id="older-record-an-activation-after-the-classes-by-its-class",
+    ),
+    pytest.param(
+        _graph(
+            graph_row("emb", "Embedding", dims={"output_dim": 20}, width=20, inputs=["ids"]),
+            graph_row("pool", "GlobalAveragePooling1D", width=20, inputs=["emb"]),
+            graph_row("out", dims={"units": 1}, act="sigmoid", width=1, inputs=["pool"], out=True),
+        ),
+        [{"layer": "emb", "fix_has": "output_dim=24", "data": {"dims": {"output_dim": 20}}}],
+        id="an-embeddings-width-is-the-users-its-vocabulary-never-asked",
+    ),
+]
+
+
 @pytest.mark.parametrize(("run", "expected"), CASES)
 def test_tensor_core_alignment(run, expected):
     assert_findings(findings_of(diagnose(run), RULE), expected)
+
+
+def test_on_a_keras_model_the_class_count_is_never_asked():
+    """A real model's recorded rows: 997-word vocabulary, a 20-wide embedding, a hidden Dense(30),
+    5 classes through a float32 softmax: the embedding width and the hidden units are the user's;
+    the vocabulary and the class count are not, and no fix mentions them."""
+    import keras
+
+    from mpwatch.record.layer_dtypes import layer_rows
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        ids = keras.Input((12,), dtype="int32", name="ids")
+        h = keras.layers.Embedding(997, 20, name="emb")(ids)
+        h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+        h = keras.layers.Dense(30, activation="relu", name="hidden")(h)
+        h = keras.layers.Dense(5, name="head")(h)
+        out = keras.layers.Activation("softmax", dtype="float32", name="probs")(h)
+        model = keras.Model(ids, out)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    found = findings_of(diagnose(make_run(layers=layer_rows(model), info=run_info())), RULE)
+    assert sorted(f.layer for f in found if f.layer) == ["emb", "hidden"]
+    text = " ".join(f"{f.title} {f.evidence} {f.fix}" for f in found)
+    assert "997" not in text and "units=5" not in text and "units=8" not in text

@@ -243,6 +243,23 @@ CASES = [
         ],
         id="cudnn-padding-names-the-dimension-and-folds-alignment",
     ),
+    pytest.param(
+        # the 16-bit output 'predictions' (10 classes) off the Tensor Cores: its units are the
+        # task's, never to be changed (issue 24)
+        make_run(profile=kernel_profile(healthy_kernels(extra=[(F16_SIMT_GEMM, PRED_F, 2000.0)]))),
+        [
+            {"layer": None},
+            {
+                "layer": "predictions",
+                "severity": "info",
+                "title_has": "its width fixed by the task",
+                "evidence_has": "units=10 is the width of the model's output 'predictions'",
+                "fix_has": "nothing to change",
+                "data": {"cause": "task_fixed", "dims": {"units": 10}},
+            },
+        ],
+        id="an-outputs-class-count-is-never-asked-to-change",
+    ),
     pytest.param(make_run(), [], id="no-profile"),
 ]
 

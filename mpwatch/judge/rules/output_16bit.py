@@ -23,17 +23,22 @@ model's output
 ```
 
 ## Fix
-Written as the model's code is: Keras' own classes as `keras.layers.<Class>`, your own classes
-by their name; the classifier of a `keras.applications` model (its `predictions` layer inside a
-model the builder named, e.g. `resnet50`) through the builder's `classifier_activation`:
+Written as the model's code is, from the layer's recorded class, units and activation: Keras'
+own classes as `keras.layers.<Class>`, your own classes by their name. A Dense or convolution
+output with an activation can also keep its matmul in 16 bits and apply *its own* activation
+(sigmoid for a sigmoid output) as a float32 `Activation` named as the output was; a linear
+(regression, logits) output is the layer itself in float32, with no activation added. The
+classifier of a `keras.applications` model (its `predictions` layer inside a model the builder
+named, e.g. `resnet50`) through the builder's `classifier_activation`:
 ```python
+keras.layers.Dense(10, ..., activation="softmax", dtype="float32", name="predictions")
+# or keep its matmul in 16 bits and apply softmax in float32:
+x = keras.layers.Dense(10, ..., activation=None, name="predictions_logits")(x)
+outputs = keras.layers.Activation("softmax", dtype="float32", name="predictions")(x)
+# a keras.applications classifier:
 model = keras.applications.ResNet50(..., classifier_activation=None)
 outputs = keras.layers.Activation("softmax", dtype="float32")(model.output)
 model = keras.Model(model.input, outputs)
-# a layer of your model:
-keras.layers.Dense(..., dtype="float32", name="predictions")
-# or keep the layer and add a float32 activation after it:
-outputs = keras.layers.Activation("softmax", dtype="float32")(x)
 # or, without editing the model code:
 model = mpwatch.apply_recommendations(model, findings).model
 ```
@@ -50,7 +55,8 @@ from __future__ import annotations
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import Rule, application_of, keep_float32_fix, layer_constructor
+from mpwatch.judge.graph import output_fix
+from mpwatch.judge.rule import Rule, application_of, finite, keep_float32_fix
 from mpwatch.read.run import Run
 
 #: layer-table classes of a (nested) model, as opposed to the layer that makes its output
@@ -92,17 +98,13 @@ def check(run: Run) -> list[Finding]:
             fix = keep_float32_fix(name, cls, run)
             where = f"; it is the classifier of keras.applications.{app}, the model's output"
         else:
-            ctor = layer_constructor(run, cls)
-            fix = (
-                f'{ctor}(..., dtype="float32", name="{name}")\n'
-                + (f"# {cls} is your class: its __init__ must pass **kwargs (dtype) to Layer\n"
-                   if ctor == cls else "")
-                + "# or keep the layer and add a float32 activation after it:\n"
-                'outputs = keras.layers.Activation("softmax", dtype="float32")(x)\n'
-                "# or, without editing the model code:\n"
-                "model = mpwatch.apply_recommendations(model, findings).model"
-            )  # fmt: skip
+            fix = output_fix(run, row)
             where = "; it is the model's output"
+        act, width = row.get("activation"), finite(row.get("output_width"))
+        if isinstance(act, str):
+            where += f" ({act}" + (f", width {int(width)}" if width is not None else "") + ")"
+        if act == "softmax" and width == 1:
+            where += "; a softmax over one unit is always 1.0: a 1-unit output wants a sigmoid"
         found.append(
             RULE.finding(
                 sev,
@@ -116,6 +118,7 @@ def check(run: Run) -> list[Finding]:
                     "output_dtype": row.get("output_dtype"),
                     "class": cls,
                     "application": app,
+                    "activation": act if isinstance(act, str) else None,
                 },  # fmt: skip
             )
         )

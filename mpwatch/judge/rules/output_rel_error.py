@@ -4,9 +4,13 @@
 In the latest float16 or bfloat16 probe: the layers that make a 16-bit output error, rather than
 pass one on. A layer is such a cause when its output, computed in 16 bits, differs from the same
 layer's output in the float32 reference by more than the format's threshold and by more than
-{GROWTH:g}x the error of the layer before it (forward order; the first layer's input has none).
-An error carries forward: the layers after a cause that stay over the threshold (without growing
-it {GROWTH:g}x again) are its evidence, not findings. An error that builds up slowly over many
+{GROWTH:g}x the largest error of its real inputs: the layers feeding it in Keras' graph (the
+layer table's `inputs`; a model input brings none; a layer without a measured output brings what
+its own inputs bring). A `Multiply` of a squeeze-excite gate with a branch that already differs
+only inherits that branch's error: no finding. Records without the graph (written before issue
+24, subclassed models) compare with the layer before it in forward order. An error carries
+forward: the layers fed by a cause that stay over the threshold (without growing it {GROWTH:g}x
+again) are its evidence, not findings. An error that builds up slowly over many
 layers (a deep network's rounding, crossing the threshold somewhere) has no such layer and no
 finding. Layers that compute in float32 already (their policy, or inside: see `float32-inside`)
 are never advised to; nor is a 16-bit model output (`output-16bit` names it). When the probe's
@@ -21,8 +25,8 @@ inherit the error and need nothing: one finding per cause.
 ## Threshold
 Latest probe's output relative error above float16: {REL_ERROR_WARN[float16]:g}, bfloat16:
 {REL_ERROR_WARN[bfloat16]:g} (float16 rounds at 2^-11, bfloat16 at 2^-8), and above {GROWTH:g}x
-the previous layer's (layers without a measured output are skipped over): warning, one per
-cause, the layers that carry its error on as evidence. (Measured on keras.applications'
+the largest error its inputs bring (without the graph: the previous measured layer's): warning,
+one per cause, the layers that carry its error on as evidence. (Measured on keras.applications'
 MobileNetV2 under mixed_float16: 35 layers between 1% and 1.7%, each at most 1.5x the one before
 it: no cause.)
 
@@ -30,7 +34,8 @@ it: no cause.)
 ```text
 Output of layer 'dense' differs from float32 by 2.00%: keep it float32
 probe at step 10 (float16): output relative error 0.02 against the float32 reference (threshold
-0.01); the layer before it: 0.0004; the error carries on into 'dense_1', 'dense_2' (up to 2.50%)
+0.01); its inputs bring at most 0.0004 ('conv2d'); the error carries on into 'dense_1',
+'dense_2' (up to 2.50%)
 ```
 
 ## Fix
@@ -51,7 +56,10 @@ model = mpwatch.apply_recommendations(model, findings).model
 
 from __future__ import annotations
 
+from typing import Any
+
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.graph import inputs_of
 from mpwatch.judge.rule import (
     Rule,
     computes_float32,
@@ -80,24 +88,76 @@ RULE = Rule(
 )
 
 
-def _causes(order: list[str], errs: dict[str, float | None], thr: float) -> list[list[str]]:
-    """Each cause (a layer over ``thr`` and over GROWTH x the previous measured layer's error)
-    with the layers after it that stay over ``thr`` without growing it GROWTH x again."""
-    out: list[list[str]] = []
-    prev = 0.0
-    cur: list[str] | None = None
+def _brought(
+    name: str,
+    errs: dict[str, float | None],
+    graph: dict[str, list[str] | None],
+    memo: dict[str, tuple[float, str | None] | None],
+) -> tuple[float, str | None] | None:
+    """The error layer ``name``'s output brings to the layers it feeds, and the measured layer it
+    comes from: its own when measured; a layer of the table without a measured output brings
+    what its inputs bring; a name the table lacks is a model input (0.0, None). None: unknown (a
+    layer without recorded inputs)."""
+    if name in memo:
+        return memo[name]
+    memo[name] = None  # a cycle (a shared layer) brings nothing known
+    e = errs.get(name)
+    if e is not None:
+        got: tuple[float, str | None] | None = (e, name)
+    elif name not in graph:
+        got = (0.0, None)
+    else:
+        got = _max_of(graph[name], errs, graph, memo)
+    memo[name] = got
+    return got
+
+
+def _max_of(
+    names: list[str] | None,
+    errs: dict[str, float | None],
+    graph: dict[str, list[str] | None],
+    memo: dict[str, tuple[float, str | None] | None],
+) -> tuple[float, str | None] | None:
+    """The largest error the layers ``names`` bring (None when one of them is unknown)."""
+    if names is None:
+        return None
+    best: tuple[float, str | None] = (0.0, None)
+    for n in names:
+        got = _brought(n, errs, graph, memo)
+        if got is None:
+            return None
+        if got[0] > best[0] or best[1] is None and got[1] is not None and got[0] == best[0]:
+            best = got
+    return best
+
+
+def _causes(
+    order: list[str], errs: dict[str, float | None], thr: float, graph: dict[str, list[str] | None]
+) -> list[tuple[list[str], dict[str, Any]]]:
+    """Each cause (a layer over ``thr`` and over GROWTH x the largest error its inputs bring, see
+    :func:`_brought`; a layer without recorded inputs: the previous measured layer's) with the
+    layers it feeds that stay over ``thr`` without growing it GROWTH x again, and what its
+    inputs brought (``input_error``, ``source``, ``inputs``: None without the graph)."""
+    out: list[tuple[list[str], dict[str, Any]]] = []
+    chain: dict[str, list[str]] = {}
+    memo: dict[str, tuple[float, str | None] | None] = {}
+    prev: tuple[float, str | None] = (0.0, None)
     for name in order:
         e = errs.get(name)
         if e is None:
             continue  # not measured: passes through
-        if e > thr and e > GROWTH * prev:
-            cur = [name]
-            out.append(cur)
-        elif e > thr and cur is not None:
-            cur.append(name)
-        else:
-            cur = None
-        prev = e
+        feeders = graph.get(name)
+        got = _max_of(feeders, errs, graph, memo)
+        if got is None:  # no graph for this layer: the layer before it
+            feeders, got = None, prev
+        in_err, src = got
+        if e > thr and e > GROWTH * in_err:
+            chain[name] = [name]
+            out.append((chain[name], {"input_error": in_err, "source": src, "inputs": feeders}))
+        elif e > thr and src in chain:
+            chain[name] = chain[src]
+            chain[name].append(name)
+        prev = (e, name)
     return out
 
 
@@ -120,24 +180,18 @@ def check(run: Run) -> list[Finding]:
             continue
         order.append(name)
         errs[name] = finite(r.get("output_rel_error"))
+    graph = {n: inputs_of(run, n) for n in ({*order} | set(_table_names(run)))}
     found = []
-    for block in _causes(order, errs, thr):
+    for block, came in _causes(order, errs, thr, graph):
         name = block[0]
         if computes_float32(run, name) or name in outputs16:
             continue  # a float32 layer's error is not float16's; a 16-bit output: output-16bit
         err = errs[name] or 0.0
         rest = [n for n in block if n != name]
         row = layer_row(run, name) or {}
-        i = order.index(name)
-        before = next((errs[n] for n in reversed(order[:i]) if errs[n] is not None), None)
         evidence = (
             f"probe at step {step} ({mode}): output relative error {fmt(err)} against the "
-            f"float32 reference (threshold {thr:g}); "
-            + (
-                "it is the first layer measured"
-                if before is None
-                else f"the layer before it: {fmt(before)}"
-            )  # fmt: skip
+            f"float32 reference (threshold {thr:g}); " + _came_from(came)
         )
         if rest:
             evidence += (
@@ -157,7 +211,26 @@ def check(run: Run) -> list[Finding]:
                     "output_rel_error": err,
                     "threshold": thr,
                     "downstream": rest,
+                    "input_error": came["input_error"],
+                    "inputs": came["inputs"],
                 },  # fmt: skip
             )
         )
     return found
+
+
+def _table_names(run: Run) -> list[str]:
+    lt = run.layers
+    return [str(n) for n in lt["name"]] if len(lt) and "name" in lt else []
+
+
+def _came_from(came: dict[str, Any]) -> str:
+    """What a cause's inputs brought, for its evidence."""
+    err, src, feeders = came["input_error"], came["source"], came["inputs"]
+    if feeders is None:
+        return (
+            "it is the first layer measured" if src is None else f"the layer before it: {fmt(err)}"
+        )
+    if src is None:
+        return f"its inputs ({names_list(feeders)}) bring none (the model's inputs)"
+    return f"its inputs bring at most {fmt(err)} ({src!r})"

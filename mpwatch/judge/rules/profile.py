@@ -28,7 +28,8 @@ Cast ops 2000 us of 10000 us over steps [5, 8]
 
 ## Fix
 ```python
-# fewer float32<->float16 boundaries: keep neighbouring layers in one dtype; feed float16 inputs
+# fewer float32<->float16 boundaries: keep neighbouring layers in one dtype; float features may
+# be fed as float16 (within its range); integer ids stay int32: keras.Input(..., dtype="int32")
 # (on CPUs and pre-Volta GPUs 16-bit math is emulated: use float32 there)
 keras.layers.Dense(..., dtype="mixed_float16")  # a float32 layer, if its numerics allow
 ```
@@ -48,6 +49,7 @@ import pandas as pd
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.graph import id_inputs
 from mpwatch.judge.rule import (
     Rule,
     compute_dtype,
@@ -79,6 +81,23 @@ RULE = Rule(
 )
 
 
+def _cast_fix(ids: list[str]) -> str:
+    """The Cast advice: never float16 for integer ids (``ids``: the model inputs carrying them),
+    which a 16-bit float rounds above 2048 (see `id-rounding`)."""
+    head = "# fewer float32<->float16 boundaries: keep neighbouring layers in one dtype\n"
+    tail = "# (on CPUs and pre-Volta GPUs 16-bit math is emulated: use float32 there)"
+    if ids:
+        named = ", ".join(repr(n) for n in ids)
+        return (
+            head + f"# the integer ids ({named}) stay int32, never float16 (it rounds ids above "
+            '2048):\ninputs = keras.Input(shape=..., dtype="int32")\n' + tail
+        )
+    return (
+        head + "# float features may be fed as float16 (within its range); integer ids stay "
+        'int32: keras.Input(..., dtype="int32")\n' + tail
+    )
+
+
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
     prof = run.profile
@@ -95,9 +114,7 @@ def check(run: Run) -> list[Finding]:
                 f"{pct(cast)} of profiled time is spent in Cast ops",
                 f"Cast ops {fmt(finite(prof.get('cast_us')))} us of {fmt(total)} us over steps "
                 f"{prof.get('steps')}",
-                fix="# fewer float32<->float16 boundaries: keep neighbouring layers in one dtype; "
-                "feed float16 inputs\n"
-                "# (on CPUs and pre-Volta GPUs 16-bit math is emulated: use float32 there)",
+                fix=_cast_fix(id_inputs(run)),
                 data={"cast_share": cast},
             )
         )

@@ -1,19 +1,25 @@
 """Rule `tensor-core-alignment`: layer dimensions or the batch size are not multiples of 8.
 
 ## What it finds
-Under a 16-bit policy: non-output layers whose settable dimensions ({SETTABLE_DIMS}) are not
-multiples of 8, and a batch size that is not one (run_info's batch size where Keras gives it,
-else the size of the first training batch the probe captured: Keras 3 does not tell callbacks).
+Under a 16-bit policy: layers whose settable dimensions ({SETTABLE_DIMS}) are not multiples of
+8, and a batch size that is not one (run_info's batch size where Keras gives it, else the size of
+the first training batch the probe captured: Keras 3 does not tell callbacks). Never a dimension
+the task or the data fixes: a model output's units (the number of classes or targets), also
+where the output is a float32 `Activation`, a `Dropout` or a merge after the layer that sets the
+width (the layer table's graph: its inputs and output widths), a width merged element-wise with a
+model input (the data's feature count), input features and vocabulary sizes (input dimensions,
+never in the list).
 
 ## Why it matters
 Tensor Cores run float16 matrix multiplies and convolutions only when the dimensions (units,
 filters, input features, batch size) are multiples of 8; others fall back to slower kernels.
 
 ## Threshold
-A settable dimension of a non-output layer (an output's units are the number of classes: not the
-user's choice), or the batch size, not a multiple of 8: warning on a device with Tensor Cores,
-info otherwise (16-bit policies only). Input dimensions are left out: they follow from the
-previous layer (whose own finding covers them) or from the data.
+A settable dimension of a hidden layer that the task does not fix, or the batch size, not a
+multiple of 8: warning on a device with Tensor Cores, info otherwise (16-bit policies only).
+Input dimensions are left out: they follow from the previous layer (whose own finding covers
+them) or from the data. A dimension the task fixes gets no finding (padding the classes is no
+fix: the loss and the labels are the task's).
 
 ## Example evidence
 ```text
@@ -43,6 +49,7 @@ import math
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.graph import WIDTH_DIMS, task_fixed
 from mpwatch.judge.rule import Rule, compute_dtype, layer_constructor
 from mpwatch.read.run import Run
 
@@ -79,6 +86,7 @@ def check(run: Run) -> list[Finding]:
     where = "" if tc else " (no Tensor Cores on this device: matters when you move to a GPU)"
     found = []
     lt = run.layers
+    fixed = task_fixed(run)
     if len(lt) and "tc_dims" in lt and "name" in lt:
         for _, r in lt.iterrows():
             dims = r.get("tc_dims")
@@ -88,7 +96,10 @@ def check(run: Run) -> list[Finding]:
             bad = {
                 k: v
                 for k, v in dims.items()
-                if k in SETTABLE_DIMS and isinstance(v, (int, float)) and int(v) % 8
+                if k in SETTABLE_DIMS
+                and isinstance(v, (int, float))
+                and int(v) % 8
+                and not (k in WIDTH_DIMS and str(r["name"]) in fixed)  # the task's, not a choice
             }
             if not bad:
                 continue

@@ -25,10 +25,11 @@ The summary: info, on every profile with GPU kernels; a warning when under a 16-
 than {TENSOR_CORE_LOW:.0%} of the matrix-math time (eligible kernels of known Tensor Core use)
 runs on Tensor Cores. A layer: eligible time not on Tensor Cores of at least {LAYER_MIN_SHARE:.0%}
 of device time, under a 16-bit policy (or an unrecorded one whose kernels run 16-bit): warning;
-info for an output layer kept in float32, a layer that computes in float32 inside, or when the
-record holds no reason. The layer finding is the head of the same layer's `tensor-core-alignment`
-and `profile` findings; an alignment finding for a layer whose matrix math the profile shows on
-Tensor Cores becomes info, with that measurement.
+info for an output layer kept in float32, a layer that computes in float32 inside, a width the
+task fixes (a model output's units: the number of classes; see `tensor-core-alignment`), or when
+the record holds no reason. The layer finding is the head of the same layer's
+`tensor-core-alignment` and `profile` findings; an alignment finding for a layer whose matrix
+math the profile shows on Tensor Cores becomes info, with that measurement.
 
 ## Example evidence
 ```text
@@ -72,6 +73,7 @@ import pandas as pd
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.graph import WIDTH_DIMS, task_fixed
 from mpwatch.judge.rule import (
     Rule,
     compute_dtype,
@@ -349,6 +351,19 @@ def _layer_finding(
         )
     dims = _dims(run, row)
     bad = {k: v for k, v in dims.items() if v % 8}
+    why_fixed = task_fixed(run).get(name)
+    if bad and why_fixed and all(k in WIDTH_DIMS for k in bad):
+        return RULE.finding(
+            "info",
+            f"Layer {name!r}: matrix math not on Tensor Cores, its width fixed by the task",
+            f"{head}: {_us(b16)} in 16-bit kernels that are no Tensor Core kernels; {cls} "
+            f"{name!r}: {', '.join(f'{k}={v}' for k, v in bad.items())} is {why_fixed}{seen}",
+            fix=f"# {cls} {name!r}: its width is the task's (not a setting): nothing to change",
+            layer=name,
+            data={**data, "cause": "task_fixed", "dims": bad},
+        )
+    if why_fixed:  # the width is the task's: only its other dims are the user's to change
+        bad = {k: v for k, v in bad.items() if k not in WIDTH_DIMS}
     if bad:
         settable = {k: _round8(v) for k, v in bad.items() if k in ("units", "filters")}
         changes = ", ".join(f"{k}={v} -> {_round8(v)}" for k, v in bad.items())
