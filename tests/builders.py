@@ -73,8 +73,8 @@ def probe_payload(step: int, scale: float, mode: str = "float16") -> dict:
         ["predictions", 600, 0, 0.0, 1e-3, 0.03, 1.0, math.log2(65504), 0.0, False],
     ]
     variables = [
-        ["conv2d/kernel", "conv2d", 810, 800, 8, 0.01, 1e-3],
-        ["dense/kernel", "dense", 4096, 4000, 320, 0.08, 2e-3],
+        ["conv2d/kernel", "conv2d", 810, 800, 8, 0.01, 1e-3, 0.25],
+        ["dense/kernel", "dense", 4096, 4000, 320, 0.08, 2e-3, 0.03],
     ]
     return {
         "mode": mode,

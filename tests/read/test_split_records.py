@@ -41,7 +41,7 @@ def _grad_payload(n: int, rng: np.random.Generator) -> dict:
 def _big_probe(n: int, rng: np.random.Generator) -> dict:
     p = probe_payload(10, 1024.0)
     p["variables"]["data"] = [
-        [f"dense_{i}/kernel", f"dense_{i}", 100, 90, 1, 1 / 90, float(rng.random())]
+        [f"dense_{i}/kernel", f"dense_{i}", 100, 90, 1, 1 / 90, float(rng.random()), 0.5]
         for i in range(n)
     ]
     return p
