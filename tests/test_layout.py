@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"mpwatch": ROOT / "mpwatch", "tensorboard_plugin_mpwatch": ROOT / "tensorboard_plugin"}
 
 # stage -> the mpwatch stages it may import (shared facts: contract, formats, kernels, layers,
-# profile)
+# profile; how values are written: words)
 SHARED = (
     "mpwatch",
     "mpwatch._version",
@@ -27,6 +27,7 @@ SHARED = (
     "mpwatch.kernels",
     "mpwatch.layers",
     "mpwatch.wire",
+    "mpwatch.words",
 )
 ALLOWED = {
     "mpwatch.record": (*SHARED, "mpwatch.profile", "mpwatch.record"),
@@ -38,6 +39,7 @@ ALLOWED = {
     "mpwatch.layers": (),
     "mpwatch.kernels": (),
     "mpwatch.wire": (),
+    "mpwatch.words": (),
     "mpwatch.xplane": ("mpwatch.wire",),
     "mpwatch.profile": (
         "mpwatch.contract",
@@ -122,6 +124,7 @@ def test_the_stages_are_packages_of_their_own():
         "mpwatch.record",
         "mpwatch.show",
         "mpwatch.wire",
+        "mpwatch.words",
         "mpwatch.xplane",
     ]
 

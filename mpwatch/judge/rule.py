@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from mpwatch import contract
+from mpwatch import contract, words
 from mpwatch.formats import FLOAT16, SIXTEEN_BIT
 from mpwatch.judge.finding import SEVERITIES, Finding
 from mpwatch.read.run import ProbeResult, Run
@@ -206,20 +206,10 @@ class Rule:
 finite = contract.finite_float  # the one definition, in the contract
 
 
-def fmt(x: float | None, digits: int = 3) -> str:
-    """A number for a title or an evidence line (``"n/a"`` for None)."""
-    if x is None:
-        return "n/a"
-    if float(x).is_integer() and abs(x) < 1e9:
-        return f"{int(x)}"
-    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}"
-
-
-def pct(x: float) -> str:
-    """A fraction as a percentage: two decimals below 10%, one above."""
-    return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
+#: a number, and a fraction as a percentage, for a title or an evidence line: the one formatter
+#: (:mod:`mpwatch.words`; a loss scale: ``words.loss_scale``, a duration: ``words.duration_ms``)
+fmt = words.number
+pct = words.percent
 
 
 # --- reading the run -----------------------------------------------------------------------------

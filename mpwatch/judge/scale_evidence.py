@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mpwatch import contract
+from mpwatch import contract, words
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
 from mpwatch.judge.rule import MIN_COMPUTE_CAPABILITY, fast_16bit, row_computes_float32
 from mpwatch.read.run import Run
@@ -408,27 +408,15 @@ def bfloat16_device(run: Run) -> str | None:
 
 
 # --- formatting ----------------------------------------------------------------------------------
-def scale_text(scale: float) -> str:
-    """``2^20 (1048576)`` for a power of two, else the number."""
-    k = math.log2(scale) if scale > 0 else None
-    exact = _num(scale)
-    if k is not None and float(k).is_integer():
-        return f"2^{int(k)} ({exact})" if abs(k) > 3 else exact
-    return exact
+#: a loss scale in words (``2^20 (1048576)``): :func:`mpwatch.words.loss_scale`, everywhere
+scale_text = words.loss_scale
+_pct = words.percent
 
 
 def _num(x: float) -> str:
-    """A number as Python source that gives exactly that float."""
+    """A number as Python source that gives exactly that float (for code: ``initial_scale=``)."""
     x = float(x)
     return str(int(x)) if x.is_integer() else repr(x)
-
-
-def _pct(x: float) -> str:
-    if x == 0:
-        return "0%"
-    if x < 1e-4:
-        return f"{100 * x:.1e}%"
-    return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
 
 
 def optimizer_code(initial: float | None, growth: int | None) -> str:

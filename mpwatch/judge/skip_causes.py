@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mpwatch import contract
+from mpwatch import contract, words
 from mpwatch.formats import FLOAT16
 from mpwatch.judge.rule import compute_dtype
 from mpwatch.judge.scale_evidence import overflows
@@ -85,7 +85,7 @@ def bad_input_steps(run: Run) -> dict[int, str]:
     if compute_dtype(run) == "float16":
         for step, mx in peak.items():
             if float(mx) > FLOAT16.max and int(step) not in out:
-                out[int(step)] = f"max |x| {float(mx):.3g} > float16's {FLOAT16.max:g}"
+                out[int(step)] = f"max |x| {words.number(float(mx))} > float16's {FLOAT16.max:g}"
     return out
 
 
@@ -115,8 +115,7 @@ def skip_causes(run: Run) -> list[SkipCause]:
 
 
 def _scale(s: float) -> str:
-    k = math.log2(s) if s > 0 else None
-    return f"2^{int(k)}" if k is not None and float(k).is_integer() else f"{s:g}"
+    return words.loss_scale(s)
 
 
 def by_cause(causes: list[SkipCause]) -> dict[str, list[SkipCause]]:

@@ -123,7 +123,11 @@ class _Progress:
 
 
 def _use_color(args: argparse.Namespace, out: TextIO) -> bool:
+    """Colours only on a terminal, and not with ``--no-color``, ``-o``, a non-empty ``NO_COLOR``
+    (https://no-color.org) or ``TERM=dumb``."""
     if args.no_color or os.environ.get("NO_COLOR") or args.output:
+        return False
+    if os.environ.get("TERM") == "dumb":
         return False
     return hasattr(out, "isatty") and out.isatty()
 

@@ -9,7 +9,7 @@ module does not import :mod:`mpwatch.show.report` (``render(..., "html")`` calls
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
 
@@ -29,6 +29,7 @@ from mpwatch.show.summary import (
     run_summary,
     step_range,
 )
+from mpwatch.words import duration_ms, loss_scale, percent
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;
@@ -77,6 +78,11 @@ def _fmt(v: Any) -> str:
     if isinstance(v, dict):
         return ", ".join(f"{k}={x}" for k, x in v.items())
     return str(v)
+
+
+def _words(say: Callable[[float], str], v: float | None) -> str | None:
+    """``v`` in words (:mod:`mpwatch.words`), None when not recorded."""
+    return None if v is None else say(v)
 
 
 def _finding_html(f: Finding) -> str:
@@ -318,12 +324,12 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
             "policy": r.info.get("policy"),
             "device": (r.info.get("device") or {}).get("name"),
             "steps": f"{st['first']}-{st['last']}" if st["count"] else None,
-            "final loss scale": sm["final_loss_scale"],
+            "final loss scale": _words(loss_scale, sm["final_loss_scale"]),
             "skipped steps": sm["skipped_steps"],
             "probes": sm["probes"],
-            "latest underflow fraction": sm["underflow_fraction"],
+            "latest underflow fraction": _words(percent, sm["underflow_fraction"]),
             # a fact about the probe's gradients, not the advice (the findings weigh the evidence)
-            "largest safe scale (latest probe)": sm["recommended_scale"],
+            "largest safe scale (latest probe)": _words(loss_scale, sm["recommended_scale"]),
         }
         probe = r.latest_probe()
         not_measured = probe_not_measured(probe.model) if probe is not None else None
@@ -332,7 +338,7 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
             facts["latest underflow fraction"] = f"not measured at {at}: {not_measured}"
             facts["largest safe scale (latest probe)"] = f"none (not measured at {at})"
         facts |= {
-            "median step time (ms)": sm["step_time_ms"],
+            "median step time": _words(duration_ms, sm["step_time_ms"]),
             "peak memory (MiB)": sm["peak_memory_mb"],
         }
         body.append('<table class="facts"><tbody>')

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ from mpwatch.show.summary import (
     runs_list,
     step_range,
 )
+from mpwatch.words import duration_ms, loss_scale, plain
 
 __all__ = [
     "FORMATS",
@@ -247,6 +249,19 @@ def to_json(
 # --- text ----------------------------------------------------------------------------------------
 _COLOURS = {"error": "\x1b[1;31m", "warning": "\x1b[33m", "info": "\x1b[36m"}
 _BOLD, _DIM, _RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
+_OURS = re.compile(
+    "(" + "|".join(re.escape(c) for c in {*_COLOURS.values(), _BOLD, _DIM, _RESET}) + ")"
+)
+
+
+def _terminal(text: str, color: bool) -> str:
+    """The text report as it reaches a terminal: no escape sequence or control character (but
+    newlines) other than the report's own colours, and none of those without ``color``. Notices
+    carry Keras' escapes, and layer and run names are user input: none recolours the terminal or
+    moves its cursor, and ``--no-color`` output holds no escape at all."""
+    if not color:
+        return plain(text)
+    return "".join(p if i % 2 else plain(p) for i, p in enumerate(_OURS.split(text)))
 
 
 def _run_header(r: Run) -> str:
@@ -256,13 +271,13 @@ def _run_header(r: Run) -> str:
     if st["count"]:
         bits.append(f"steps {st['first']}-{st['last']}")
     if sm["final_loss_scale"] is not None:
-        bits.append(f"final loss scale {sm['final_loss_scale']:g}")
+        bits.append(f"final loss scale {loss_scale(sm['final_loss_scale'])}")
     if sm["skipped_steps"] is not None:
         bits.append(f"{sm['skipped_steps']} skipped steps")
     if sm["probes"]:
         bits.append(f"{sm['probes']} probes")
     if sm["step_time_ms"] is not None:
-        bits.append(f"{sm['step_time_ms']:.3g} ms/step")
+        bits.append(f"{duration_ms(sm['step_time_ms'])}/step")
     return ", ".join(bits)
 
 
@@ -347,7 +362,7 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
     if not any(r.has_data for r in rl):
         out.append(NO_DATA.format(where=f"`{where}`"))
         return "\n".join(out) + "\n"
-    out += ["| run | policy | steps | final loss scale | skipped | probes | ms/step |",
+    out += ["| run | policy | steps | final loss scale | skipped | probes | step time |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rl:
         st, sm = step_range(r), run_summary(r)
@@ -355,9 +370,9 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
         out.append(
             f"| {_md_escape(r.name)} | {_md_escape(r.info.get('policy') or '')} | "
             f"{st['first'] if st['count'] else ''}-{st['last'] if st['count'] else ''} | "
-            f"{'' if fls is None else f'{fls:g}'} | "
+            f"{'' if fls is None else loss_scale(fls)} | "
             f"{'' if sm['skipped_steps'] is None else sm['skipped_steps']} | {sm['probes']} | "
-            f"{'' if sm['step_time_ms'] is None else format(sm['step_time_ms'], '.3g')} |"
+            f"{'' if sm['step_time_ms'] is None else duration_ms(sm['step_time_ms'])} |"
         )
     for r in rl:
         ps = profile_summary(r)
@@ -410,7 +425,7 @@ def render(
     """The diagnosis in one of :data:`FORMATS`."""
     rl = runs_list(runs)
     if fmt == "text":
-        return _text(rl, findings, logdir, color)
+        return _terminal(_text(rl, findings, logdir, color), color)
     if fmt == "markdown":
         return _markdown(rl, findings, logdir)
     if fmt == "json":

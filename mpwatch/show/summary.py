@@ -23,6 +23,7 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.read import Run
+from mpwatch.words import duration_ms, percent
 
 __all__ = [
     "NO_DATA",
@@ -208,38 +209,38 @@ def profile_lines(ps: dict[str, Any]) -> list[str]:
     bits = [head]
     gpu = ps.get("source") == "device_kernels"
     if ps["total_ms"] is not None:
-        bits.append(f"{ps['total_ms']:.3g} ms of {'GPU kernel' if gpu else 'op'} time")
+        bits.append(f"{duration_ms(ps['total_ms'])} of {'GPU kernel' if gpu else 'op'} time")
     if ps["share_16bit"] is not None:
-        bits.append(f"{ps['share_16bit']:.1%} in 16-bit{' kernels' if gpu else ''}")
+        bits.append(f"{percent(ps['share_16bit'])} in 16-bit{' kernels' if gpu else ''}")
     if gpu and ps.get("unknown_share") is not None:
-        bits.append(f"{ps['unknown_share']:.1%} of unknown precision (never counted 16-bit)")
+        bits.append(f"{percent(ps['unknown_share'])} of unknown precision (never counted 16-bit)")
     if ps["cast_share"] is not None and not gpu:
-        bits.append(f"{ps['cast_share']:.1%} in Cast ops")
+        bits.append(f"{percent(ps['cast_share'])} in Cast ops")
     if ps["unattributed_share"] is not None:
-        bits.append(f"{ps['unattributed_share']:.1%} outside layers")
+        bits.append(f"{percent(ps['unattributed_share'])} outside layers")
     lines = [", ".join(bits)]
     if gpu:
         tc, xtc = ps.get("tensor_core_share"), ps.get("xprof_tensor_core_share")
         if tc is not None:
-            line = f"Tensor Cores: {tc:.1%} of GPU time by the kernel names (mpwatch)"
+            line = f"Tensor Cores: {percent(tc)} of GPU time by the kernel names (mpwatch)"
             if xtc is not None:
-                line += f", {xtc:.1%} by xprof's 'Kernel uses TensorCore' flag"
+                line += f", {percent(xtc)} by xprof's 'Kernel uses TensorCore' flag"
             lines.append(line)
         by = ps.get("by_precision_share") or {}
         if by:
             lines.append(
-                "by precision: " + ", ".join(f"{k} {v:.1%}" for k, v in by.items() if v)
+                "by precision: " + ", ".join(f"{k} {percent(v)}" for k, v in by.items() if v)
             )
     elif ps.get("source"):
         lines.append(f"figures: {PROFILE_SOURCE_LABELS.get(ps['source'], ps['source'])}")
     for lay in ps["top_layers"]:
-        share = "" if lay["share"] is None else f" ({lay['share']:.1%})"
-        s16 = "" if lay["share_16bit"] is None else f", {lay['share_16bit']:.0%} 16-bit"
+        share = "" if lay["share"] is None else f" ({percent(lay['share'])})"
+        s16 = "" if lay["share_16bit"] is None else f", {percent(lay['share_16bit'])} 16-bit"
         extra = ""
         if lay.get("tensor_core_share") is not None:
             extra = (
-                f", {lay['tensor_core_share']:.0%} on Tensor Cores, forward "
-                f"{lay['forward_ms']:.3g} / backward {lay['backward_ms']:.3g} ms"
+                f", {percent(lay['tensor_core_share'])} on Tensor Cores, forward "
+                f"{duration_ms(lay['forward_ms'])} / backward {duration_ms(lay['backward_ms'])}"
             )
-        lines.append(f"{lay['layer']}: {lay['time_ms']:.3g} ms{share}{s16}{extra}")
+        lines.append(f"{lay['layer']}: {duration_ms(lay['time_ms'])}{share}{s16}{extra}")
     return lines

@@ -43,6 +43,7 @@ from mpwatch import contract
 from mpwatch.contract import json_safe
 from mpwatch.read import ProbeResult, Run, run_from_records
 from mpwatch.read.run import PROBE_TOP_KEYS, later_writes_win
+from mpwatch.words import plain
 
 __all__ = [
     "Judged",
@@ -794,8 +795,10 @@ def profile_view(model: Run) -> dict[str, Any]:
 
 
 def info_view(model: Run) -> dict[str, Any]:
+    """The run's facts, its notices (messages as plain text: Keras wraps exception messages in
+    terminal escapes) and the errors met reading it."""
     return {
         "info": model.info or None,
-        "notices": list(model.notices),
+        "notices": [{**n, "message": plain(n.get("message") or "")} for n in model.notices],
         "errors": list(model.warnings),
     }

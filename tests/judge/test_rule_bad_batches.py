@@ -87,7 +87,7 @@ def test_bad_batches_named_by_step_with_their_values():
     assert f.data["steps"] == sorted(BAD)
     assert f.data["skipped_steps"] == sorted(BAD)
     assert f.data["nonfinite_steps"] == [900]
-    assert "1e+30" in f.evidence and "step 400" in f.evidence and "step 900" in f.evidence
+    assert "1.00e+30" in f.evidence and "step 400" in f.evidence and "step 900" in f.evidence
     assert "filter" in f.fix and "dtype" not in f.fix  # the data, never a layer dtype
 
 

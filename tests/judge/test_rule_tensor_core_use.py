@@ -98,7 +98,7 @@ CASES = [
             {
                 "layer": None,
                 "severity": "info",
-                "title_has": ("90.0% of GPU time ran on Tensor Cores", "xprof's flag: 0.00%"),
+                "title_has": ("90.0% of GPU time ran on Tensor Cores", "xprof's flag: 0%"),
                 "evidence_has": (
                     "unknown precision 10.0% (never counted as 16-bit)",
                     "layer_norm 800 us (no matrix math)",
@@ -115,7 +115,7 @@ CASES = [
                 "layer": "dense",
                 "severity": "warning",
                 "title_has": "(its policy)",
-                "evidence_has": ("2,000 us (20.0% of device time)", "2,000 us in float32 kernels"),
+                "evidence_has": ("2 ms (20.0% of device time)", "2 ms in float32 kernels"),
                 "fix_has": 'Dense(..., dtype="mixed_float16")',
                 # the profile rule's float32-layer finding of dense is the same cause: folded
                 "data": {"cause": "policy", "also": ["profile"]},
@@ -134,7 +134,7 @@ CASES = [
                 "layer": "dense",
                 "severity": "warning",
                 "title_has": "units not a multiple of 8",
-                "evidence_has": ("2,000 us in 16-bit kernels", "units=60 -> 64"),
+                "evidence_has": ("2 ms in 16-bit kernels", "units=60 -> 64"),
                 "fix_has": "Dense(units=64, ...)",
                 "data": {"cause": "alignment", "dims": {"units": 60}},
             },
@@ -194,7 +194,7 @@ CASES = [
                 "layer": None,
                 "severity": "info",
                 # the Triton gemm's Tensor Core use is unknown: neither on nor off
-                "evidence_has": "Tensor Core use unknown 2,000 us",
+                "evidence_has": "Tensor Core use unknown 2 ms",
                 "data": {"unknown_share": 0.3},
             }
         ],
@@ -222,7 +222,7 @@ CASES = [
             policy="float32",
             profile=kernel_profile([(F32_SGEMM, DENSE_F, 3000.0), (XLA_LOOP, NORM_F, 100.0)]),
         ),
-        [{"layer": None, "severity": "info", "title_has": "0.00% of GPU time"}],
+        [{"layer": None, "severity": "info", "title_has": "0% of GPU time"}],
         id="float32-run-summary-only",
     ),
     pytest.param(

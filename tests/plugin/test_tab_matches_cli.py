@@ -179,3 +179,21 @@ def test_the_tab_shows_the_clis_findings_run_by_run(browser, server, truth):
         assert tab.errors == []
     finally:
         tab.close()
+
+
+def test_the_tab_shows_notices_as_plain_text():
+    """Keras wraps an exception's message in terminal escapes; the tab's notices are plain text."""
+    from tensorboard_plugin_mpwatch import data
+
+    from mpwatch.read import Run
+
+    run = Run(name="r", path="/logs/r")
+    keras_style = "ValueError: Exception encountered.\n\n\x1b[1mboom\x1b[0m\n\nArguments received"
+    run.notices = [{"step": 3, "part": "probe", "level": "error", "message": keras_style}]
+    (notice,) = data.info_view(run)["notices"]
+    assert notice == {
+        "step": 3,
+        "part": "probe",
+        "level": "error",
+        "message": "ValueError: Exception encountered.\n\nboom\n\nArguments received",
+    }

@@ -99,7 +99,7 @@ def test_text_and_markdown_show_both_figures(gpu_run):
         assert "by precision: float16 79.5%, unknown 20.5%" in out, fmt
         assert "20.5% of unknown precision (never counted 16-bit)" in out, fmt
         assert "76.2% of GPU time ran on Tensor Cores (xprof's flag: 12.5%)" in out, fmt
-        assert "conv2d_2: 6.73 ms (42.1%), 98% 16-bit, 97% on Tensor Cores" in out, fmt
+        assert "conv2d_2: 6.73 ms (42.1%), 98.2% 16-bit, 96.6% on Tensor Cores" in out, fmt
 
 
 class _Table(HTMLParser):

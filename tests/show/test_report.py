@@ -213,9 +213,9 @@ def test_profile_section_in_every_format(two_runs):
     assert next(r for r in doc["runs"] if r["name"] == "fp32")["profile"] is None
     text = report.render(runs, findings, "text", logdir=root)
     assert "profile: profiled steps 5-8, 10 ms of op time, 30.0% in 16-bit, 20.0% in Cast" in text
-    assert "conv2d: 5 ms (50.0%), 20% 16-bit" in text
+    assert "conv2d: 5 ms (50.0%), 20.0% 16-bit" in text
     md = report.render(runs, findings, "markdown", logdir=root)
-    assert "**Profile of run `mixed`:**" in md and "- dense: 2.5 ms (25.0%), 80% 16-bit" in md
+    assert "**Profile of run `mixed`:**" in md and "- dense: 2.5 ms (25.0%), 80.0% 16-bit" in md
     html = report.render(runs, findings, "html", logdir=root)
     assert '<section class="profile"><h3>Profile</h3>' in html
 

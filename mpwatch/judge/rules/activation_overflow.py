@@ -81,6 +81,7 @@ from mpwatch.judge.rule import (
     probe_overflow,
 )
 from mpwatch.read.run import ProbeResult, Run
+from mpwatch.words import loss_scale
 
 RULE = Rule(
     id="activation-overflow",
@@ -150,7 +151,7 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
         body = (
             f"the forward pass stays finite (max |activation| of {root!r} {fmt(mx)}); the first "
             f"layer, in backward order, whose gradients are non-finite: {root!r}, at loss scale "
-            f"{fmt(scale)}"
+            f"{loss_scale(scale)}"
             + (" (a scale of 1 or less: it overflows at any scale)" if scale and scale <= 1 else "")
         )
     evidence = f"{head}: {body}" + _consequences(over, loss_nonfinite)

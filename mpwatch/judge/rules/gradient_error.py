@@ -37,7 +37,7 @@ error. One finding per contiguous run, none for a run whose cause another rule n
 ```text
 Gradient of layer 'embed' differs from float32 by 14.0%: keep it float32
 probe at step 30 (float16): gradient relative error 0.14 against the float32 reference
-(threshold 0.05; the other layers' median 0.002); 0.00% of its gradient values underflow; output
+(threshold 0.05; the other layers' median 0.002); 0% of its gradient values underflow; output
 relative error 0.0004
 ```
 

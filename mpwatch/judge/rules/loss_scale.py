@@ -87,7 +87,7 @@ from __future__ import annotations
 from mpwatch import contract
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import Rule, fmt
+from mpwatch.judge.rule import Rule
 from mpwatch.read.run import Run
 
 SCALE_STUCK_LOW = 1.0  # a final dynamic scale at or below this cannot protect gradients
@@ -124,11 +124,11 @@ def check(run: Run) -> list[Finding]:
             found.append(
                 RULE.finding(
                     "error",
-                    f"Loss scale stuck at {fmt(med)}",
+                    f"Loss scale stuck at {se.scale_text(med)}",
                     f"median dynamic loss scale over the last {len(tail)} logged steps "
-                    f"(steps {int(tail.index[0])}-{int(tail.index[-1])}): {fmt(med)}; minimum "
-                    f"{fmt(float(steps.min()))}. A scale this low means the forward or backward "
-                    "pass itself overflows float16.",
+                    f"(steps {int(tail.index[0])}-{int(tail.index[-1])}): {se.scale_text(med)}; "
+                    f"minimum {se.scale_text(float(steps.min()))}. A scale this low means the "
+                    "forward or backward pass itself overflows float16.",
                     fix="# find the overflowing layer (activation-overflow findings) and keep it "
                     'float32:\nkeras.layers.Dense(..., dtype="float32")',
                     data={"median_scale": med, "min_scale": float(steps.min())},

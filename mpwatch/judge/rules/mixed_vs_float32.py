@@ -57,6 +57,7 @@ from mpwatch import contract
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, compute_dtype, fast_16bit, pct, policy
 from mpwatch.read.run import Run
+from mpwatch.words import duration_ms, number
 
 LOSS_AGREE_REL = 0.05  # final losses of a mixed and a float32 run within 5% agree
 SLOWER_RATIO = 0.95  # mixed step time / float32 step time above this: no speed-up
@@ -85,7 +86,7 @@ def check_pair(mixed: Run, fp32: Run) -> list[Finding]:
             ratio = tm / tf_
             data.update({"step_time_ms_mixed": tm, "step_time_ms_float32": tf_,
                          "step_time_ratio": ratio})  # fmt: skip
-            parts.append(f"step time {tm:.3g} ms vs {tf_:.3g} ms (x{ratio:.2f}, "
+            parts.append(f"step time {duration_ms(tm)} vs {duration_ms(tf_)} (x{ratio:.2f}, "
                          f"speed-up {1 / ratio:.2f}x)")  # fmt: skip
             if ratio > SLOWER_RATIO:
                 sev = "warning"
@@ -95,7 +96,8 @@ def check_pair(mixed: Run, fp32: Run) -> list[Finding]:
         r = float(mm.max()) / float(mf.max())
         data.update({"peak_memory_mb_mixed": float(mm.max()),
                      "peak_memory_mb_float32": float(mf.max()), "memory_ratio": r})  # fmt: skip
-        parts.append(f"peak memory {float(mm.max()):.4g} MiB vs {float(mf.max()):.4g} MiB "
+        parts.append(f"peak memory {number(float(mm.max()), 4)} MiB vs "
+                     f"{number(float(mf.max()), 4)} MiB "
                      f"(x{r:.2f})")  # fmt: skip
     lm, lf = mixed.scalar(contract.TRAIN_LOSS), fp32.scalar(contract.TRAIN_LOSS)
     if len(lm) and len(lf):
@@ -108,7 +110,7 @@ def check_pair(mixed: Run, fp32: Run) -> list[Finding]:
             agree = rel <= LOSS_AGREE_REL
             data.update({"final_loss_mixed": a, "final_loss_float32": b, "loss_rel_diff": rel,
                          "losses_agree": agree, "common_steps": int(len(common))})  # fmt: skip
-            parts.append(f"final training loss {a:.4g} vs {b:.4g} ({pct(rel)} apart: "
+            parts.append(f"final training loss {number(a, 4)} vs {number(b, 4)} ({pct(rel)} apart: "
                          f"{'agree' if agree else 'DIFFER'})")  # fmt: skip
             if not agree:
                 sev = "warning"

@@ -23,7 +23,7 @@ info. The last two advise more 16-bit compute: not given on a device without fas
 ## Example evidence
 ```text
 20.0% of profiled time is spent in Cast ops
-Cast ops 2000 us of 10000 us over steps [5, 8]
+Cast ops 2 ms of 10 ms over steps [5, 8]
 ```
 
 ## Fix
@@ -56,13 +56,13 @@ from mpwatch.judge.rule import (
     effective_float32,
     fast_16bit,
     finite,
-    fmt,
     layer_constructor,
     layer_row,
     pct,
     policy,
 )
 from mpwatch.read.run import Run
+from mpwatch.words import duration_us
 
 CAST_SHARE_WARN = 0.10
 SHARE_16BIT_WARN = 0.50
@@ -112,8 +112,8 @@ def check(run: Run) -> list[Finding]:
             RULE.finding(
                 "warning",
                 f"{pct(cast)} of profiled time is spent in Cast ops",
-                f"Cast ops {fmt(finite(prof.get('cast_us')))} us of {fmt(total)} us over steps "
-                f"{prof.get('steps')}",
+                f"Cast ops {duration_us(finite(prof.get('cast_us')))} of {duration_us(total)} "
+                f"over steps {prof.get('steps')}",
                 fix=_cast_fix(id_inputs(run)),
                 data={"cast_share": cast},
             )
@@ -142,7 +142,7 @@ def check(run: Run) -> list[Finding]:
             RULE.finding(
                 "warning",
                 f"Only {pct(share16)} of compute time runs in 16 bits",
-                f"16-bit share of profiled op time {fmt(share16)} under policy {policy(run)}",
+                f"16-bit share of profiled op time {pct(share16)} under policy {policy(run)}",
                 fix="# see the per-layer time table: move the heaviest float32 layers to the "
                 "mixed policy",
                 data={"share_16bit": share16},
@@ -178,8 +178,8 @@ def check(run: Run) -> list[Finding]:
                 RULE.finding(
                     "info",
                     f"Layer {name!r} spends {pct(t32 / total)} of profiled time in float32",
-                    f"{fmt(t32)} us in 32-bit {'kernels' if kern is not None else 'ops'} of "
-                    f"{fmt(total)} us total; policy {row.get('policy')}",
+                    f"{duration_us(t32)} in 32-bit {'kernels' if kern is not None else 'ops'} of "
+                    f"{duration_us(total)} total; policy {row.get('policy')}",
                     fix=f"{layer_constructor(run, row.get('class'))}(..., "
                     f'dtype="{policy(run) or "mixed_float16"}")  # if its numerics allow',
                     layer=name,

@@ -34,6 +34,7 @@ from __future__ import annotations
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule
 from mpwatch.read.run import Run
+from mpwatch.words import plain
 
 TITLE_CHARS = 160  # characters of a notice's first line in the title
 EVIDENCE_CHARS = 400  # characters of the full message in the evidence
@@ -57,7 +58,7 @@ def check(run: Run) -> list[Finding]:
     no_scale = str((run.info.get("loss_scale") or {}).get("kind")) == "none"
     for n in run.notices:
         lvl = str(n.get("level") or "info")
-        msg = str(n.get("message") or "")
+        msg = plain(n.get("message") or "")  # Keras wraps messages in terminal escapes
         if lvl != "error" and no_scale and str(n.get("part")) == "loss_scale":
             continue  # "no loss scale": a run fact (run_info), not a recording problem
         first = _cut(msg.strip().splitlines()[0] if msg.strip() else "", TITLE_CHARS)
@@ -65,7 +66,7 @@ def check(run: Run) -> list[Finding]:
     out = []
     for (part, lvl, first), notices in groups.items():
         steps = [n.get("step") for n in notices]
-        msg = " ".join(str(notices[0].get("message") or "").split())
+        msg = " ".join(plain(notices[0].get("message") or "").split())
         where = (
             f"notice at step {steps[0]}"
             if len(notices) == 1

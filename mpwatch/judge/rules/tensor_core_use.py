@@ -34,9 +34,9 @@ math the profile shows on Tensor Cores becomes info, with that measurement.
 ## Example evidence
 ```text
 76.2% of GPU time ran on Tensor Cores (xprof's flag: 12.5%)
-not on Tensor Cores: batch_normalization 1,097 us (no matrix math), conv2d 884 us (helper
-kernels of its matmul/conv 416 us, no matrix math 467 us), ...; matmul/conv ops 12,702 us:
-Tensor Core kernels 12,170 us, ...; device time 15,969 us: float16 79.5%, unknown precision
+not on Tensor Cores: batch_normalization 1.1 ms (no matrix math), conv2d 884 us (helper
+kernels of its matmul/conv 416 us, no matrix math 467 us), ...; matmul/conv ops 12.7 ms:
+Tensor Core kernels 12.2 ms, ...; device time 16 ms: float16 79.5%, unknown precision
 20.5% (never counted as 16-bit); xprof marks 12.5% 'Kernel uses TensorCore', and 63.7% more
 runs in kernels whose names say Tensor Core (its name list predates Ampere and Hopper kernel
 names)
@@ -85,6 +85,7 @@ from mpwatch.judge.rule import (
     policy,
 )
 from mpwatch.read.run import Run
+from mpwatch.words import duration_us
 
 LAYER_MIN_SHARE = 0.01  # a layer's eligible time not on Tensor Cores, of the device time
 TENSOR_CORE_LOW = 0.5  # of the matrix-math time on Tensor Cores, under a 16-bit policy
@@ -108,8 +109,8 @@ RULE = Rule(
 
 
 def _us(x: float) -> str:
-    """Microseconds as a reader reads them: ``15,969 us``, ``9.1 us``."""
-    return f"{x:,.0f} us" if abs(x) >= 100 else f"{x:.3g} us"
+    """Microseconds as a reader reads them (:func:`mpwatch.words.duration_us`: ``16 ms``)."""
+    return duration_us(x)
 
 
 def _round8(v: int) -> int:

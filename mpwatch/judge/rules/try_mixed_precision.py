@@ -57,6 +57,7 @@ from mpwatch.formats import FLOAT16, SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import HEADROOM_WARN_BITS, Rule, compute_dtype, finite, fmt, pct, policy
 from mpwatch.read.run import Run
+from mpwatch.words import loss_scale
 
 RULE = Rule(
     id="try-mixed-precision",
@@ -98,7 +99,8 @@ def check(run: Run) -> list[Finding]:
         mx = finite(model.get("max_abs_activation"))
         f16 = (
             f"pre-flight at step {probe.step}: {pct(uf or 0.0)} of gradient values would "
-            f"underflow in float16 at the initial scale {fmt(finite(model.get('loss_scale')))}, "
+            "underflow in float16 at the initial scale "
+            f"{loss_scale(finite(model.get('loss_scale')))}, "
             f"max |activation| {fmt(mx)}"
         )
         data.update({"preflight_underflow_fraction": uf, "preflight_max_abs_activation": mx})
