@@ -852,6 +852,28 @@ _PROBE = _record_schema(
             "what the mixed gradients are compared to: float32_twin is the same model and "
             "weights with its mixed layers switched to float32 (record/twin.py)",
         ),
+        "fix_checks": _t(
+            "array",
+            "written when the forward pass went non-finite (TensorFlow): each candidate fix "
+            "re-run on the same batch and weights (record/fix_check.py), in order",
+            items=_obj(
+                {
+                    "fix": _enum(
+                        ["none", "float32_layers", "normalize_inputs"],
+                        "none: the pass as it is (the first entry)",
+                    ),
+                    "layers": _t("array", "the layers kept float32", items=_str()),
+                    "finite": _bool("the forward pass and the loss are finite with it"),
+                    "first_nonfinite_layer": _str(
+                        'where it is still not finite (a layer, "loss", "gradients"), or None',
+                        nullable=True,
+                    ),
+                    "max_abs_activation_16bit": _num("max finite |activation| of 16-bit layers"),
+                    "loss": _num("the loss with the fix (None: not finite)", nullable=True),
+                },
+                "one candidate fix and what it did",
+            ),
+        ),
         "reliable": _bool(
             "the probe's loss agrees with the train step's loss on the same batch and weights "
             "(None: cannot be checked, e.g. a custom train_step); False: no finding rests on it",

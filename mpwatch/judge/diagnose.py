@@ -36,6 +36,8 @@ __all__ = [
     "fold_tensor_core_use",
     "fold_train_step",
     "no_forward_pass",
+    "fold_input_range",
+    "checked_fixes",
 ]
 
 
@@ -184,6 +186,58 @@ def fold_train_step(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+def fold_input_range(findings: list[Finding]) -> list[Finding]:
+    """Where ``input-range`` found (by the probe's fix checks) that the inputs' range makes the
+    model overflow, the same run's overflow findings and their consequences
+    (:data:`~mpwatch.judge.rules.input_range.CONSEQUENCES`) become its evidence."""
+    from mpwatch.judge.rules.input_range import CONSEQUENCES
+
+    roots = {f.run: f for f in findings if f.rule == "input-range"}
+    if not roots:
+        return findings
+    out = []
+    for f in findings:
+        root = roots.get(f.run)
+        if root is not None and f.rule in CONSEQUENCES:
+            _absorb(root, f)
+            continue
+        out.append(f)
+    return out
+
+
+def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
+    """A finding that keeps a layer float32 (``action["dtype"] == "float32"``), where the probe
+    checked that fix on the batch that showed the problem (:mod:`mpwatch.judge.fix_checks`): its
+    evidence says what the check saw; when the layer alone did not make the pass finite but a
+    few more layers did, the advice (action and fix) grows to those layers; when none did, the
+    finding keeps no float32 action (a fix that does not fix is not offered)."""
+    from mpwatch.judge.fix_checks import checked_layers
+    from mpwatch.judge.rule import keep_float32_fix, layer_row
+
+    for f in findings:
+        if not f.layer or f.action.get("dtype") != "float32":
+            continue
+        got = checked_layers(run, f.layer)
+        if got is None:
+            continue
+        layers, text = got
+        f.evidence += f"; {text}"
+        f.data = {**f.data, "checked_layers": layers}
+        if layers is None:
+            f.action = {}
+            f.fix = (
+                "# keeping this layer (or the next ones) in float32 did not make it finite:\n"
+                "# see the evidence for what the probe tried on the batch that overflowed"
+            )
+        elif layers != [f.layer]:
+            f.action = {**f.action, "layers": layers}
+            f.fix = "\n".join(
+                keep_float32_fix(n, (layer_row(run, n) or {}).get("class"), run).split("\n")[0]
+                for n in layers
+            )
+    return findings
+
+
 def no_forward_pass(run: Run, findings: list[Finding]) -> list[Finding]:
     """A model without a forward pass of its own (a GAN whose ``train_step`` runs sub-models:
     the ``train_step`` record's ``has_call`` False) has no output of its own: an
@@ -225,7 +279,11 @@ def diagnose_run(run: Run) -> list[Finding]:
                 f.run = run.name
             out.append(f)
     out = fold_tensor_core_use(
-        fold_shared_advice(fold_overflow_consequences(fold_train_step(no_forward_pass(run, out))))
+        fold_shared_advice(
+            fold_overflow_consequences(
+                fold_input_range(fold_train_step(no_forward_pass(run, checked_fixes(run, out))))
+            )
+        )
     )
     return most_severe_first(one_per_layer(out))
 

@@ -84,7 +84,14 @@ from mpwatch import contract, formats
 from mpwatch.record import underflow
 from mpwatch.record.base import RecordingCallback, check_positive_int
 from mpwatch.record.inputs import INPUT_COLUMNS, input_rows
-from mpwatch.record.twin import PolicyView, model_kind, random_layers, random_layers_off
+from mpwatch.record.twin import (
+    PolicyView,
+    backend_value,
+    model_kind,
+    random_layers,
+    random_layers_off,
+    state_variables,
+)
 from mpwatch.record.writer import RunWriter
 
 logger = logging.getLogger("mpwatch")
@@ -140,22 +147,8 @@ def _round(x: Any, digits: int = 6) -> Any:
     return x
 
 
-def _value(v: Any) -> Any:
-    """The backend variable under a Keras variable."""
-    return getattr(v, "value", v)
-
-
-def _state_variables(model: Any) -> list[Any]:
-    """Every variable of ``model`` that a forward pass and ``compute_loss`` may write: its
-    non-trainable variables (moving statistics, seed states) and its metrics' variables (the
-    compiled loss's per-output trackers among them), each once."""
-    seen: set[int] = set()
-    out = []
-    for v in list(model.non_trainable_variables) + list(model.metrics_variables):
-        if id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
-    return out
+_value = backend_value  # (their old names here)
+_state_variables = state_variables
 
 
 #: the probe agrees with the train step when its loss (the pass in the model's own policies)
@@ -547,6 +540,13 @@ class Probe:
         payload = self._payload(out, s)
         payload["batch"] = {"size": _batch_size(x), "source": batch_source}
         payload["inputs"] = contract.table(INPUT_COLUMNS, input_rows(self.model, x, self.mode))
+        if payload["model"].get("first_nonfinite_layer"):  # a candidate fix is checked here
+            from mpwatch.record.fix_check import check_fixes
+
+            try:
+                payload["fix_checks"] = check_fixes(self, x, y, sw, s, _blamed(payload))
+            except Exception as e:  # noqa: BLE001  (the probe's record stands without them)
+                logger.warning("mpwatch: probe: could not check the fixes: %r", e)
         return payload
 
     def _payload(self, out: dict[str, np.ndarray], scale: float) -> dict[str, Any]:
@@ -889,6 +889,22 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+
+def _blamed(payload: dict[str, Any]) -> list[str]:
+    """The layers a probe blames, for the fix checks: its first non-finite layer, then (forward
+    order) those whose activations come within 3 doublings of float16's maximum."""
+    first = payload["model"].get("first_nonfinite_layer")
+    out = [str(first)] if first and first != "loss" else []
+    table = payload.get("layers") or {}
+    cols = list(table.get("columns") or [])
+    if "layer" in cols and "max_abs_activation" in cols:
+        i, j = cols.index("layer"), cols.index("max_abs_activation")
+        for row in table.get("data") or []:
+            mx = row[j]
+            if isinstance(mx, (int, float)) and mx > formats.FLOAT16.max / 8 and row[i] not in out:
+                out.append(str(row[i]))
+    return out
 
 
 def _copy_tensors(data: Any) -> Any:

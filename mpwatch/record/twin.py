@@ -95,7 +95,8 @@ class PolicyView:
         'float16'
     """
 
-    def __init__(self, model: Any, policy: str) -> None:
+    def __init__(self, model: Any, policy: str, only: set[str] | None = None) -> None:
+        """``only``: switch just the layers of these names (a fix kept to a few layers)."""
         self.model = model
         self.policy = policy
         sources = sources_for(policy)
@@ -106,7 +107,7 @@ class PolicyView:
             if id(layer) in seen or not hasattr(layer, "dtype_policy"):
                 continue
             seen.add(id(layer))
-            if _policy_name(layer) in sources:
+            if _policy_name(layer) in sources and (only is None or layer.name in only):
                 self._targets.append(layer)
         self.layers = [layer.name for layer in self._targets]
         self._saved: list[tuple[Any, Any]] | None = None
@@ -168,3 +169,21 @@ def random_layers_off(layers: list[Any]) -> Iterator[None]:
                 object.__setattr__(layer, "call", original)
             else:
                 object.__delattr__(layer, "call")
+
+
+def backend_value(v: Any) -> Any:
+    """The backend variable under a Keras variable."""
+    return getattr(v, "value", v)
+
+
+def state_variables(model: Any) -> list[Any]:
+    """Every variable of ``model`` that a forward pass and ``compute_loss`` may write: its
+    non-trainable variables (moving statistics, seed states) and its metrics' variables (the
+    compiled loss's per-output trackers among them), each once."""
+    seen: set[int] = set()
+    out = []
+    for v in list(model.non_trainable_variables) + list(model.metrics_variables):
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out

@@ -8,7 +8,7 @@ one line in :data:`ALL_RULES`. ``docs/rules.md`` is generated from them
 
 Example:
     >>> [m.RULE.id for m in ALL_RULES][:3]
-    ['train-step', 'output-16bit', 'activation-overflow']
+    ['train-step', 'input-range', 'output-16bit']
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
     import_module(f"{__name__}.{name}")
     for name in (
         "train_step",
+        "input_range",
         "output_16bit",
         "activation_overflow",
         "id_rounding",

@@ -29,8 +29,8 @@ variables (a warning).
 ## Example evidence
 ```text
 the optimizer received gradients 2^0.3 times the float32 reference (median of 4 variables, 12
-comparisons), where a scaled loss gives 2^15 (32768): the loss was not multiplied by the scale,
-and LossScaleOptimizer divides by it: every update is 2^-15 of the right one
+comparisons), where a scaled loss gives 2^15 (32768) (the loss scale): the loss was not multiplied
+by the scale, and LossScaleOptimizer divides by it: every update is 2^-15 of the right one
 ```
 
 ## Fix
@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mpwatch import contract
+from mpwatch import contract, words
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, compute_dtype, fmt, names_list
@@ -261,7 +261,7 @@ def _loss_not_scaled(run: Run) -> Finding | None:
     measured = (
         f"the optimizer received gradients 2^{got:.1f} times the float32 reference (median of "
         f"{n_vars} variables, {len(ratios)} comparisons), where a scaled loss gives "
-        f"2^{int(k) if k.is_integer() else round(k, 1)} ({fmt(scale)}, the scale)"
+        f"{words.loss_scale(scale)} (the loss scale)"
     )
     owner = run.train_step.get("train_step_owner")
     where = f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
@@ -273,7 +273,8 @@ def _loss_not_scaled(run: Run) -> Finding | None:
         )
         return RULE.finding(
             "error",
-            f"{where} does not scale the loss: every update is 1/{fmt(scale)} of the right one",
+            f"{where} does not scale the loss: every update is 1/{words.number(scale)} of the "
+            "right one",
             evidence,
             fix=_scale_loss_fix(backend),
             data={"cause": "loss_not_scaled", "log2_ratio": got, "loss_scale": scale,

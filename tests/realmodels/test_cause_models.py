@@ -1,8 +1,9 @@
-"""Models that break mixed precision's contract in their own train step (issue 24), each trained
-with mpwatch's monitor by ``examples/contract_models.py``, then trained again with the finding's
-fix applied. Every finding is checked against truth computed here (the train step's own
-gradients against a float32 twin's, the optimizers' own classes and iterations, the weights'
-dtypes, the batches' values), and every fix must make its problem go away when applied.
+"""Models whose problem has one cause (issue 24): four that break mixed precision's contract in
+their own train step, bad batches, unnormalized inputs; each trained with mpwatch's monitor by
+``examples/cause_models.py``, then trained again with the finding's fix applied. Every finding
+is checked against truth computed here (the train step's own gradients against a float32 twin's,
+the optimizers' own classes and iterations, the weights' dtypes, the batches' values), and every
+fix must make its problem go away when applied.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import mpwatch  # noqa: E402
+from mpwatch.judge.skip_causes import skip_causes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cm():
-    return load_script("examples/contract_models.py")
+    return load_script("examples/cause_models.py")
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +147,33 @@ def test_bad_batches_named_by_step(cm, trained):
     assert _of(fixed_findings, "bad-batches") == []
     assert math.isfinite(fixed_history.history["loss"][-1])
     assert _errors(fixed_findings) == []
+
+
+def test_unnormalized_inputs_the_checked_fix_is_normalization(cm, trained):
+    model, history, findings, logdir = trained("unnormalized")
+    x, _ = cm.unnormalized_data()
+    assert float(np.abs(x).max()) > 2.0**15  # truth: raw amounts near float16's maximum
+    (f,) = _of(findings, "input-range")
+    assert f.severity == "error" and "Normalization" in f.fix
+    checks = f.data["fix_checks"]
+    # what the probe checked on that batch, re-done here by hand: at the probe's scale the raw
+    # batch's scaled gradients overflow float16; the same batch normalized does not
+    step, scale = f.data["step"], None
+    run = mpwatch.load_run(logdir)
+    for s, payload in run.records["probe"]:
+        if s == step:
+            scale = payload["loss_scale"]
+    assert scale is not None and [c["fix"] for c in checks][0] == "none" and not checks[0]["finite"]
+    norm_check = next(c for c in checks if c["fix"] == "normalize_inputs")
+    assert norm_check["finite"]
+    # never "keep a layer float32" for a range the inputs set: no layer fix offered or kept
+    assert not [g for g in findings if g.action.get("dtype") == "float32"]
+    assert _of(findings, "activation-overflow") == [] and _of(findings, "skipped-steps") == []
+    # the fix, applied: a Normalization layer first; retrained, the finding is gone, no step is
+    # skipped after the scale's descent, and the loss is finite and small
+    fixed, fixed_history, fixed_findings, fixed_logdir = trained("unnormalized", fixed=True)
+    assert _of(fixed_findings, "input-range") == []
+    assert _errors(fixed_findings) == []
+    causes = skip_causes(mpwatch.load_run(fixed_logdir))
+    assert [c for c in causes if c.cause != "descent"] == []
+    assert fixed_history.history["loss"][-1] < 1.0 < history.history["loss"][-1]

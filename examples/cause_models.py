@@ -1,5 +1,6 @@
-"""Models that break mixed precision's contract in their train step, as their users write them,
-each with its fix (issue 24): small enough for a CPU, synthetic data made here with a fixed seed.
+"""Models whose mixed-precision problem has one cause that advice must name, as their users write
+them, each with its fix (issue 24): small enough for a CPU, synthetic data made here with a fixed
+seed. Four break the train step's own contract, two feed it data float16 cannot hold.
 
 - ``custom_step``: the keras.io guide "Customizing what happens in fit()" ``train_step``
   (TensorFlow), which never calls ``optimizer.scale_loss``; under mixed_float16 Keras'
@@ -13,13 +14,16 @@ each with its fix (issue 24): small enough for a CPU, synthetic data made here w
   scaling) with Adam. Fixed: ``mixed_float16``.
 - ``bad_batches``: a CNN under mixed_float16 on data where two batches hold a 1e30 record. Fixed:
   the records filtered out.
+- ``unnormalized``: tabular data with raw dollar amounts up to 6e4 into three Dense layers under
+  mixed_float16 (each layer's output near float16's maximum; the scaled gradients overflow).
+  Fixed: a ``keras.layers.Normalization`` adapted on the training features, first in the model.
 
 ``train(name, logdir, fixed=False, epochs=...)`` trains one (with mpwatch's monitor) and returns
 ``(model, history)``; ``BAD_STEPS`` are the steps of ``bad_batches``' bad batches.
 
 Run them and print the diagnosis of each::
 
-    python examples/contract_models.py [NAME ...] [--fixed] [--logdir logs/contract]
+    python examples/cause_models.py [NAME ...] [--fixed] [--logdir logs/contract]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-NAMES = ("custom_step", "gan", "float16_policy", "bad_batches")
+NAMES = ("custom_step", "gan", "float16_policy", "bad_batches", "unnormalized")
 BATCH = 32
 BAD_BATCHES = (5, 12)  # 0-based batch indices of bad_batches' 1e30 records
 BAD_STEPS = tuple(b + 1 for b in BAD_BATCHES)  # their mpwatch steps (1 for the first batch)
@@ -224,10 +228,39 @@ def bad_batches_data(fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+# --- unnormalized tabular data ----------------------------------------------------------------
+def unnormalized_data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    amount = rng.uniform(0, 6e4, size=(2048, 4))  # raw dollar amounts
+    count = rng.integers(0, 20, size=(2048, 4))
+    x = np.concatenate([amount, count], axis=1).astype("float32")
+    y = (amount[:, 0] > 3e4).astype("float32")[:, None]
+    return x, y
+
+
+def unnormalized_model(fixed: bool = False) -> Any:
+    import keras
+
+    inp = keras.Input((8,))
+    h = inp
+    if fixed:  # the finding's fix: Normalization adapted on the training features
+        norm = keras.layers.Normalization()
+        norm.adapt(unnormalized_data()[0])
+        h = norm(h)
+    for i in (1, 2, 3):
+        h = keras.layers.Dense(64, activation="relu", name=f"hidden{i}")(h)
+    out = keras.layers.Dense(1, activation="sigmoid", dtype="float32", name="out")(h)
+    model = keras.Model(inp, out)
+    model.compile("adam", "binary_crossentropy")
+    return model
+
+
 # --- training ----------------------------------------------------------------------------------
-POLICY = {"custom_step": "mixed_float16", "gan": "mixed_float16",
-          "float16_policy": None, "bad_batches": "mixed_float16"}  # fmt: skip
-EPOCHS = {"custom_step": 3, "gan": 2, "float16_policy": 3, "bad_batches": 1}
+POLICY = {"custom_step": "mixed_float16", "gan": "mixed_float16", "float16_policy": None,
+          "bad_batches": "mixed_float16", "unnormalized": "mixed_float16"}  # fmt: skip
+EPOCHS = {"custom_step": 3, "gan": 2, "float16_policy": 3, "bad_batches": 1, "unnormalized": 1}
+BATCHES = {"unnormalized": 64}
+PROBE_EVERY = {"unnormalized": 8}
 
 
 def build(name: str, fixed: bool = False) -> tuple[Any, Any, Any]:
@@ -246,10 +279,13 @@ def train(name: str, logdir: str, fixed: bool = False, epochs: int | None = None
     import mpwatch
 
     model, x, y = build(name, fixed)
-    monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=10, probe_every=20, profile=False)
+    every = PROBE_EVERY.get(name, 20)
+    monitor = mpwatch.MixedPrecisionMonitor(
+        logdir, log_every=min(10, every), probe_every=every, profile=False
+    )
     with policy_scope(POLICY[name] or "float32"):
-        history = model.fit(x, y, batch_size=BATCH, epochs=epochs or EPOCHS[name], verbose=0,
-                            shuffle=False, callbacks=[monitor])  # fmt: skip
+        history = model.fit(x, y, batch_size=BATCHES.get(name, BATCH), verbose=0, shuffle=False,
+                            epochs=epochs or EPOCHS[name], callbacks=[monitor])  # fmt: skip
     return model, history
 
 

@@ -1,0 +1,88 @@
+"""The probe's fix checks, read for the rules: each candidate fix re-run on the batch that showed
+the problem (``fix_checks`` of a ``probe`` record, written by ``mpwatch/record/fix_check.py``).
+
+:func:`latest_checks` finds them, :func:`describe` says what each did, and :func:`checked_layers`
+turns a "keep this layer float32" advice into the smallest set of layers the probe saw make the
+pass finite (or says none did), so a fix is shown only as far as it was seen to work.
+
+Example:
+    >>> describe([{"fix": "none", "first_nonfinite_layer": "d1"},
+    ...           {"fix": "float32_layers", "layers": ["d1"], "finite": True}])
+    ["as it is, the output of 'd1' is not finite", "keeping 'd1' float32: finite"]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpwatch import contract
+from mpwatch.judge.rule import fmt, names_list
+from mpwatch.read.run import Run
+
+__all__ = ["latest_checks", "describe", "checked_layers"]
+
+
+def latest_checks(run: Run) -> tuple[int, float | None, list[dict[str, Any]]] | None:
+    """(step, loss scale, fix checks) of the latest probe that has fix checks, or None."""
+    for step, payload in reversed(run.records.get(contract.KIND_PROBE) or []):
+        checks = payload.get("fix_checks")
+        if checks:
+            return int(step), payload.get("loss_scale"), list(checks)
+    return None
+
+
+def _where(check: dict[str, Any]) -> str:
+    first = check.get("first_nonfinite_layer")
+    if first == "gradients":
+        return "the scaled gradients are not finite"
+    if first == "loss":
+        return "the loss is not finite"
+    return f"the output of {first!r} is not finite" if first else "not finite"
+
+
+def _at(check: dict[str, Any]) -> str:
+    first = check.get("first_nonfinite_layer")
+    return {"gradients": "the scaled gradients", "loss": "the loss"}.get(
+        str(first), f"at {first!r}"
+    )
+
+
+def describe(checks: list[dict[str, Any]]) -> list[str]:
+    """Each check as a phrase: what was tried and what it did."""
+    base = next((c for c in checks if c.get("fix") == "none"), None)
+    out = []
+    for c in checks:
+        fix = c.get("fix")
+        if fix == "none":
+            out.append(f"as it is, {_where(c)}")
+        elif fix == "float32_layers":
+            what = f"keeping {names_list(list(c.get('layers') or []), 4)} float32"
+            out.append(f"{what}: " + ("finite" if c.get("finite") else f"still not ({_at(c)})"))
+        elif fix == "normalize_inputs":
+            text = "normalizing the inputs: " + ("finite" if c.get("finite") else _where(c))
+            if c.get("finite"):
+                text += f", 16-bit activations peak at {fmt(c.get('max_abs_activation_16bit'))}"
+                if base is not None:
+                    text += f" ({fmt(base.get('max_abs_activation_16bit'))} as it is)"
+            out.append(text)
+    return out
+
+
+def checked_layers(run: Run, layer: str) -> tuple[list[str] | None, str] | None:
+    """For advice that keeps ``layer`` float32: ``(layers, evidence)`` where ``layers`` is the
+    smallest set of float32 layers, starting with ``layer``, that the latest fix checks saw make
+    the pass finite (None: none did), and ``evidence`` says what was checked; None when no probe
+    checked a fix starting with ``layer``."""
+    got = latest_checks(run)
+    if got is None:
+        return None
+    step, _, checks = got
+    tried = [
+        c for c in checks
+        if c.get("fix") == "float32_layers" and (c.get("layers") or [None])[0] == layer
+    ]  # fmt: skip
+    if not tried:
+        return None
+    ok = next((c for c in tried if c.get("finite")), None)
+    text = f"checked on step {step}'s batch: " + "; ".join(describe(checks))
+    return (list(ok["layers"]) if ok else None), text

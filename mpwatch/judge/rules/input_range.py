@@ -1,0 +1,109 @@
+"""Rule `input-range`: the inputs' range, not a layer, makes the model overflow float16.
+
+## What it finds
+A probe whose pass went non-finite (activations or scaled gradients) re-ran it on the same batch
+and weights under each candidate fix (``fix_checks``, TensorFlow): keeping the blamed layers in
+float32, and normalizing the inputs. When normalizing the inputs makes the pass finite and
+keeping layers in float32 does not (or only by keeping {MANY_LAYERS} or more of them: the model
+in float32), the cause is the inputs' range: raw features (amounts, counts, pixel values in
+0..255) feed float16 layers whose outputs and gradients grow with them.
+
+## Why it matters
+Keeping the first layer in float32 moves the overflow to the next one; diagnosed again, the next
+layer is blamed. The loss scale falls to where nothing is protected, and steps are skipped. A
+normalized input fixes them all at once and costs nothing in float16 speed.
+
+## Threshold
+Error, from the latest probe with fix checks: normalizing the inputs finite, and no candidate of
+fewer than {MANY_LAYERS} float32 layers finite.
+
+## Example evidence
+```text
+checked on step 8's batch at loss scale 2^8 (256): as it is, the scaled gradients are not finite;
+keeping 'hidden3' float32: still not finite; keeping 'hidden3', 'hidden1', 'hidden2' float32:
+finite; normalizing the inputs: finite, 16-bit activations peak at 1.76 (35040 as it is); input
+'input_layer' reaches 59687
+```
+
+## Fix
+```python
+norm = keras.layers.Normalization()
+norm.adapt(x_train)               # the training features, once
+x = norm(inputs)                  # first thing the model does with them
+```
+
+## References
+- TensorFlow mixed precision guide: values past float16's range overflow to inf
+  <https://www.tensorflow.org/guide/mixed_precision>
+- NVIDIA, Train With Mixed Precision: keep activations and gradients within float16's range
+  <https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html>
+"""
+
+from __future__ import annotations
+
+from mpwatch.judge import scale_evidence as se
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.fix_checks import describe, latest_checks
+from mpwatch.judge.rule import Rule, fmt
+from mpwatch.read.run import Run
+
+MANY_LAYERS = 3  # keeping this many layers float32 is the model in float32, not a fix
+
+RULE = Rule(
+    id="input-range",
+    title="The inputs' range makes the model overflow float16",
+    severities=("error",),
+    doc=__doc__,
+    thresholds={"MANY_LAYERS": MANY_LAYERS},
+)
+
+#: what an input-range finding takes in as its consequences (same run)
+CONSEQUENCES = (
+    "activation-overflow",
+    "skipped-steps",
+    "loss-scale",
+    "gradient-underflow",
+    "gradient-error",
+)
+
+
+def check(run: Run) -> list[Finding]:
+    """Findings of this rule on one run."""
+    got = latest_checks(run)
+    if got is None:
+        return []
+    step, scale, checks = got
+    norm = next((c for c in checks if c.get("fix") == "normalize_inputs"), None)
+    if norm is None or not norm.get("finite"):
+        return []
+    layer_fixes = [
+        c for c in checks
+        if c.get("fix") == "float32_layers" and c.get("finite")
+        and len(c.get("layers") or []) < MANY_LAYERS
+    ]  # fmt: skip
+    if layer_fixes:
+        return []  # a layer kept in float32 fixes it: activation-overflow's finding, checked
+    inputs = run.probe_inputs
+    peaks = []
+    if len(inputs) and {"input", "max_abs", "step"} <= set(inputs.columns):
+        at = inputs[inputs["step"] == step]
+        peaks = [(str(r["input"]), r["max_abs"]) for _, r in at.iterrows()]
+    at_scale = f" at loss scale {se.scale_text(float(scale))}" if scale else ""
+    evidence = f"checked on step {step}'s batch{at_scale}: " + "; ".join(describe(checks))
+    if peaks:
+        evidence += "; " + ", ".join(f"input {n!r} reaches {fmt(v)}" for n, v in peaks)
+    return [
+        RULE.finding(
+            "error",
+            "Normalize the inputs: their range makes the model overflow float16 (checked on "
+            f"step {step}'s batch)",
+            evidence,
+            fix=(
+                "norm = keras.layers.Normalization()\n"
+                "norm.adapt(x_train)               # the training features, once\n"
+                "x = norm(inputs)                  # first thing the model does with them"
+            ),
+            data={"cause": "input_range", "step": step, "fix_checks": checks,
+                  "input_max_abs": dict(peaks)},  # fmt: skip
+        )
+    ]

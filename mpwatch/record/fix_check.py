@@ -1,0 +1,151 @@
+"""Fixes checked before they are shown: when a probe's forward pass goes non-finite, the probe
+re-runs that forward pass on the same batch, with the same weights, under each candidate fix, and
+records what each did (the ``fix_checks`` of the ``probe`` record).
+
+The candidates, in order:
+
+- **keep layers float32**: the first layer whose output is non-finite, then, while the pass is
+  still not finite, the next layer it now fails at (up to :data:`MAX_LAYERS` layers): exactly what
+  ``dtype="float32"`` on those layers does (:class:`mpwatch.record.twin.PolicyView` on just
+  them);
+- **normalize the inputs**: the batch's floating-point features standardised per feature
+  (``(x - mean) / std`` over the batch), in the model's own policies.
+
+Each check is one forward and backward pass at the probe's loss scale, in training mode with random
+layers off (as the probe's passes); the first entry (``fix: none``) is the pass as it is,
+and the model's state (BatchNormalization's statistics, seed states, loss trackers) is restored
+afterwards: the user's training sees nothing of it. It runs only on a probe that found the
+forward pass non-finite, so it costs nothing on a healthy model. TensorFlow backend: on JAX the
+variables live in Keras' training state during ``fit``, and no check is run (the record says so by
+having none).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from mpwatch.record.twin import PolicyView, backend_value, random_layers_off, state_variables
+
+__all__ = ["check_fixes", "MAX_LAYERS", "normalized"]
+
+MAX_LAYERS = 4  # layers kept float32 before the candidate is given up
+
+
+def normalized(x: Any) -> Any:
+    """The batch's floating-point features standardised per feature over the batch (integer
+    inputs as they are)."""
+    import keras
+
+    def one(t: Any) -> Any:
+        a = np.asarray(t)
+        if not np.issubdtype(a.dtype, np.floating):
+            return t
+        a64 = a.astype(np.float64)
+        a64 = np.where(np.isfinite(a64), a64, 0.0)
+        mean = a64.mean(axis=0, keepdims=True)
+        std = a64.std(axis=0, keepdims=True)
+        return ((a64 - mean) / np.where(std > 0, std, 1.0)).astype(a.dtype)
+
+    return keras.tree.map_structure(one, x)
+
+
+def _forward(
+    probe: Any, x: Any, y: Any, sw: Any, float32_layers: list[str], scale: float
+) -> dict[str, Any]:
+    """One training-mode pass, forward and backward at loss scale ``scale``, with
+    ``float32_layers`` computing in float32: whether it is finite, the first layer (forward
+    order) whose output is not (``"loss"``, or ``"gradients"`` when only the scaled gradients
+    are not), and the largest finite |activation| of a 16-bit layer output."""
+    import tensorflow as tf
+    from keras import ops
+
+    model = probe.model
+    view = PolicyView(model, "float32", only=set(float32_layers)) if float32_layers else None
+    with random_layers_off(probe.random_off):
+        if view is not None:
+            view.__enter__()
+        try:
+            with tf.GradientTape() as tape:
+                if probe.tap is not None:
+                    outs = probe.tap(x, training=True)
+                    n_out = len(model.outputs)
+                    y_pred, acts = probe._pack(outs[:n_out]), outs[n_out:]
+                else:
+                    y_pred, acts = model(x, training=True), []
+                loss_t = probe._loss(x, y, y_pred, sw)
+                scaled = loss_t * tf.cast(scale, tf.float32)
+            grads = tape.gradient(scaled, model.trainable_variables)
+        finally:
+            if view is not None:
+                view.__exit__(None, None, None)
+    loss = float(ops.convert_to_numpy(loss_t))
+    first, peak = None, 0.0
+    index = getattr(probe, "_act_layer_index", [])
+    for i, a in enumerate(acts):
+        arr = np.asarray(ops.convert_to_numpy(a))
+        if not np.issubdtype(arr.dtype, np.floating):
+            continue
+        finite = np.isfinite(arr)
+        if first is None and not finite.all():
+            first = probe.layer_names[index[i]] if i < len(index) else None
+        if arr.dtype != np.float32 and finite.any():
+            peak = max(peak, float(np.abs(arr[finite]).max()))
+    if first is None and not math.isfinite(loss):
+        first = "loss"
+    if first is None and not all(
+        g is None or bool(np.isfinite(np.asarray(ops.convert_to_numpy(g))).all()) for g in grads
+    ):
+        first = "gradients"
+    return {
+        "finite": first is None,
+        "first_nonfinite_layer": first,
+        "max_abs_activation_16bit": peak,
+        "loss": loss if math.isfinite(loss) else None,
+    }
+
+
+def check_fixes(
+    probe: Any, x: Any, y: Any, sw: Any, scale: float, hints: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """The candidate fixes checked on this batch at loss scale ``scale`` (see the module
+    docstring), or ``[]`` when the pass is finite as it is (nothing to fix) or cannot be run
+    here. ``hints``: the layers the probe blames (its first non-finite layer, then those near
+    float16's maximum), tried in float32 when only the gradients are not finite (no forward
+    layer to follow)."""
+    from mpwatch.record import backend
+
+    if backend.name() != backend.TENSORFLOW or probe.mode != "float16":
+        return []
+    model = probe.model
+    state = state_variables(model)
+    saved = [np.array(backend_value(v).numpy()) for v in state]
+    try:
+        base = _forward(probe, x, y, sw, [], scale)
+        if base["finite"]:
+            return []
+        out: list[dict[str, Any]] = [{"fix": "none", "layers": [], **base}]
+        first = base["first_nonfinite_layer"]
+        layers = [str(first)] if first not in (None, "loss", "gradients") else []
+        if first == "gradients" and hints:
+            # no forward layer to follow: the blamed layer, then every layer near the maximum
+            for names in ([hints[0]], list(dict.fromkeys(hints))[:MAX_LAYERS]):
+                got = _forward(probe, x, y, sw, names, scale)
+                out.append({"fix": "float32_layers", "layers": names, **got})
+                if got["finite"] or len(hints) == 1:
+                    break
+        for _ in range(MAX_LAYERS if layers else 0):
+            got = _forward(probe, x, y, sw, layers, scale)
+            out.append({"fix": "float32_layers", "layers": list(layers), **got})
+            nxt = got["first_nonfinite_layer"]
+            if got["finite"] or nxt in (None, "loss", "gradients") or nxt in layers:
+                break
+            layers = layers + [str(nxt)]
+        got = _forward(probe, normalized(x), y, sw, [], scale)
+        out.append({"fix": "normalize_inputs", "layers": [], **got})
+        return out
+    finally:
+        for v, value in zip(state, saved):
+            backend_value(v).assign(value)

@@ -1,0 +1,98 @@
+"""Rule ``input-range`` (mpwatch/judge/rules/input_range.py) and the fix checks every layer fix is
+held to (mpwatch/judge/fix_checks.py, ``diagnose.checked_fixes``), on constructed Runs: a probe
+record with the checks the probe ran on its batch, and overflow findings about the same layers."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from builders import findings_of, healthy_run, model_row, probe_layer
+
+from mpwatch import contract
+from mpwatch.judge import diagnose
+
+NONE = {"fix": "none", "layers": [], "finite": False, "first_nonfinite_layer": "hidden1",
+        "max_abs_activation_16bit": 35040.0, "loss": None}  # fmt: skip
+
+
+def _check(fix, layers, finite, first=None, peak=10.0):
+    return {"fix": fix, "layers": layers, "finite": finite, "first_nonfinite_layer": first,
+            "max_abs_activation_16bit": peak, "loss": 0.7 if finite else None}  # fmt: skip
+
+
+def _run(checks, first="hidden1"):
+    """A run whose probe at step 8 found 'hidden1' non-finite and checked ``checks``."""
+    run = healthy_run()
+    layers = [probe_layer("hidden1", mx=float("inf"), nonfinite=True), probe_layer("hidden2"),
+              probe_layer("hidden3")]  # fmt: skip
+    run.probe_layers = pd.DataFrame(
+        [[8, *r] for r in layers], columns=["step", *contract.PROBE_LAYER_COLUMNS]
+    )
+    run.probe_model = pd.DataFrame([{"step": 8, **model_row(first=first)}])
+    run.records[contract.KIND_PROBE] = [(8, {"loss_scale": 256.0, "fix_checks": checks})]
+    run.probe_inputs = pd.DataFrame([{"step": 8, "input": "amounts", "max_abs": 59686.8}])
+    return run
+
+
+def _layer_fix(found, layer):
+    return [f for f in found if f.layer == layer and f.rule == "activation-overflow"]
+
+
+def test_normalizing_fixes_what_no_layer_does_so_the_inputs_are_the_cause():
+    checks = [NONE,
+              _check("float32_layers", ["hidden1"], False, "hidden2"),
+              _check("float32_layers", ["hidden1", "hidden2"], False, "hidden3"),
+              _check("float32_layers", ["hidden1", "hidden2", "hidden3"], True),
+              _check("normalize_inputs", [], True, peak=1.76)]  # fmt: skip
+    found = diagnose(_run(checks))
+    (f,) = findings_of(found, "input-range")
+    assert f.severity == "error" and "Normalization" in f.fix
+    for part in ("step 8's batch", "2^8 (256)", "keeping 'hidden1' float32: still not (at "
+                 "'hidden2')", "normalizing the inputs: finite", "'amounts' reaches 59687"):
+        assert part in f.evidence, (part, f.evidence)
+    # the layer findings are its evidence, never a fix of their own
+    assert _layer_fix(found, "hidden1") == []
+    assert "activation-overflow" in f.data["also"]
+    assert not [g for g in found if g.action.get("dtype") == "float32"]
+
+
+def test_a_layer_fix_the_probe_saw_work_is_offered_with_what_was_checked():
+    checks = [NONE, _check("float32_layers", ["hidden1"], True),
+              _check("normalize_inputs", [], True)]  # fmt: skip
+    found = diagnose(_run(checks))
+    assert findings_of(found, "input-range") == []  # one layer fixes it: not the inputs' range
+    (f,) = _layer_fix(found, "hidden1")
+    assert f.action == {"dtype": "float32"}
+    assert "keeping 'hidden1' float32: finite" in f.evidence
+    assert f.data["checked_layers"] == ["hidden1"]
+
+
+def test_a_layer_fix_that_needed_the_next_layer_too_grows_to_it():
+    checks = [NONE,
+              _check("float32_layers", ["hidden1"], False, "hidden2"),
+              _check("float32_layers", ["hidden1", "hidden2"], True),
+              _check("normalize_inputs", [], False, "hidden1")]  # fmt: skip
+    (f,) = _layer_fix(diagnose(_run(checks)), "hidden1")
+    assert f.action["layers"] == ["hidden1", "hidden2"]
+    assert 'name="hidden1"' in f.fix and 'name="hidden2"' in f.fix
+
+
+def test_a_layer_fix_that_did_not_fix_is_not_offered():
+    checks = [NONE,
+              _check("float32_layers", ["hidden1"], False, "hidden2"),
+              _check("float32_layers", ["hidden1", "hidden2"], False, "hidden3"),
+              _check("normalize_inputs", [], False, "hidden1")]  # fmt: skip
+    found = diagnose(_run(checks))
+    (f,) = _layer_fix(found, "hidden1")
+    assert f.action == {} and f.data["checked_layers"] is None
+    assert "did not make it finite" in f.fix
+    assert findings_of(found, "input-range") == []
+
+
+@pytest.mark.parametrize("checks", [None, []], ids=["no-checks-recorded", "nothing-to-fix"])
+def test_without_checks_the_advice_stands_as_before(checks):
+    run = _run(checks or [])
+    if checks is None:
+        run.records[contract.KIND_PROBE] = [(8, {"loss_scale": 256.0})]
+    (f,) = _layer_fix(diagnose(run), "hidden1")
+    assert f.action == {"dtype": "float32"} and "checked" not in f.evidence
