@@ -43,6 +43,10 @@ class TrainingLoopRecorder:
         log_every: as for :class:`~mpwatch.MixedPrecisionMonitor`.
         steps_per_call: optimizer steps the loop runs per :meth:`step_end` call (a ``tf.function``
             looping over several batches).
+        loss_fn: the loop's loss, ``loss_fn(y_true, y_pred) -> scalar``, for the probe (which
+            needs ``probe_data`` in a custom loop: there is no Keras train function to take a
+            batch from). Default: the model's compiled loss; a model that is not compiled needs
+            it as soon as the probe has data.
         **monitor_kwargs: passed to :class:`~mpwatch.MixedPrecisionMonitor` (switch parts off).
     """
 
@@ -53,6 +57,7 @@ class TrainingLoopRecorder:
         optimizer: Any = None,
         log_every: int = 50,
         steps_per_call: int = 1,
+        loss_fn: Any = None,
         **monitor_kwargs: Any,
     ) -> None:
         import keras
@@ -69,6 +74,16 @@ class TrainingLoopRecorder:
                 "loop calls apply() on"
             )
         check_model(model, "TrainingLoopRecorder", compiled=False)
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(f"TrainingLoopRecorder: loss_fn must be callable, got {loss_fn!r}")
+        probing = monitor_kwargs.get("probe", True) and monitor_kwargs.get("probe_data") is not None
+        if probing and loss_fn is None and getattr(model, "loss", None) is None:
+            raise ValueError(
+                "TrainingLoopRecorder: the probe needs the loop's loss and the model is not "
+                "compiled with one: pass loss_fn=<your loss> (loss_fn(y_true, y_pred) -> scalar), "
+                "or probe=False"
+            )
+        monitor_kwargs["loss_fn"] = loss_fn
         self.model = model
         self.steps_per_call = check_positive_int("steps_per_call", steps_per_call)
         self.monitor = MixedPrecisionMonitor(log_dir, log_every, **monitor_kwargs)

@@ -43,6 +43,8 @@ class MixedPrecisionMonitor(RecordingCallback):
         probe, probe_every, probe_data: the float32-reference probe (:class:`ProbeMonitor`), every
             ``probe_every`` batch steps and at each epoch's end, on ``probe_data`` (default: the
             first training batch); ``probe=False`` switches it off.
+        loss_fn: the probe's loss, ``loss_fn(y_true, y_pred) -> scalar`` (default: the model's
+            compiled loss; a model trained by a custom loop need not be compiled).
         profile: the profiler trace (:class:`ProfileMonitor`): ``True`` captures batches 3-5 of
             the first ``fit`` (after warm-up) once, converts a copy into per-layer time by dtype
             and writes it where TensorBoard's Profile tab finds it too; a pair ``(first, last)``
@@ -76,6 +78,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         probe: bool = True,
         probe_every: int = 500,
         probe_data: Any = None,
+        loss_fn: Any = None,
         profile: bool | tuple[int, int] = True,
     ) -> None:
         super().__init__(log_dir, log_every)
@@ -92,6 +95,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         self.profile = profile
         self.probe_every = check_positive_int("probe_every", probe_every)
         self.probe_data = probe_data
+        self.loss_fn = loss_fn
         self.parts: list[keras.callbacks.Callback] = self._build_parts()
 
     def _build_parts(self) -> list[keras.callbacks.Callback]:
@@ -109,7 +113,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         if o["step_time"]:
             parts.append(StepTimeMonitor(d, n))
         if o["probe"]:
-            parts.append(ProbeMonitor(d, self.probe_every, self.probe_data))
+            parts.append(ProbeMonitor(d, self.probe_every, self.probe_data, self.loss_fn))
         if self.profile is not False and self.profile is not None:
             steps = DEFAULT_STEPS if self.profile is True else self.profile
             parts.append(ProfileMonitor(d, profile_steps=steps))
