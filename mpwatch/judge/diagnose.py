@@ -38,6 +38,7 @@ __all__ = [
     "no_forward_pass",
     "fold_input_range",
     "checked_fixes",
+    "fold_skips_into_their_layer",
 ]
 
 
@@ -238,6 +239,27 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
     return findings
 
 
+def fold_skips_into_their_layer(findings: list[Finding]) -> list[Finding]:
+    """A run's ``skipped-steps`` finding whose skips after the scale's descent are all failed
+    doublings or overflows a probe saw start in one layer (``data["overflow_layers"]``, none
+    unexplained) is a consequence of that layer's finding, when the run has one: it becomes its
+    evidence."""
+    heads: dict[tuple[str | None, str], Finding] = {}
+    for f in findings:
+        if f.layer and f.severity in ("warning", "error"):
+            heads.setdefault((f.run, str(f.layer)), f)
+    out = []
+    for f in findings:
+        layers = f.data.get("overflow_layers") or [] if f.rule == "skipped-steps" else []
+        causes = f.data.get("by_cause") or {}
+        head = heads.get((f.run, layers[0])) if len(layers) == 1 else None
+        if head is not None and not causes.get("unexplained") and causes.get("model_overflow"):
+            _absorb(head, f)
+            continue
+        out.append(f)
+    return out
+
+
 def no_forward_pass(run: Run, findings: list[Finding]) -> list[Finding]:
     """A model without a forward pass of its own (a GAN whose ``train_step`` runs sub-models:
     the ``train_step`` record's ``has_call`` False) has no output of its own: an
@@ -285,7 +307,7 @@ def diagnose_run(run: Run) -> list[Finding]:
             )
         )
     )
-    return most_severe_first(one_per_layer(out))
+    return most_severe_first(fold_skips_into_their_layer(one_per_layer(out)))
 
 
 def compare_runs(mixed: Run, fp32: Run) -> list[Finding]:

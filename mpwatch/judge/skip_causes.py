@@ -11,8 +11,11 @@ after ``dynamic_growth_steps`` finite steps it doubles it. So a skip is one of:
 - ``growth``: the scale it ran at is larger than the one the previous skip left (the scale had
   doubled since): a doubling that failed, as the dynamic scale expects about once per growth
   interval;
+- ``model_overflow``: a probe saw the model's own gradients (or activations) go non-finite at
+  this scale or a smaller one, on its batch: the model overflows there, first in the layer the
+  probe names (a float16 softmax output, a layer near float16's maximum);
 - ``unexplained``: a step that overflowed at a scale that had worked before, on a batch whose
-  input looks sound: the model's own overflow (the probe finds where, when it sees such a batch).
+  input looks sound, where no probe saw an overflow at that scale.
 
 :func:`skip_causes` returns one :class:`SkipCause` per skipped step; the ``skipped-steps`` and
 ``bad-batches`` rules read it.
@@ -40,12 +43,13 @@ __all__ = [
     "bad_input_steps",
     "by_cause",
     "descent_steps",
+    "probe_overflows",
     "skip_causes",
     "steps_text",
 ]
 
 #: the causes, in the order they are tried after the descent
-CAUSES = ("descent", "bad_input", "growth", "unexplained")
+CAUSES = ("descent", "bad_input", "growth", "model_overflow", "unexplained")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,32 @@ def bad_input_steps(run: Run) -> dict[int, str]:
     return out
 
 
+def probe_overflows(run: Run) -> list[tuple[int, float, str | None]]:
+    """``(probe step, scale, root layer)`` for every float16 probe (not marked unreliable) that
+    saw a non-finite pass: at its own loss scale when it names a first non-finite layer, else at
+    the smallest scale its sweep predicts any overflow at."""
+    pm = run.probe_model
+    if not len(pm) or "step" not in pm:
+        return []
+    out: list[tuple[int, float, str | None]] = []
+    sweeps = run.sweeps
+    for row in pm.to_dict("records"):
+        if row.get("mode") not in (None, "float16") or row.get("reliable") is False:
+            continue
+        step = int(row["step"])
+        root = row.get("first_nonfinite_layer")
+        root = str(root) if isinstance(root, str) and root else None
+        scale = row.get("loss_scale")
+        if root is not None and isinstance(scale, (int, float)) and math.isfinite(scale):
+            out.append((step, float(scale), root))
+            continue
+        if len(sweeps) and {"step", "scale", "predicted_overflow_fraction"} <= set(sweeps):
+            at = sweeps[(sweeps["step"] == step) & (sweeps["predicted_overflow_fraction"] > 0)]
+            if len(at):
+                out.append((step, float(at["scale"].min()), root))
+    return out
+
+
 def skip_causes(run: Run) -> list[SkipCause]:
     """Every skipped step of the run with its cause (see the module docstring)."""
     ovs = overflows(run)
@@ -96,6 +126,7 @@ def skip_causes(run: Run) -> list[SkipCause]:
         return []
     descent = set(descent_steps(run))
     bad = bad_input_steps(run)
+    probes = probe_overflows(run)
     out: list[SkipCause] = []
     left: float | None = None  # the scale the previous skip left (half the scale it ran at)
     for o in sorted(ovs, key=lambda o: o.step):
@@ -106,12 +137,27 @@ def skip_causes(run: Run) -> list[SkipCause]:
             cause, detail = "bad_input", bad[o.step]
         elif scale is not None and left is not None and scale > left:
             cause, detail = "growth", f"the scale had grown to {_scale(scale)} since the last skip"
+        elif scale is not None and (seen := _probe_saw(probes, o.step, scale)) is not None:
+            p_step, p_scale, root = seen
+            cause = "model_overflow"
+            detail = (
+                f"the probe at step {p_step} saw the pass overflow at {_scale(p_scale)}"
+                + (f", first in {root!r}" if root else "")
+            )
         else:
             cause, detail = "unexplained", "overflow at a scale that had worked, on a sound batch"
         out.append(SkipCause(o.step, scale, cause, detail))
         if scale is not None and math.isfinite(scale):
             left = scale / 2.0
     return out
+
+
+def _probe_saw(
+    probes: list[tuple[int, float, str | None]], step: int, scale: float
+) -> tuple[int, float, str | None] | None:
+    """The probe nearest to ``step`` that saw an overflow at ``scale`` or less."""
+    fits = [p for p in probes if p[1] <= scale]
+    return min(fits, key=lambda p: abs(p[0] - step)) if fits else None
 
 
 def _scale(s: float) -> str:

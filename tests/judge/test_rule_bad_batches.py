@@ -124,3 +124,32 @@ def test_values_beyond_float16_matter_only_under_float16(policy, expected):
     run = make_run(policy=policy, scalars={contract.INPUT_MAX_ABS: peak,
                                            contract.INPUT_NONFINITE_COUNT: {7: 0.0}})  # fmt: skip
     assert_findings(findings_of(diagnose(run), "bad-batches"), expected)
+
+
+def test_skips_a_probe_saw_coming_are_the_model_overflow_of_the_layer_it_names():
+    """The model's own pass overflows on every 23rd batch whatever the scale (Keras' rule step by
+    step); the probes at steps 600 and 2990 saw their pass go non-finite at the scale then in use,
+    first in 'predictions'. Those skips are that layer's consequence: no skipped-steps finding of
+    their own, but evidence in the finding about 'predictions'."""
+    from builders import model_row, probe_layer
+
+    def over(step, scale):
+        return scale > 2.0**12 or step % 23 == 0
+
+    scales, skipped = keras_scale_history(3000, over)
+    probes = {p: (model_row(scale=scales[p - 1], first="predictions"),
+                  [probe_layer("predictions", nonfinite=True)]) for p in (600, 2990)}  # fmt: skip
+    run = make_run(scalars={contract.LOSS_SCALE: scales, contract.STEP_SKIPPED: skipped},
+                   probes=probes)  # fmt: skip
+    got = {c.step: c.cause for c in skip_causes(run)}
+    # truth from the rule itself: after the descent, every skip ran at the probe's scale or above
+    later = [s for s, c in got.items() if c != "descent"]
+    assert later == [s for s in range(4, 3001) if skipped[s]]
+    assert all(scales[s - 1] >= scales[2989] for s in later if got[s] == "model_overflow")
+    assert "unexplained" not in got.values() and list(got.values()).count("model_overflow") > 30
+    alone = make_run(scalars={contract.LOSS_SCALE: scales, contract.STEP_SKIPPED: skipped})
+    assert findings_of(diagnose(alone), "skipped-steps")  # without the probe: a finding of its own
+    found = diagnose(run)
+    assert findings_of(found, "skipped-steps") == []
+    (head,) = [f for f in found if f.layer == "predictions" and f.severity == "error"]
+    assert "skipped-steps" in head.data["also"]

@@ -102,7 +102,7 @@ def _by_cause(run: Run) -> list[Finding]:
     descent = groups["descent"]
     last_descent = descent[-1].step if descent else 0
     n_steps = int((flags.index > last_descent).sum())
-    judged = groups["growth"] + groups["unexplained"]
+    judged = groups["growth"] + groups["model_overflow"] + groups["unexplained"]
     rate = len(judged) / n_steps if n_steps > 0 else 0.0
     sev_rate = None
     if n_steps > 0 and rate > SKIP_RATE_WARN:
@@ -133,6 +133,13 @@ def _by_cause(run: Run) -> list[Finding]:
         )
     if groups["bad_input"]:
         after.append(f"{len(groups['bad_input'])} on bad batches (bad-batches)")
+    roots = list(dict.fromkeys(c.detail.rsplit("first in ", 1)[-1]
+                               for c in groups["model_overflow"] if "first in " in c.detail))
+    if groups["model_overflow"]:
+        after.append(
+            f"{len(groups['model_overflow'])} at a scale at which a probe saw the model's own "
+            "pass overflow" + (f" (first in {', '.join(roots)})" if roots else "")
+        )
     if groups["unexplained"]:
         steps = [c.step for c in groups["unexplained"]]
         after.append(
@@ -175,6 +182,7 @@ def _by_cause(run: Run) -> list[Finding]:
                 "total": total,
                 "early": len(descent),
                 "by_cause": {k: [c.step for c in v] for k, v in groups.items()},
+                "overflow_layers": [r.strip("'") for r in roots],
                 "max_overflow_scale": scales["max_scale"],
                 "max_overflow_step": scales["max_step"],
                 "min_overflow_scale": scales["min_scale"],
