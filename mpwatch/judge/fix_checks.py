@@ -19,20 +19,39 @@ from mpwatch import contract
 from mpwatch.judge.rule import fmt, names_list
 from mpwatch.read.run import Run
 
-__all__ = ["latest_checks", "describe", "checked_layers"]
+__all__ = ["latest_checks", "describe", "checked_layers", "works"]
+
+
+def works(check: dict[str, Any]) -> bool:
+    """The candidate left the pass finite with its 16-bit activations in range (records from
+    before ``in_range`` existed: finite)."""
+    return bool(check.get("in_range", check.get("finite")))
 
 
 def latest_checks(run: Run) -> tuple[int, float | None, list[dict[str, Any]]] | None:
-    """(step, loss scale, fix checks) of the latest probe that has fix checks, or None."""
-    for step, payload in reversed(run.records.get(contract.KIND_PROBE) or []):
-        checks = payload.get("fix_checks")
-        if checks:
-            return int(step), payload.get("loss_scale"), list(checks)
-    return None
+    """(step, loss scale, fix checks) of the latest probe whose pass was not finite and that
+    checked fixes, else of the latest that checked fixes (its activations near the maximum), or
+    None: the worst the probes saw is what the advice must fix."""
+    found = [
+        (int(step), payload.get("loss_scale"), list(payload["fix_checks"]))
+        for step, payload in run.records.get(contract.KIND_PROBE) or []
+        if payload.get("fix_checks")
+    ]
+    if not found:
+        return None
+    overflowed = [f for f in found if not _base_finite(f[2])]
+    return (overflowed or found)[-1]
+
+
+def _base_finite(checks: list[dict[str, Any]]) -> bool:
+    base = next((c for c in checks if c.get("fix") == "none"), {})
+    return bool(base.get("finite", False))
 
 
 def _where(check: dict[str, Any]) -> str:
     first = check.get("first_nonfinite_layer")
+    if first is None and check.get("finite"):
+        return f"16-bit activations reach {fmt(check.get('max_abs_activation_16bit'))}"
     if first == "gradients":
         return "the scaled gradients are not finite"
     if first == "loss":
@@ -47,6 +66,15 @@ def _at(check: dict[str, Any]) -> str:
     )
 
 
+def _result(check: dict[str, Any]) -> str:
+    if works(check):
+        return "finite, in range"
+    if check.get("finite"):
+        peak = fmt(check.get("max_abs_activation_16bit"))
+        return f"finite, but 16-bit activations still reach {peak}"
+    return f"still not finite ({_at(check)})"
+
+
 def describe(checks: list[dict[str, Any]]) -> list[str]:
     """Each check as a phrase: what was tried and what it did."""
     base = next((c for c in checks if c.get("fix") == "none"), None)
@@ -57,10 +85,10 @@ def describe(checks: list[dict[str, Any]]) -> list[str]:
             out.append(f"as it is, {_where(c)}")
         elif fix == "float32_layers":
             what = f"keeping {names_list(list(c.get('layers') or []), 4)} float32"
-            out.append(f"{what}: " + ("finite" if c.get("finite") else f"still not ({_at(c)})"))
+            out.append(f"{what}: " + _result(c))
         elif fix == "normalize_inputs":
-            text = "normalizing the inputs: " + ("finite" if c.get("finite") else _where(c))
-            if c.get("finite"):
+            text = "normalizing the inputs: " + _result(c)
+            if works(c):
                 text += f", 16-bit activations peak at {fmt(c.get('max_abs_activation_16bit'))}"
                 if base is not None:
                     text += f" ({fmt(base.get('max_abs_activation_16bit'))} as it is)"
@@ -83,6 +111,6 @@ def checked_layers(run: Run, layer: str) -> tuple[list[str] | None, str] | None:
     ]  # fmt: skip
     if not tried:
         return None
-    ok = next((c for c in tried if c.get("finite")), None)
+    ok = next((c for c in tried if works(c)), None)
     text = f"checked on step {step}'s batch: " + "; ".join(describe(checks))
     return (list(ok["layers"]) if ok else None), text

@@ -1,23 +1,25 @@
-"""Fixes checked before they are shown: when a probe's forward pass goes non-finite, the probe
-re-runs that forward pass on the same batch, with the same weights, under each candidate fix, and
-records what each did (the ``fix_checks`` of the ``probe`` record).
+"""Fixes checked before they are shown: when a probe's pass goes non-finite (activations, or the
+scaled gradients), or its activations come within 2**3
+of float16's maximum, the probe re-runs it on the same batch, with the same weights and loss scale,
+under each candidate fix, and records what each did (the ``fix_checks`` of the ``probe`` record).
 
 The candidates, in order:
 
 - **keep layers float32**: the first layer whose output is non-finite, then, while the pass is
   still not finite, the next layer it now fails at (up to :data:`MAX_LAYERS` layers): exactly what
   ``dtype="float32"`` on those layers does (:class:`mpwatch.record.twin.PolicyView` on just
-  them);
+  them); when only the gradients are not finite, the layer the probe blames, then every layer
+  whose activations come near float16's maximum;
 - **normalize the inputs**: the batch's floating-point features standardised per feature
   (``(x - mean) / std`` over the batch), in the model's own policies.
 
 Each check is one forward and backward pass at the probe's loss scale, in training mode with random
-layers off (as the probe's passes); the first entry (``fix: none``) is the pass as it is,
-and the model's state (BatchNormalization's statistics, seed states, loss trackers) is restored
-afterwards: the user's training sees nothing of it. It runs only on a probe that found the
-forward pass non-finite, so it costs nothing on a healthy model. TensorFlow backend: on JAX the
-variables live in Keras' training state during ``fit``, and no check is run (the record says so by
-having none).
+layers off (the probe's own passes: ``Probe._forward_backward`` on TensorFlow,
+``probe_jax.forward_backward`` over Keras' training state on JAX); the first entry
+(``fix: none``) is the pass as it is. The model's state (BatchNormalization's statistics, seed
+states, loss trackers) is restored afterwards on TensorFlow and never written on JAX: the user's
+training sees nothing of it. It runs only on a probe that found the pass non-finite, so it costs
+nothing on a healthy model.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from mpwatch.formats import FLOAT16
 from mpwatch.record.twin import PolicyView, backend_value, random_layers_off, state_variables
 
 __all__ = ["check_fixes", "MAX_LAYERS", "normalized"]
 
 MAX_LAYERS = 4  # layers kept float32 before the candidate is given up
+HEADROOM_BITS = 3  # a pass is in range when its 16-bit activations stay 2**3 below the maximum
 
 
 def normalized(x: Any) -> Any:
@@ -59,8 +63,9 @@ def _forward(
     ``float32_layers`` computing in float32: whether it is finite, the first layer (forward
     order) whose output is not (``"loss"``, or ``"gradients"`` when only the scaled gradients
     are not), and the largest finite |activation| of a 16-bit layer output."""
-    import tensorflow as tf
     from keras import ops
+
+    from mpwatch.record import backend
 
     model = probe.model
     view = PolicyView(model, "float32", only=set(float32_layers)) if float32_layers else None
@@ -68,16 +73,14 @@ def _forward(
         if view is not None:
             view.__enter__()
         try:
-            with tf.GradientTape() as tape:
-                if probe.tap is not None:
-                    outs = probe.tap(x, training=True)
-                    n_out = len(model.outputs)
-                    y_pred, acts = probe._pack(outs[:n_out]), outs[n_out:]
-                else:
-                    y_pred, acts = model(x, training=True), []
-                loss_t = probe._loss(x, y, y_pred, sw)
-                scaled = loss_t * tf.cast(scale, tf.float32)
-            grads = tape.gradient(scaled, model.trainable_variables)
+            if backend.name() == backend.JAX:
+                from mpwatch.record.probe_jax import forward_backward, model_values
+
+                tv, ntv = model_values(model)  # Keras' training state: no variable is read
+                out = forward_backward(probe, tv, ntv, x, y, sw, scale)
+            else:
+                out = probe._forward_backward(x, y, sw, scale)
+            loss_t, acts, grads = out["loss"], out["acts"], out["grads"]
         finally:
             if view is not None:
                 view.__exit__(None, None, None)
@@ -101,6 +104,7 @@ def _forward(
         first = "gradients"
     return {
         "finite": first is None,
+        "in_range": first is None and peak <= FLOAT16.max / 2**HEADROOM_BITS,
         "first_nonfinite_layer": first,
         "max_abs_activation_16bit": peak,
         "loss": loss if math.isfinite(loss) else None,
@@ -117,30 +121,33 @@ def check_fixes(
     layer to follow)."""
     from mpwatch.record import backend
 
-    if backend.name() != backend.TENSORFLOW or probe.mode != "float16":
+    if probe.mode != "float16":
         return []
     model = probe.model
-    state = state_variables(model)
+    # TensorFlow's passes update BatchNormalization's statistics, seed states and the loss
+    # trackers: read them first, write them back last. JAX's run in a StatelessScope (dropped).
+    state = state_variables(model) if backend.name() == backend.TENSORFLOW else []
     saved = [np.array(backend_value(v).numpy()) for v in state]
     try:
         base = _forward(probe, x, y, sw, [], scale)
-        if base["finite"]:
+        if base["in_range"]:
             return []
         out: list[dict[str, Any]] = [{"fix": "none", "layers": [], **base}]
         first = base["first_nonfinite_layer"]
         layers = [str(first)] if first not in (None, "loss", "gradients") else []
-        if first == "gradients" and hints:
-            # no forward layer to follow: the blamed layer, then every layer near the maximum
+        if not layers and hints:
+            # no forward layer to follow (only the gradients are not finite, or the activations
+            # only come near the maximum): the blamed layer, then every layer near the maximum
             for names in ([hints[0]], list(dict.fromkeys(hints))[:MAX_LAYERS]):
                 got = _forward(probe, x, y, sw, names, scale)
                 out.append({"fix": "float32_layers", "layers": names, **got})
-                if got["finite"] or len(hints) == 1:
+                if got["in_range"] or len(hints) == 1:
                     break
         for _ in range(MAX_LAYERS if layers else 0):
             got = _forward(probe, x, y, sw, layers, scale)
             out.append({"fix": "float32_layers", "layers": list(layers), **got})
             nxt = got["first_nonfinite_layer"]
-            if got["finite"] or nxt in (None, "loss", "gradients") or nxt in layers:
+            if got["in_range"] or nxt in (None, "loss", "gradients") or nxt in layers:
                 break
             layers = layers + [str(nxt)]
         got = _forward(probe, normalized(x), y, sw, [], scale)

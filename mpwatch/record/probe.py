@@ -540,7 +540,9 @@ class Probe:
         payload = self._payload(out, s)
         payload["batch"] = {"size": _batch_size(x), "source": batch_source}
         payload["inputs"] = contract.table(INPUT_COLUMNS, input_rows(self.model, x, self.mode))
-        if payload["model"].get("first_nonfinite_layer"):  # a candidate fix is checked here
+        head = payload["model"].get("activation_headroom_bits")
+        near = isinstance(head, (int, float)) and head < fix_check_headroom()
+        if self.mode == "float16" and (payload["model"].get("first_nonfinite_layer") or near):
             from mpwatch.record.fix_check import check_fixes
 
             try:
@@ -889,6 +891,13 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+
+def fix_check_headroom() -> float:
+    """The headroom (doublings below float16's maximum) under which a probe checks fixes."""
+    from mpwatch.record.fix_check import HEADROOM_BITS
+
+    return float(HEADROOM_BITS)
 
 
 def _blamed(payload: dict[str, Any]) -> list[str]:

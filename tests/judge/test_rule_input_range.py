@@ -47,7 +47,7 @@ def test_normalizing_fixes_what_no_layer_does_so_the_inputs_are_the_cause():
     found = diagnose(_run(checks))
     (f,) = findings_of(found, "input-range")
     assert f.severity == "error" and "Normalization" in f.fix
-    for part in ("step 8's batch", "2^8 (256)", "keeping 'hidden1' float32: still not (at "
+    for part in ("step 8's batch", "2^8 (256)", "keeping 'hidden1' float32: still not finite (at "
                  "'hidden2')", "normalizing the inputs: finite", "'amounts' reaches 59687"):
         assert part in f.evidence, (part, f.evidence)
     # the layer findings are its evidence, never a fix of their own
@@ -96,3 +96,18 @@ def test_without_checks_the_advice_stands_as_before(checks):
         run.records[contract.KIND_PROBE] = [(8, {"loss_scale": 256.0})]
     (f,) = _layer_fix(diagnose(run), "hidden1")
     assert f.action == {"dtype": "float32"} and "checked" not in f.evidence
+
+
+def test_activations_only_near_the_maximum_is_a_warning_with_what_was_checked():
+    near = {**NONE, "finite": True, "in_range": False, "first_nonfinite_layer": None}
+    checks = [near,
+              {**_check("float32_layers", ["hidden1"], True, peak=32304.0), "in_range": False},
+              {**_check("float32_layers", ["hidden1", "hidden2", "hidden3"], True, peak=0.0),
+               "in_range": True},
+              {**_check("normalize_inputs", [], True, peak=1.8), "in_range": True}]  # fmt: skip
+    (f,) = findings_of(diagnose(_run(checks, first=None)), "input-range")
+    assert f.severity == "warning" and "within 2^3 of float16's maximum" in f.title
+    assert "as it is, 16-bit activations reach 35040" in f.evidence
+    assert "keeping 'hidden1' float32: finite, but 16-bit activations still reach 32304" in (
+        f.evidence
+    )

@@ -1,12 +1,13 @@
 """Rule `input-range`: the inputs' range, not a layer, makes the model overflow float16.
 
 ## What it finds
-A probe whose pass went non-finite (activations or scaled gradients) re-ran it on the same batch
-and weights under each candidate fix (``fix_checks``, TensorFlow): keeping the blamed layers in
-float32, and normalizing the inputs. When normalizing the inputs makes the pass finite and
-keeping layers in float32 does not (or only by keeping {MANY_LAYERS} or more of them: the model
-in float32), the cause is the inputs' range: raw features (amounts, counts, pixel values in
-0..255) feed float16 layers whose outputs and gradients grow with them.
+A probe whose pass went non-finite (activations or scaled gradients) or came within 2^3 of
+float16's maximum re-ran it on the same batch and weights under each candidate fix
+(``fix_checks``): keeping the blamed layers in float32, and normalizing the inputs. When
+normalizing the inputs brings the pass in range (finite, 16-bit activations at least 2^3 below
+the maximum) and keeping layers in float32 does not (or only by keeping {MANY_LAYERS} or more of
+them: the model in float32), the cause is the inputs' range: raw features (amounts, counts,
+pixel values in 0..255) feed float16 layers whose outputs and gradients grow with them.
 
 ## Why it matters
 Keeping the first layer in float32 moves the overflow to the next one; diagnosed again, the next
@@ -14,15 +15,16 @@ layer is blamed. The loss scale falls to where nothing is protected, and steps a
 normalized input fixes them all at once and costs nothing in float16 speed.
 
 ## Threshold
-Error, from the latest probe with fix checks: normalizing the inputs finite, and no candidate of
-fewer than {MANY_LAYERS} float32 layers finite.
+From the latest probe with fix checks: normalizing the inputs in range, and no candidate of fewer
+than {MANY_LAYERS} float32 layers in range. Error when the pass as it is was not finite, warning
+when it only came near the maximum.
 
 ## Example evidence
 ```text
 checked on step 8's batch at loss scale 2^8 (256): as it is, the scaled gradients are not finite;
-keeping 'hidden3' float32: still not finite; keeping 'hidden3', 'hidden1', 'hidden2' float32:
-finite; normalizing the inputs: finite, 16-bit activations peak at 1.76 (35040 as it is); input
-'input_layer' reaches 59687
+keeping 'hidden3' float32: still not finite (the scaled gradients); keeping 'hidden3', 'hidden1',
+'hidden2' float32: finite, in range; normalizing the inputs: finite, in range, 16-bit activations
+peak at 1.76 (35040 as it is); input 'input_layer' reaches 59687
 ```
 
 ## Fix
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix_checks import describe, latest_checks
+from mpwatch.judge.fix_checks import describe, latest_checks, works
 from mpwatch.judge.rule import Rule, fmt
 from mpwatch.read.run import Run
 
@@ -52,7 +54,7 @@ MANY_LAYERS = 3  # keeping this many layers float32 is the model in float32, not
 RULE = Rule(
     id="input-range",
     title="The inputs' range makes the model overflow float16",
-    severities=("error",),
+    severities=("warning", "error"),
     doc=__doc__,
     thresholds={"MANY_LAYERS": MANY_LAYERS},
 )
@@ -74,11 +76,11 @@ def check(run: Run) -> list[Finding]:
         return []
     step, scale, checks = got
     norm = next((c for c in checks if c.get("fix") == "normalize_inputs"), None)
-    if norm is None or not norm.get("finite"):
+    if norm is None or not works(norm):
         return []
     layer_fixes = [
         c for c in checks
-        if c.get("fix") == "float32_layers" and c.get("finite")
+        if c.get("fix") == "float32_layers" and works(c)
         and len(c.get("layers") or []) < MANY_LAYERS
     ]  # fmt: skip
     if layer_fixes:
@@ -92,11 +94,17 @@ def check(run: Run) -> list[Finding]:
     evidence = f"checked on step {step}'s batch{at_scale}: " + "; ".join(describe(checks))
     if peaks:
         evidence += "; " + ", ".join(f"input {n!r} reaches {fmt(v)}" for n, v in peaks)
+    base = next((c for c in checks if c.get("fix") == "none"), {})
+    overflow = not base.get("finite", False)
+    what = (
+        "makes the model overflow float16"
+        if overflow
+        else "brings the model within 2^3 of float16's maximum"
+    )
     return [
         RULE.finding(
-            "error",
-            "Normalize the inputs: their range makes the model overflow float16 (checked on "
-            f"step {step}'s batch)",
+            "error" if overflow else "warning",
+            f"Normalize the inputs: their range {what} (checked on step {step}'s batch)",
             evidence,
             fix=(
                 "norm = keras.layers.Normalization()\n"
