@@ -863,7 +863,10 @@ _PROBE = _record_schema(
                         "none: the pass as it is (the first entry)",
                     ),
                     "layers": _t("array", "the layers kept float32", items=_str()),
-                    "finite": _bool("the forward pass and the loss are finite with it"),
+                    "finite": _bool("the pass (activations, loss, scaled gradients) is finite"),
+                    "in_range": _bool(
+                        "finite, and the 16-bit activations stay 2^3 below float16's maximum"
+                    ),
                     "first_nonfinite_layer": _str(
                         'where it is still not finite (a layer, "loss", "gradients"), or None',
                         nullable=True,
