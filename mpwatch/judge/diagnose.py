@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mpwatch.judge.finding import Finding, most_severe_first, severity_rank
@@ -32,6 +32,7 @@ __all__ = [
     "model_structure",
     "one_per_layer",
     "fold_overflow_consequences",
+    "fold_into_root",
     "fold_shared_advice",
     "fold_tensor_core_use",
     "fold_train_step",
@@ -89,17 +90,30 @@ def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
     scale of 1 or less), the findings of
     :data:`OVERFLOW_CONSEQUENCES` of the same run become its evidence (``"; also: ..."``,
     ``data["also"]``) instead of findings of their own."""
-    roots = {
-        f.run: f
-        for f in findings
-        if f.rule == "activation-overflow" and f.severity == "error" and f.data.get("any_scale")
-    }
+    return fold_into_root(
+        findings,
+        lambda f: f.rule == "activation-overflow"
+        and f.severity == "error"
+        and bool(f.data.get("any_scale")),
+        lambda f: f.rule in OVERFLOW_CONSEQUENCES,
+    )
+
+
+def fold_into_root(
+    findings: list[Finding],
+    is_root: Callable[[Finding], bool],
+    rests_on_it: Callable[[Finding], bool],
+) -> list[Finding]:
+    """In each run, the findings that rest on that run's root finding (the last one for which
+    ``is_root`` holds) become its evidence (:func:`_absorb`) instead of findings of their own:
+    the one mechanism of every cause-and-consequence fold."""
+    roots = {f.run: f for f in findings if is_root(f)}
     if not roots:
         return findings
     out = []
     for f in findings:
         root = roots.get(f.run)
-        if root is not None and f.rule in OVERFLOW_CONSEQUENCES:
+        if root is not None and f is not root and rests_on_it(f):
             _absorb(root, f)
             continue
         out.append(f)
@@ -171,20 +185,12 @@ def fold_train_step(findings: list[Finding]) -> list[Finding]:
     become its evidence: they measured a train step that does not exist."""
     from mpwatch.judge.rules.train_step import RESTS_ON_CONTRACT
 
-    roots = {f.run: f for f in findings if f.rule == "train-step" and f.severity == "error"}
-    if not roots:
-        return findings
-    out = []
-    for f in findings:
-        root = roots.get(f.run)
-        rests = f.rule in RESTS_ON_CONTRACT or (
-            f.rule == "activation-overflow" and not f.data.get("forward", True)
-        )
-        if root is not None and rests:
-            _absorb(root, f)
-            continue
-        out.append(f)
-    return out
+    return fold_into_root(
+        findings,
+        lambda f: f.rule == "train-step" and f.severity == "error",
+        lambda f: f.rule in RESTS_ON_CONTRACT
+        or (f.rule == "activation-overflow" and not f.data.get("forward", True)),
+    )
 
 
 def fold_input_range(findings: list[Finding]) -> list[Finding]:
@@ -193,17 +199,9 @@ def fold_input_range(findings: list[Finding]) -> list[Finding]:
     (:data:`~mpwatch.judge.rules.input_range.CONSEQUENCES`) become its evidence."""
     from mpwatch.judge.rules.input_range import CONSEQUENCES
 
-    roots = {f.run: f for f in findings if f.rule == "input-range"}
-    if not roots:
-        return findings
-    out = []
-    for f in findings:
-        root = roots.get(f.run)
-        if root is not None and f.rule in CONSEQUENCES:
-            _absorb(root, f)
-            continue
-        out.append(f)
-    return out
+    return fold_into_root(
+        findings, lambda f: f.rule == "input-range", lambda f: f.rule in CONSEQUENCES
+    )
 
 
 def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
