@@ -268,6 +268,8 @@ def no_forward_pass(run: Run, findings: list[Finding]) -> list[Finding]:
     for f in findings:
         if f.rule == "output-16bit":
             f.severity = "info"
+            f.title = f"Sub-model output {f.layer!r} is computed in float16"
+            f.action = {}
             f.evidence += (
                 "; the model has no forward pass of its own (its train_step runs sub-models): "
                 "whether this output reaches a loss in float16 depends on that train_step"
