@@ -278,7 +278,7 @@ def test_30000_variables_at_the_real_limit(tmp_path, read_events):
         "variables": contract.table(contract.GRAD_VARIABLE_COLUMNS, rows),
     }
     probe_rows = [
-        [p, variable_layer(p), int(sz), int(sz), int(u), float(u / sz), float(e)]
+        [p, variable_layer(p), int(sz), int(sz), int(u), float(u / sz), float(e), float(e) * 8]
         for p, sz, u, e in zip(paths, sizes, rng.integers(0, 2, n), rng.random(n) * 1e-3)
     ]
     probe = probe_payload(5, 32768.0)
