@@ -46,7 +46,7 @@ def probe_payload(step: int, layers: list[str], scale: float) -> dict:
         "reference_note": None,
         "variables": table(
             contract.PROBE_VARIABLE_COLUMNS,
-            [[f"{n}/kernel", n, 10, 10, 0, 0.0, 1e-3] for n in layers],
+            [[f"{n}/kernel", n, 10, 10, 0, 0.0, 1e-3, 0.5] for n in layers],
         ),
         "layers": table(PROBE_LAYER_COLUMNS, rows),
         "model": {
