@@ -169,7 +169,9 @@ def probe_payload(layers: int, rng: np.random.Generator, scale: float) -> dict:
             ]
         )
         for v in ("kernel", "bias"):
-            var_rows.append([f"{name}/{v}", name, nz, nz, uc, uc / nz, float(rng.random() * 1e-3)])
+            var_rows.append(
+                [f"{name}/{v}", name, nz, nz, uc, uc / nz, float(rng.random() * 1e-3), 0.5]
+            )
     sweep = [
         [k, 2.0**k, max(0.0, 0.01 - 0.001 * k), max(0.0, 0.001 * (k - 20))] for k in range(0, 25)
     ]

@@ -95,5 +95,5 @@ def test_first_nonfinite_layer_is_named_and_diagnosed(storm):
     # finding for the cause, the skips its evidence (mpwatch.judge.diagnose folds them in)
     assert [f for f in findings if f.rule == "skipped-steps"] == []
     assert "skipped-steps" in first[0].data["also"]
-    assert f"{len(STORM)} steps skipped" in first[0].evidence
+    assert f"{len(STORM)} of " in first[0].evidence and "steps skipped" in first[0].evidence
     assert [f.layer for f in findings if f.severity == "error"] == ["wide"]

@@ -115,7 +115,9 @@ def _by_cause(run: Run) -> list[Finding]:
     severity = "error" if "error" in (sev_rate, sev_early) else "warning"
     total = sum(len(v) for v in groups.values())
     if sev_rate is not None:
-        title = f"{pct(rate)} of steps skipped for non-finite gradients"
+        title = (
+            f"{len(judged)} of {n_steps} steps skipped for non-finite gradients ({pct(rate)})"
+        )
     else:
         title = f"{len(descent)} steps skipped before the first finite step"
     initial, growth_interval = se._growth_facts(run)
