@@ -3,9 +3,10 @@
 Keras' ``LossScaleOptimizer`` skips a step whose gradients are not finite and halves the scale;
 after ``dynamic_growth_steps`` finite steps it doubles it. So a skip is one of:
 
-- ``descent``: one of the consecutive skips the run starts with, while the scale comes down from
-  its initial value to one the model's gradients fit in (a count, read from the per-step flags:
-  2^15 down to 2^12 is 3 skips);
+- ``descent``: the scale coming down from its initial value to one the model's gradients fit
+  in: the consecutive skips the run starts with, and, within its first 100 steps, every
+  skip at a scale lower than any skip before it ran at (a count of halvings, read from the
+  per-step flags and scales: 2^15 down to 2^12 is 3 skips; a bad batch's skip is not one);
 - ``bad_input``: the batch itself holds NaN/inf, or, under float16 math, values beyond float16's
   range (the per-batch input health, ``mpwatch/input/*``): no scale helps, the data does;
 - ``growth``: the scale it ran at is larger than the one the previous skip left (the scale had
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from mpwatch import contract, words
 from mpwatch.formats import FLOAT16
 from mpwatch.judge.rule import compute_dtype
-from mpwatch.judge.scale_evidence import overflows
+from mpwatch.judge.scale_evidence import START_STEPS, overflows
 from mpwatch.read.run import Run
 
 __all__ = [
@@ -47,6 +48,10 @@ __all__ = [
     "skip_causes",
     "steps_text",
 ]
+
+#: within so many steps, a skip at a new lowest scale is the scale's descent (Keras' scale starts
+#: at 2**15 and finds its level in the first steps; later, a new low is something else)
+DESCENT_STEPS = START_STEPS
 
 #: the causes, in the order they are tried after the descent
 CAUSES = ("descent", "bad_input", "growth", "model_overflow", "unexplained")
@@ -129,12 +134,15 @@ def skip_causes(run: Run) -> list[SkipCause]:
     probes = probe_overflows(run)
     out: list[SkipCause] = []
     left: float | None = None  # the scale the previous skip left (half the scale it ran at)
+    low = math.inf  # the lowest scale a skip that was not a bad batch's ran at
     for o in sorted(ovs, key=lambda o: o.step):
         scale = o.scale
         if o.step in descent:
             cause, detail = "descent", "the scale's descent"
         elif o.step in bad:
             cause, detail = "bad_input", bad[o.step]
+        elif o.step <= DESCENT_STEPS and scale is not None and scale < low:
+            cause, detail = "descent", f"the scale's descent (a new lowest scale, {_scale(scale)})"
         elif scale is not None and left is not None and scale > left:
             cause, detail = "growth", f"the scale had grown to {_scale(scale)} since the last skip"
         elif scale is not None and (seen := _probe_saw(probes, o.step, scale)) is not None:
@@ -147,6 +155,8 @@ def skip_causes(run: Run) -> list[SkipCause]:
         else:
             cause, detail = "unexplained", "overflow at a scale that had worked, on a sound batch"
         out.append(SkipCause(o.step, scale, cause, detail))
+        if cause != "bad_input" and scale is not None:
+            low = min(low, scale)
         if scale is not None and math.isfinite(scale):
             left = scale / 2.0
     return out
