@@ -216,6 +216,9 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
     for f in findings:
         if not f.layer or f.action.get("dtype") != "float32":
             continue
+        if f.rule == "gradient-error":
+            _checked_gradient(run, f)
+            continue
         got = checked_layers(run, f.layer)
         if got is None:
             continue
@@ -235,6 +238,31 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
                 for n in layers
             )
     return findings
+
+
+def _checked_gradient(run: Run, f: Finding) -> None:
+    """A gradient-error advice the probe checked (:func:`mpwatch.judge.fix_checks.
+    checked_gradient`): shown with what the check saw, or, where float32 left the error as it
+    was, withdrawn (info, no action): the error comes with the gradient from elsewhere."""
+    from mpwatch.judge.fix_checks import checked_gradient
+
+    got = checked_gradient(run, str(f.layer))
+    if got is None:
+        return
+    fixed, text = got
+    f.evidence += f"; {text}"
+    f.data = {**f.data, "checked_fixed": fixed}
+    if not fixed:
+        f.severity = "info"
+        f.title = (
+            f"Gradient of layer {f.layer!r} differs from float32; float32 there does not fix it"
+        )
+        f.action = {}
+        f.fix = (
+            "# keeping this layer in float32 does not fix its gradient error (checked): the\n"
+            "# error comes with the gradient from the layers after it, 16-bit arithmetic over\n"
+            "# the network rather than one layer"
+        )
 
 
 def fold_skips_into_their_layer(findings: list[Finding]) -> list[Finding]:

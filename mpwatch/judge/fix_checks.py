@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from mpwatch import contract
-from mpwatch.judge.rule import fmt, names_list
+from mpwatch.judge.rule import fmt, names_list, pct
 from mpwatch.read.run import Run
 
-__all__ = ["latest_checks", "describe", "checked_layers", "works"]
+__all__ = ["latest_checks", "describe", "checked_layers", "works", "checked_gradient"]
 
 
 def works(check: dict[str, Any]) -> bool:
@@ -114,3 +114,30 @@ def checked_layers(run: Run, layer: str) -> tuple[list[str] | None, str] | None:
     ok = next((c for c in tried if works(c)), None)
     text = f"checked on step {step}'s batch: " + "; ".join(describe(checks))
     return (list(ok["layers"]) if ok else None), text
+
+
+#: a float32 layer fixes its gradient error when the error falls below the float16 threshold and
+#: to at most this share of what it was
+GRAD_FIXED_SHARE = 0.5
+
+
+def checked_gradient(run: Run, layer: str) -> tuple[bool, str] | None:
+    """For a "keep this layer float32" advice against its gradient error: ``(fixed, evidence)``
+    from the latest probe that re-ran its pass with the layer in float32 (``grad_fix_checks``),
+    or None when none did."""
+    for step, payload in reversed(run.records.get(contract.KIND_PROBE) or []):
+        for c in payload.get("grad_fix_checks") or []:
+            if c.get("layer") != layer:
+                continue
+            before, after = c.get("before"), c.get("after")
+            if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
+                return None
+            fixed = after <= 0.05 and after <= GRAD_FIXED_SHARE * before
+            what = (
+                f"brings its gradient error from {pct(before)} to {pct(after)}"
+                if fixed
+                else f"leaves its gradient error at {pct(after)} (from {pct(before)})"
+            )
+            text = f"checked on step {step}'s batch: keeping {layer!r} float32 {what}"
+            return fixed, text
+    return None

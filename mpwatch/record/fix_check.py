@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from mpwatch.formats import FLOAT16
+from mpwatch.formats import FLOAT16, FLOAT32_INSIDE
 from mpwatch.record.twin import PolicyView, backend_value, random_layers_off, state_variables
 
 __all__ = ["check_fixes", "MAX_LAYERS", "normalized"]
@@ -152,6 +152,94 @@ def check_fixes(
             layers = layers + [str(nxt)]
         got = _forward(probe, normalized(x), y, sw, [], scale)
         out.append({"fix": "normalize_inputs", "layers": [], **got})
+        return out
+    finally:
+        for v, value in zip(state, saved):
+            backend_value(v).assign(value)
+
+
+#: a layer whose gradient error is above this (float16) and stands out from the median by
+#: GRAD_OUTLIER is checked in float32 (the gradient-error rule's own thresholds)
+GRAD_ERROR = 0.05
+GRAD_OUTLIER = 4.0
+GRAD_CHECKED = 8  # layers checked per probe, largest error first
+
+
+def _layer_errors(probe: Any, mixed: list[Any], ref: list[Any], scale: float) -> dict[str, float]:
+    """Each layer's gradient relative error ||mixed/scale - ref|| / ||ref|| over its
+    variables."""
+    from keras import ops
+
+    num: dict[str, float] = {}
+    den: dict[str, float] = {}
+    for layer, m, r in zip(probe._var_layer, mixed, ref):
+        if m is None or r is None:
+            continue
+        m64 = np.asarray(ops.convert_to_numpy(m), np.float64) / float(scale)
+        r64 = np.asarray(ops.convert_to_numpy(r), np.float64)
+        num[layer] = num.get(layer, 0.0) + float(np.sum((m64 - r64) ** 2))
+        den[layer] = den.get(layer, 0.0) + float(np.sum(r64**2))
+    return {k: math.sqrt(num[k] / den[k]) if den[k] > 0 else 0.0 for k in num}
+
+
+def _grads(probe: Any, x: Any, y: Any, sw: Any, scale: float, view: Any) -> list[Any]:
+    from mpwatch.record import backend
+
+    with random_layers_off(probe.random_off):
+        if view is not None:
+            view.__enter__()
+        try:
+            if backend.name() == backend.JAX:
+                from mpwatch.record.probe_jax import forward_backward, model_values
+
+                tv, ntv = model_values(probe.model)
+                return list(forward_backward(probe, tv, ntv, x, y, sw, scale)["grads"])
+            return list(probe._forward_backward(x, y, sw, scale)["grads"])
+        finally:
+            if view is not None:
+                view.__exit__(None, None, None)
+
+
+def check_gradient_fixes(
+    probe: Any, x: Any, y: Any, sw: Any, scale: float, errors: dict[str, float]
+) -> list[dict[str, Any]]:
+    """For the layers whose gradient error (``errors``, the probe's per-layer
+    ``grad_rel_error``) is above :data:`GRAD_ERROR` and :data:`GRAD_OUTLIER` times the median of
+    the others (at most :data:`GRAD_CHECKED`, largest first): the pass re-run with that layer in
+    float32, and its gradient error then, against the float32 reference of the same batch. A
+    layer whose error barely moves carries an error that comes from elsewhere: float32 there
+    does not fix it. ``[]`` when no layer stands out (float16 probes only)."""
+    from mpwatch.record import backend
+
+    if probe.mode != "float16" or not errors:
+        return []
+    vals = sorted(v for v in errors.values() if v is not None and math.isfinite(v))
+    model = probe.model
+    # a layer that computes in float32 already (its own dtype, or a normalization layer Keras
+    # upcasts inside) is no candidate: float32 is what it has
+    float32 = {
+        ly.name for ly in model.layers
+        if type(ly).__name__ in FLOAT32_INSIDE or getattr(ly, "compute_dtype", "") == "float32"
+    }  # fmt: skip
+    candidates = []
+    for name, err in sorted(errors.items(), key=lambda kv: -(kv[1] or 0.0)):
+        if name in float32:
+            continue
+        others = [v for v in vals if v != err] or [0.0]
+        median = float(np.median(others))
+        if err is not None and err > GRAD_ERROR and err > GRAD_OUTLIER * median:
+            candidates.append(name)
+    if not candidates:
+        return []
+    state = state_variables(model) if backend.name() == backend.TENSORFLOW else []
+    saved = [np.array(backend_value(v).numpy()) for v in state]
+    try:
+        ref = _grads(probe, x, y, sw, 1.0, PolicyView(model, "float32"))
+        out = []
+        for name in candidates[:GRAD_CHECKED]:
+            mixed = _grads(probe, x, y, sw, scale, PolicyView(model, "float32", only={name}))
+            after = _layer_errors(probe, mixed, ref, scale).get(name)
+            out.append({"layer": name, "before": float(errors[name]), "after": after})
         return out
     finally:
         for v, value in zip(state, saved):

@@ -549,6 +549,17 @@ class Probe:
                 payload["fix_checks"] = check_fixes(self, x, y, sw, s, _blamed(payload))
             except Exception as e:  # noqa: BLE001  (the probe's record stands without them)
                 logger.warning("mpwatch: probe: could not check the fixes: %r", e)
+        if self.mode == "float16" and self.has_ref and not payload["model"].get(
+            "first_nonfinite_layer"
+        ):
+            from mpwatch.record.fix_check import check_gradient_fixes
+
+            try:
+                checks = check_gradient_fixes(self, x, y, sw, s, _layer_grad_errors(payload))
+                if checks:
+                    payload["grad_fix_checks"] = checks
+            except Exception as e:  # noqa: BLE001
+                logger.warning("mpwatch: probe: could not check the gradient fixes: %r", e)
         return payload
 
     def _payload(self, out: dict[str, np.ndarray], scale: float) -> dict[str, Any]:
@@ -898,6 +909,20 @@ def fix_check_headroom() -> float:
     from mpwatch.record.fix_check import HEADROOM_BITS
 
     return float(HEADROOM_BITS)
+
+
+def _layer_grad_errors(payload: dict[str, Any]) -> dict[str, float]:
+    """Each layer's gradient relative error in a probe payload (layers with weights)."""
+    table = payload.get("layers") or {}
+    cols = list(table.get("columns") or [])
+    if "layer" not in cols or "grad_rel_error" not in cols:
+        return {}
+    i, j = cols.index("layer"), cols.index("grad_rel_error")
+    return {
+        str(r[i]): float(r[j])
+        for r in table.get("data") or []
+        if isinstance(r[j], (int, float)) and math.isfinite(r[j])
+    }
 
 
 def _blamed(payload: dict[str, Any]) -> list[str]:

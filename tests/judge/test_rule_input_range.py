@@ -111,3 +111,34 @@ def test_activations_only_near_the_maximum_is_a_warning_with_what_was_checked():
     assert "keeping 'hidden1' float32: finite, but 16-bit activations still reach 32304" in (
         f.evidence
     )
+
+
+def _gradient_run(after):
+    """A run whose probe flags 'hidden2''s gradient (12% off, the others 0.1%) and re-ran the
+    pass with it in float32: its error then is ``after``."""
+    run = healthy_run()
+    layers = [probe_layer("hidden1", mx=10.0), probe_layer("hidden2", mx=10.0),
+              probe_layer("hidden3", mx=10.0)]  # fmt: skip
+    for row in layers:
+        row[4] = 0.12 if row[0] == "hidden2" else 0.001  # grad_rel_error
+    run.probe_layers = pd.DataFrame(
+        [[8, *r] for r in layers], columns=["step", *contract.PROBE_LAYER_COLUMNS]
+    )
+    run.probe_model = pd.DataFrame([{"step": 8, **model_row()}])
+    run.records[contract.KIND_PROBE] = [
+        (8, {"loss_scale": 256.0,
+             "grad_fix_checks": [{"layer": "hidden2", "before": 0.12, "after": after}]})
+    ]  # fmt: skip
+    return run
+
+
+def test_a_gradient_fix_the_probe_saw_work_is_offered_with_what_was_checked():
+    (f,) = findings_of(diagnose(_gradient_run(0.002)), "gradient-error")
+    assert f.layer == "hidden2" and f.action == {"dtype": "float32"}
+    assert "keeping 'hidden2' float32 brings its gradient error from 12.0% to 0.20%" in f.evidence
+
+
+def test_a_gradient_fix_that_leaves_the_error_is_withdrawn():
+    (f,) = findings_of(diagnose(_gradient_run(0.11)), "gradient-error")
+    assert f.severity == "info" and f.action == {} and "does not fix" in f.title
+    assert "leaves its gradient error at 11.0% (from 12.0%)" in f.evidence

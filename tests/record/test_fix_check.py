@@ -1,0 +1,117 @@
+"""The probe's fix checks (mpwatch/record/fix_check.py) against the same passes done by hand: the
+layer's policy switched with Keras itself, gradients with TensorFlow's tape, errors with numpy;
+and the model's state the same afterwards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+
+def _model(policy, scale_in=1.0):
+    with _scope(policy):
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((8,))
+        h = keras.layers.Dense(32, activation="relu", name="d1")(inp)
+        h = keras.layers.Dense(32, activation="relu", name="d2")(h)
+        h = keras.layers.BatchNormalization(name="bn")(h)
+        out = keras.layers.Dense(1, dtype="float32", name="out")(h)
+        model = keras.Model(inp, out)
+        model.compile("sgd", "mse")
+    return model
+
+
+class _scope:
+    def __init__(self, policy):
+        self.policy = policy
+
+    def __enter__(self):
+        self.old = keras.mixed_precision.global_policy().name
+        keras.mixed_precision.set_global_policy(self.policy)
+
+    def __exit__(self, *exc):
+        keras.mixed_precision.set_global_policy(self.old)
+
+
+def _grads(model, x, y, scale):
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+        scaled = loss * scale
+    grads = tape.gradient(scaled, model.trainable_variables)
+    return [np.asarray(g, np.float64) / scale for g in grads]
+
+
+def test_gradient_check_equals_the_pass_done_by_hand_and_leaves_the_state():
+    from mpwatch.record.fix_check import check_gradient_fixes
+    from mpwatch.record.probe import Probe
+
+    model = _model("mixed_float16")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8)).astype("float32")
+    y = rng.normal(size=(16, 1)).astype("float32")
+    scale = 1024.0
+    probe = Probe(model)
+    probe.run((x, y), scale=scale)  # prepares the probe as a fit would
+    before = [np.array(v.numpy()) for v in model.non_trainable_variables]
+    checks = check_gradient_fixes(probe, x, y, None, scale, {"d2": 0.5, "d1": 1e-3, "out": 1e-3})
+    after_state = [np.array(v.numpy()) for v in model.non_trainable_variables]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after_state))
+    assert [c["layer"] for c in checks] == ["d2"]
+    # by hand: d2 in float32 in the mixed model; the reference: a float32 twin, same weights
+    model.get_layer("d2").dtype_policy = "float32"
+    try:
+        mixed = _grads(model, x, y, scale)
+    finally:
+        model.get_layer("d2").dtype_policy = "mixed_float16"
+    twin = _model("float32")
+    twin.set_weights(model.get_weights())
+    ref = _grads(twin, x, y, 1.0)
+    idx = [i for i, v in enumerate(model.trainable_variables) if v.path.startswith("d2/")]
+    err = np.sqrt(sum(((mixed[i] - ref[i]) ** 2).sum() for i in idx)
+                  / sum((ref[i] ** 2).sum() for i in idx))  # fmt: skip
+    assert checks[0]["after"] == pytest.approx(err, rel=1e-3, abs=1e-6)
+
+
+def test_overflow_checks_follow_the_layers_keras_itself_makes_finite():
+    from mpwatch.record.fix_check import check_fixes
+    from mpwatch.record.probe import Probe
+
+    model = _model("mixed_float16")
+    d1 = model.get_layer("d1")
+    d1.kernel.assign(np.full(d1.kernel.shape, 0.5, "float32"))  # d1: 8 x 5e4 x 0.5 = 2e5 > 65504
+    rng = np.random.default_rng(1)
+    x = rng.uniform(4e4, 5e4, size=(16, 8)).astype("float32")
+    y = rng.normal(size=(16, 1)).astype("float32")
+    probe = Probe(model)
+    payload = probe.run((x, y), scale=1.0)
+    assert payload["model"]["first_nonfinite_layer"] == "d1"
+    checks = payload["fix_checks"]
+    assert checks[0]["fix"] == "none" and checks[0]["first_nonfinite_layer"] == "d1"
+    # by hand: which float32 layers give a finite pass (training mode, gradients at the scale),
+    # with Keras' own policies; the model's state put back after each
+    tried = [c for c in checks if c["fix"] == "float32_layers"]
+    assert tried and tried[0]["layers"] == ["d1"]
+    for c in tried:
+        state = [np.array(v.numpy()) for v in model.non_trainable_variables]
+        for name in c["layers"]:
+            model.get_layer(name).dtype_policy = "float32"
+        try:
+            with tf.GradientTape() as tape:
+                pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=pred)
+            grads = tape.gradient(loss, model.trainable_variables)
+            finite = bool(np.isfinite(np.asarray(loss))) and all(
+                bool(np.isfinite(np.asarray(g)).all()) for g in grads
+            )
+        finally:
+            for name in c["layers"]:
+                model.get_layer(name).dtype_policy = "mixed_float16"
+            for v, a in zip(model.non_trainable_variables, state):
+                v.assign(a)
+        assert c["finite"] == finite, c
+    norm = next(c for c in checks if c["fix"] == "normalize_inputs")
+    assert norm["finite"]
+    assert check_fixes(probe, np.zeros_like(x), y, None, 1.0) == []  # nothing to fix
