@@ -877,6 +877,19 @@ _PROBE = _record_schema(
                 "one candidate fix and what it did",
             ),
         ),
+        "grad_fix_checks": _t(
+            "array",
+            "written when a layer's gradient error stands out (float16): the pass re-run with "
+            "that layer in float32 (record/fix_check.py: check_gradient_fixes)",
+            items=_obj(
+                {
+                    "layer": _str("the layer kept in float32"),
+                    "before": _num("its gradient relative error as it is"),
+                    "after": _num("its gradient relative error in float32", nullable=True),
+                },
+                "one layer checked",
+            ),
+        ),
         "reliable": _bool(
             "the probe's loss agrees with the train step's loss on the same batch and weights "
             "(None: cannot be checked, e.g. a custom train_step); False: no finding rests on it",
