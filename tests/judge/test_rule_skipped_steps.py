@@ -82,3 +82,21 @@ def test_the_scales_that_overflowed_largest_and_when():
     assert top == 2.0**15 and first_top == 1
     assert "2^15 (32768) at step 1" in f.evidence
     assert f.data["total"] == len(ran_at)
+
+
+def test_a_descent_with_finite_steps_between_says_what_it_counts():
+    # EfficientNetB0 under a float16 softmax (tests/realmodels/test_more_models.py): 13 skips
+    # from step 1, a finite step 14, then skips at new lowest scales at steps 15, 16 and 20: all
+    # 16 are the scale's descent (skip_causes), and only 13 came before the first finite step
+    def over(step, scale):
+        return step <= 13 or step in (15, 16, 20)
+
+    scales, skipped = keras_scale_history(20, over)
+    run = make_run(scalars={contract.LOSS_SCALE: scales, contract.STEP_SKIPPED: skipped})
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.data["early"] == 16 and f.severity == "error"
+    first_finite = min(s for s, k in skipped.items() if not k)
+    assert first_finite == 14  # so "16 steps skipped before the first finite step" is false
+    assert "before the first finite step" not in f.title
+    assert f.title == "16 steps skipped while the loss scale fell from 2^15 (32768) to 0.5"
+    assert scales[20] == 0.5  # Keras' own scale after the 16 halvings

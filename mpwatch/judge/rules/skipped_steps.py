@@ -114,13 +114,16 @@ def _by_cause(run: Run) -> list[Finding]:
         return []
     severity = "error" if "error" in (sev_rate, sev_early) else "warning"
     total = sum(len(v) for v in groups.values())
+    initial, growth_interval = se._growth_facts(run)
     if sev_rate is not None:
         title = (
             f"{len(judged)} of {n_steps} steps skipped for non-finite gradients ({pct(rate)})"
         )
-    else:
-        title = f"{len(descent)} steps skipped before the first finite step"
-    initial, growth_interval = se._growth_facts(run)
+    else:  # the descent need not be consecutive (a new lowest scale): count its halvings
+        title = (
+            f"{len(descent)} steps skipped while the loss scale fell from "
+            f"{se.scale_text(initial)} to {se.scale_text(initial / 2.0 ** len(descent))}"
+        )
     parts = [f"{total} steps skipped in all"]
     if descent:
         low = initial / 2.0 ** len(descent)

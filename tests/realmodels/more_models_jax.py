@@ -1,0 +1,89 @@
+"""Trains examples/more_models.py's models under Keras' JAX backend, for test_more_models.py.
+
+Run as ``KERAS_BACKEND=jax python tests/realmodels/more_models_jax.py OUT_DIR [NAME[:fixed] ...]``
+(Keras fixes its backend at import: the TensorFlow test session runs this in its own process).
+Each model is trained by the example's ``train`` into ``OUT_DIR/NAME`` (``NAME_fixed``: with its
+fix, and without mpwatch's probe) with an independent observer callback beside mpwatch's monitor
+that reads the optimizer's own state after every batch (``model.jax_state_sync()``, then
+``iterations`` and ``dynamic_scale``). Writes ``OUT_DIR/truth.json``: per run, the batches run,
+the optimizer's iterations and scale after each, whether it is a LossScaleOptimizer, the output
+layer's name, class, compute dtype and activation, the dtype of the model's output on two
+samples, every layer's compute dtype, how many layers of each class it has, and the seconds the
+run took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import keras
+import numpy as np
+
+assert keras.backend.backend() == "jax", keras.backend.backend()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from repo_scripts import load_script  # noqa: E402
+
+
+class Observer(keras.callbacks.Callback):
+    """After each batch: the optimizer's own iterations and loss scale (the truth)."""
+
+    def __init__(self):
+        super().__init__()
+        self.iterations, self.scale = [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.model.jax_state_sync()
+        opt = self.model.optimizer
+        self.iterations.append(int(np.asarray(opt.iterations)))
+        scale = getattr(opt, "dynamic_scale", None)
+        self.scale.append(None if scale is None else float(np.asarray(scale)))
+
+
+def run_one(mm, name, fixed, out):
+    t0 = time.perf_counter()
+    observer = Observer()
+    logdir = os.path.join(out, name + ("_fixed" if fixed else ""))
+    # a fixed model is trained to see its output and its findings: without the probe (whose
+    # compiled passes cost as much as the fit's own on a CPU)
+    extra = {"probe": False} if fixed else {}
+    model, history = mm.train(name, logdir, fixed=fixed, callbacks=[observer], **extra)
+    x, _ = mm.data(name)
+    layer = mm.output_layer(model)
+    with mm.policy_scope(mm.POLICIES[name]):
+        y = model(x[:2])
+    return {
+        "logdir": logdir,
+        "batches": len(observer.iterations),
+        "iterations": observer.iterations,
+        "scale": observer.scale,
+        "loss_scale_optimizer": isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
+        "output_layer": layer.name,
+        "output_class": type(layer).__name__,
+        "output_compute_dtype": layer.compute_dtype,
+        "output_activation": getattr(getattr(layer, "activation", None), "__name__", None),
+        "output_dtype": str(y.dtype),
+        "compute_dtypes": sorted({ly.compute_dtype for ly in model._flatten_layers()}),
+        "classes": dict(Counter(type(ly).__name__ for ly in model._flatten_layers())),
+        "loss": history.history["loss"],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def main(out, specs):
+    mm = load_script("examples/more_models.py")
+    truth = {}
+    for spec in specs:
+        name, _, flag = spec.partition(":")
+        truth[spec] = run_one(mm, name, flag == "fixed", out)
+    with open(os.path.join(out, "truth.json"), "w") as f:
+        json.dump(truth, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:] or ["vit", "mobilenet_v2_bf16"])
