@@ -268,8 +268,8 @@ def _checked_gradient(run: Run, f: Finding) -> None:
 def fold_skips_into_their_layer(findings: list[Finding]) -> list[Finding]:
     """A run's ``skipped-steps`` finding whose skips after the scale's descent are all failed
     doublings or overflows a probe saw start in one layer (``data["overflow_layers"]``, none
-    unexplained) is a consequence of that layer's finding, when the run has one: it becomes its
-    evidence."""
+    unexplained, and not raised by a descent too long on its own) is a consequence of that
+    layer's finding, when the run has one: it becomes its evidence."""
     heads: dict[tuple[str | None, str], Finding] = {}
     for f in findings:
         if f.layer and f.severity in ("warning", "error"):
@@ -279,7 +279,15 @@ def fold_skips_into_their_layer(findings: list[Finding]) -> list[Finding]:
         layers = f.data.get("overflow_layers") or [] if f.rule == "skipped-steps" else []
         causes = f.data.get("by_cause") or {}
         head = heads.get((f.run, layers[0])) if len(layers) == 1 else None
-        if head is not None and not causes.get("unexplained") and causes.get("model_overflow"):
+        from mpwatch.judge.rules.skipped_steps import WARMUP_SKIP_ALLOWANCE
+
+        raised_by_descent = len(causes.get("descent") or []) > WARMUP_SKIP_ALLOWANCE
+        if (
+            head is not None
+            and not causes.get("unexplained")
+            and causes.get("model_overflow")
+            and not raised_by_descent
+        ):
             _absorb(head, f)
             continue
         out.append(f)

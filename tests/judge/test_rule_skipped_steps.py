@@ -100,3 +100,62 @@ def test_a_descent_with_finite_steps_between_says_what_it_counts():
     assert "before the first finite step" not in f.title
     assert f.title == "16 steps skipped while the loss scale fell from 2^15 (32768) to 0.5"
     assert scales[20] == 0.5  # Keras' own scale after the 16 halvings
+
+
+# --- the descent bounded by the float32 reference (the probe's sweep) -------------------------
+def _reference_run(model_overflows, steps, probe_step, first, ref_max_log2):
+    """A mixed_float16 run whose float16 model overflows where ``model_overflows(step, scale)``
+    says (Keras' rule step by step) and a float16 probe at ``probe_step`` whose float32 reference
+    gradients are numpy samples with max |g| = 2**ref_max_log2 (its sweep computed from them),
+    its own pass non-finite first in ``first`` (None: finite)."""
+    import numpy as np
+    from builders import grad_probe, scale_run
+
+    scales, skipped = keras_scale_history(steps, model_overflows)
+    g = np.random.default_rng(3).uniform(-1.0, 1.0, 4000) * 2.0**ref_max_log2
+    g[0] = 2.0**ref_max_log2
+    probe = grad_probe(probe_step, {"dense": g}, scales[probe_step - 1])
+    probe["model"]["first_nonfinite_layer"] = first
+    return scale_run([probe], scales, skipped), scales, skipped
+
+
+def test_the_descent_ends_where_the_float32_twin_would_stop():
+    """The float32 twin's weight gradients peak at 2^5, its activation gradients 2 bits higher,
+    so a sound model with them skips every scale >= 2^16 / 2^7 = 2^9 (Keras' rule run for the
+    twin here); the float16 model (a float16 softmax) overflows at every scale above 1, and the
+    probe saw its pass go non-finite first in 'predictions'. The skips the twin makes too are the
+    descent; the rest are that layer's."""
+    from mpwatch.judge.skip_causes import skip_causes
+
+    run, scales, skipped = _reference_run(lambda s, sc: sc > 1.0, 40, 30, "predictions", 5)
+    _, twin_skipped = keras_scale_history(40, lambda s, sc: sc * 2.0**7 >= 2.0**16)
+    twin = [s for s, v in twin_skipped.items() if v]
+    assert [scales[s - 1] for s in twin] == [2.0**k for k in range(15, 8, -1)]
+    causes = skip_causes(run)
+    assert [c.step for c in causes if c.cause == "descent"] == twin
+    rest = [c for c in causes if c.cause != "descent"]
+    assert rest and all(c.cause == "model_overflow" and "'predictions'" in c.detail for c in rest)
+    assert sorted(c.step for c in causes) == [s for s, v in skipped.items() if v]
+
+
+def test_skips_where_the_twin_fits_are_no_descent_and_say_so():
+    """The float32 twin's gradients peak at 2^-2: they would fit at every scale up to 2^17 (and
+    2^15 with the 2 bits of activation margin), so a sound model skips none; the float16 model
+    overflows on its first 13 training batches at any scale above 16, and the probe's own batch
+    was finite. Every skip is the model's, none the descent's, and the fix is no 'start the
+    scale lower' (the twin needs none)."""
+    from mpwatch.judge.skip_causes import TWIN_FITS, skip_causes
+
+    run, scales, skipped = _reference_run(lambda s, sc: s <= 13 and sc > 16.0, 30, 20, None, -2)
+    _, twin_skipped = keras_scale_history(30, lambda s, sc: sc * 2.0**0 >= 2.0**16)
+    assert not any(twin_skipped.values())
+    causes = skip_causes(run)
+    want = [s for s, v in skipped.items() if v]
+    assert len(want) == 11  # 2^15 down to 2^5
+    assert [c.step for c in causes] == want
+    assert all(c.cause == "model_overflow" and c.detail.startswith(TWIN_FITS) for c in causes)
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.data["early"] == 0 and f.data["skipped"] == 11
+    assert "11 at scales the float32 reference's gradients fit" in f.evidence
+    assert "after it" not in f.evidence  # there is no descent for it to follow
+    assert "initial_scale" not in f.fix and "probe_data" in f.fix

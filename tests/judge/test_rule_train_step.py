@@ -198,3 +198,22 @@ def test_a_small_scale_cannot_tell_scaled_from_unscaled():
 
 def test_make_run_stays_usable():  # the builder's defaults carry no train_step record
     assert make_run().train_step == {}
+
+
+def test_dropout_noise_at_a_small_scale_is_not_called_scaling_twice():
+    """The keras.io ViT under a float16 softmax: the scale fell to 16, and the training batches'
+    gradients (Dropout on) run about 2^2 above the probe's reference (Dropout off). Once scaled
+    at 16 with that noise is 2^6 = 16 x 4: not S² = 2^8, and too close to it to judge."""
+    run = _with_gradients(healthy_run(), 16.0 * 4.0)
+    run.grad_variables["loss_scale"] = 16.0
+    assert findings_of(diagnose(run), RULE) == []
+
+
+def test_pairs_at_different_scales_are_each_judged_at_their_own():
+    """Probes near records at 2^15 and 2^9: the loss scaled once at each is judged once."""
+    run = _with_gradients(healthy_run(), 1.0)
+    first = run.grad_variables["step"] == run.grad_variables["step"].min()
+    run.grad_variables.loc[first, "max_abs"] *= S
+    run.grad_variables.loc[~first, "loss_scale"] = 2.0**9
+    run.grad_variables.loc[~first, "max_abs"] *= 2.0**9
+    assert findings_of(diagnose(run), RULE) == []

@@ -7,7 +7,8 @@ fix, and without mpwatch's probe) with an independent observer callback beside m
 that reads the optimizer's own state after every batch (``model.jax_state_sync()``, then
 ``iterations`` and ``dynamic_scale``). Writes ``OUT_DIR/truth.json``: per run, the batches run,
 the optimizer's iterations and scale after each, whether it is a LossScaleOptimizer, the output
-layer's name, class, compute dtype and activation, the dtype of the model's output on two
+layer's name, class, compute dtype and activation, max |g| of the float32 reference's
+gradients on the probe's batch (``ref_max_grad``), the dtype of the model's output on two
 samples, every layer's compute dtype, how many layers of each class it has, and the seconds the
 run took.
 """
@@ -45,6 +46,29 @@ class Observer(keras.callbacks.Callback):
         self.scale.append(None if scale is None else float(np.asarray(scale)))
 
 
+def reference_max_grad(mm, name, model):
+    """max |g| of the float32 reference's gradients, by hand: a float32 twin with the model's
+    final weights (its last probe's), on the probe's batch (the first), training mode, Dropout
+    off, the compiled loss unscaled, through ``jax.grad`` of ``stateless_call``."""
+    import jax
+
+    twin, x, y = mm.build(name, policy="float32")
+    twin.set_weights(model.get_weights())
+    b = mm.BATCH_SIZES[name]
+    xb, yb = x[:b], y[:b]
+    for layer in twin._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.Dropout):
+            layer.rate = 0.0
+    ntv = [v.value for v in twin.non_trainable_variables]
+
+    def loss(tv):
+        y_pred, _ = twin.stateless_call(tv, ntv, xb, training=True)
+        return keras.losses.sparse_categorical_crossentropy(yb, y_pred).mean()
+
+    grads = jax.grad(loss)([v.value for v in twin.trainable_variables])
+    return max(float(np.abs(np.asarray(g)).max()) for g in grads)
+
+
 def run_one(mm, name, fixed, out):
     t0 = time.perf_counter()
     observer = Observer()
@@ -71,6 +95,9 @@ def run_one(mm, name, fixed, out):
         "compute_dtypes": sorted({ly.compute_dtype for ly in model._flatten_layers()}),
         "classes": dict(Counter(type(ly).__name__ for ly in model._flatten_layers())),
         "loss": history.history["loss"],
+        "ref_max_grad": None if fixed or name == "mobilenet_v2_bf16" else reference_max_grad(
+            mm, name, model
+        ),
         "seconds": time.perf_counter() - t0,
     }
 

@@ -19,12 +19,19 @@ is no warm-up. The steps after warm-up are the recorded per-step flags after ste
 {WARMUP_STEPS}, or, with only the cumulative count, the steps from {WARMUP_STEPS} to its last
 record.
 
+Each skip has a cause (:mod:`mpwatch.judge.skip_causes`): the scale's descent (bounded, where a
+probe's sweep knows it, by the scale at which the float32 reference's gradients overflow), a bad
+batch, a failed doubling, the model's own overflow (a probe saw it, or the float32 reference
+fits at that scale), or none found. Only the skips after the descent that no bad batch explains
+count toward the rate; skips a probe tied to one layer become that layer's finding's evidence.
+
 ## Example evidence
 ```text
-2.00% of steps skipped for non-finite gradients
-32 steps skipped in all: 12 at or before step 100 (the scale's descent from 2^15 explains up to
-10), 20 of 1000 after it; the dynamic scale expects about 1 per 2000; the largest scale that
-overflowed: 2^15 (32768) at step 1; the smallest: 8 at step 12
+20 of 1000 steps skipped for non-finite gradients (2.0%)
+32 steps skipped in all; 12 in the scale's descent from 2^15 (32768) to 8 (steps 1, 2, 3 and 9
+more); 20 of the 1000 steps after it: 2 failed doubling(s) (expected about 1 per 2000), 18 at a
+scale that had worked, on batches with sound input (steps 140, 388, 412, 519, 602, 733 and 12
+more); the largest scale that overflowed: 2^15 (32768) at step 1; the smallest: 8 at step 12
 ```
 
 ## Fix
@@ -48,6 +55,7 @@ from mpwatch.judge import scale_evidence as se
 from mpwatch.judge import skip_causes as sc
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, pct
+from mpwatch.judge.skip_causes import TWIN_FITS
 from mpwatch.read.run import Run
 
 SKIP_RATE_WARN = 0.01  # skipped steps after warm-up, per step
@@ -131,7 +139,10 @@ def _by_cause(run: Run) -> list[Finding]:
             f"{len(descent)} in the scale's descent from {se.scale_text(initial)} to "
             f"{se.scale_text(low)} (steps {sc.steps_text([c.step for c in descent], 3)})"
         )
-    after = [f"{len(judged) + len(groups['bad_input'])} of the {n_steps} steps after it"]
+    after = [
+        f"{len(judged) + len(groups['bad_input'])} of the {n_steps} steps"
+        + (" after it" if descent else "")
+    ]
     if groups["growth"]:
         after.append(
             f"{len(groups['growth'])} failed doubling(s) (expected about 1 per {growth_interval})"
@@ -140,10 +151,17 @@ def _by_cause(run: Run) -> list[Finding]:
         after.append(f"{len(groups['bad_input'])} on bad batches (bad-batches)")
     roots = list(dict.fromkeys(c.detail.rsplit("first in ", 1)[-1]
                                for c in groups["model_overflow"] if "first in " in c.detail))
-    if groups["model_overflow"]:
+    twin_fits = [c for c in groups["model_overflow"] if c.detail.startswith(TWIN_FITS)]
+    probed = len(groups["model_overflow"]) - len(twin_fits)
+    if probed:
         after.append(
-            f"{len(groups['model_overflow'])} at a scale at which a probe saw the model's own "
-            "pass overflow" + (f" (first in {', '.join(roots)})" if roots else "")
+            f"{probed} at a scale at which a probe saw the model's own pass overflow"
+            + (f" (first in {', '.join(roots)})" if roots else "")
+        )
+    if twin_fits:
+        after.append(
+            f"{len(twin_fits)} at scales the float32 reference's gradients fit (the probe's "
+            "sweep): the float16 pass overflowed where its float32 twin would not"
         )
     if groups["unexplained"]:
         steps = [c.step for c in groups["unexplained"]]
@@ -160,6 +178,14 @@ def _by_cause(run: Run) -> list[Finding]:
             "# the model overflows on some batches at a scale that had worked: probe one of them\n"
             f"# (steps {sc.steps_text([c.step for c in groups['unexplained']], 3)}) to find the "
             "layer\n"
+            "mpwatch.MixedPrecisionMonitor(log_dir, probe_data=(x_batch, y_batch))"
+        )
+    elif twin_fits and not roots:
+        fix = (
+            "# the float16 pass overflows on training batches where its float32 twin fits, and\n"
+            "# the probe's batch (Dropout off) did not show where: a 16-bit output (softmax,\n"
+            "# sigmoid) or a layer near 65504. Keep the model's output float32, then probe a\n"
+            "# training batch that skipped to find any other layer\n"
             "mpwatch.MixedPrecisionMonitor(log_dir, probe_data=(x_batch, y_batch))"
         )
     elif len(descent) > WARMUP_SKIP_ERROR:

@@ -21,8 +21,10 @@ this contract; when it is broken they measure the wrong thing. A broken contract
 and the findings that rest on it become its evidence.
 
 ## Threshold
-Unscaled loss: the median, over variables, of log2(received max |g| / reference max |g|) below
-half of log2 S, with S at least 2^{MIN_SCALE_LOG2}; scaled twice: above {TWICE_FACTOR:g} x log2 S.
+Unscaled loss: the median, over variables and probes, of log2(received max |g| / reference max
+|g|) - log2 S below -log2 S / 2, comparing only gradient records taken at a scale of at least
+2^{MIN_SCALE_LOG2} (received and reference gradients come from other batches, Dropout on in one
+and off in the other: a few doublings apart); scaled twice: above ({TWICE_FACTOR:g} - 1) x log2 S.
 An optimizer "steps" when its iterations advanced during the run. Errors, except bfloat16
 variables (a warning).
 
@@ -67,7 +69,10 @@ from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, compute_dtype, fmt, names_list
 from mpwatch.read.run import Run
 
-MIN_SCALE_LOG2 = 4  # below 2**4 a scaled and an unscaled loss are too close to tell apart
+# below 2**8 a loss scaled once, never or twice are too close to tell apart: received and
+# reference gradients come from other batches (Dropout on in training, off in the probe: up to
+# about 2**2 apart), so the verdict needs log2 S / 2 >= 4 bits of margin either way
+MIN_SCALE_LOG2 = 8
 TWICE_FACTOR = 1.5  # above 1.5 x log2 S: the loss was scaled twice
 MIN_COMPARISONS = 3  # variables x probes compared before judging
 
@@ -216,8 +221,10 @@ def _unscaled_optimizers(run: Run, already: bool) -> Finding | None:
 
 # --- the loss is not scaled ----------------------------------------------------------------------
 def _ratios(run: Run) -> tuple[list[float], float | None]:
-    """log2(received max |g| / reference max |g|) for each variable and probe with a gradient
-    record near it, and the scale the received gradients were taken at (their median)."""
+    """For each variable and probe with a gradient record near it taken at a scale of at least
+    2^MIN_SCALE_LOG2: log2(received max |g| / reference max |g|) minus log2 of that record's
+    scale (about 0 when the loss was scaled once, -log2 S when not at all, +log2 S when twice),
+    and the median scale of the records compared."""
     pv, gv = run.probe_variables, run.grad_variables
     if not len(pv) or "ref_max_abs" not in pv or not len(gv) or "max_abs" not in gv:
         return [], None
@@ -229,10 +236,12 @@ def _ratios(run: Run) -> tuple[list[float], float | None]:
         grows = gv[gv["step"] == near]
         got = dict(zip(grows["variable"].astype(str), grows["max_abs"]))
         scale = float(grows["loss_scale"].iloc[0]) if "loss_scale" in grows else 1.0
+        if not scale >= 2.0**MIN_SCALE_LOG2:
+            continue  # too small a scale to tell once from never or twice
         for var, ref in zip(prows["variable"].astype(str), prows["ref_max_abs"]):
             r, g = _pos(ref), _pos(got.get(var))
             if r is not None and g is not None:
-                out.append(math.log2(g / r))
+                out.append(math.log2(g / r) - math.log2(scale))
                 scales.append(scale)
     return out, (float(np.median(scales)) if scales else None)
 
@@ -252,15 +261,15 @@ def _loss_not_scaled(run: Run) -> Finding | None:
         return None
     if compiled is None and str((run.info.get("loss_scale") or {}).get("kind")) != "dynamic":
         return None
-    ratios, scale = _ratios(run)
-    if scale is None or len(ratios) < MIN_COMPARISONS or scale < 2.0**MIN_SCALE_LOG2:
+    excess, scale = _ratios(run)
+    if scale is None or len(excess) < MIN_COMPARISONS:
         return None
     k = math.log2(scale)
-    got = float(np.median(ratios))
+    got = float(np.median(excess)) + k  # log2(received / reference) at the median scale
     n_vars = int(pd.Series(run.probe_variables["variable"]).nunique())
     measured = (
         f"the optimizer received gradients 2^{got:.1f} times the float32 reference (median of "
-        f"{n_vars} variables, {len(ratios)} comparisons), where a scaled loss gives "
+        f"{n_vars} variables, {len(excess)} comparisons), where a scaled loss gives "
         f"{words.loss_scale(scale)} (the loss scale)"
     )
     owner = run.train_step.get("train_step_owner")
@@ -278,9 +287,9 @@ def _loss_not_scaled(run: Run) -> Finding | None:
             evidence,
             fix=_scale_loss_fix(backend),
             data={"cause": "loss_not_scaled", "log2_ratio": got, "loss_scale": scale,
-                  "comparisons": len(ratios), "train_step_owner": owner},  # fmt: skip
+                  "comparisons": len(excess), "train_step_owner": owner},  # fmt: skip
         )
-    if got > TWICE_FACTOR * k:
+    if got > TWICE_FACTOR * k:  # the margin is k / 2 >= 4 bits (MIN_SCALE_LOG2)
         return RULE.finding(
             "error",
             f"{where} scales the loss twice",
@@ -288,7 +297,7 @@ def _loss_not_scaled(run: Run) -> Finding | None:
             "loss Keras already scales, or by hand as well)",
             fix="# call optimizer.scale_loss(loss) once, on the loss you differentiate",
             data={"cause": "loss_scaled_twice", "log2_ratio": got, "loss_scale": scale,
-                  "comparisons": len(ratios), "train_step_owner": owner},  # fmt: skip
+                  "comparisons": len(excess), "train_step_owner": owner},  # fmt: skip
         )
     return None
 
