@@ -16,10 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from mpwatch import _legacy
 from mpwatch._version import __version__
-
-_legacy.install()  # old module paths (mpwatch.reader, mpwatch.callbacks.*) stay importable
 
 # public name -> module that defines it (imported on first use)
 _EXPORTS = {

@@ -112,7 +112,6 @@ def test_the_stages_are_packages_of_their_own():
     flat = sorted(n for n in MODULES if n.count(".") == 1 and n.startswith("mpwatch."))
     assert flat == [
         "mpwatch.__main__",
-        "mpwatch._legacy",
         "mpwatch._version",
         "mpwatch.contract",
         "mpwatch.formats",
@@ -181,27 +180,13 @@ def test_importing_the_recorder_loads_no_read_module():
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
-def test_old_module_paths_are_the_new_modules():
-    from mpwatch import _legacy
-
-    for old, new in _legacy.ALIASES.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
-        assert importlib.import_module(new).__spec__.name == new  # the alias left it intact
-    from mpwatch.advisor import diagnose
-    from mpwatch.callbacks.monitor import MixedPrecisionMonitor
-    from mpwatch.reader import load_run
-
+def test_old_module_paths_are_gone():
+    """The layout before record / read / judge / show was never released: no import hook keeps
+    its module paths alive (``mpwatch.reader``, ``mpwatch.callbacks``, ``mpwatch.advisor``)."""
     import mpwatch
 
-    assert (diagnose, load_run, MixedPrecisionMonitor) == (
-        mpwatch.diagnose,
-        mpwatch.load_run,
-        mpwatch.MixedPrecisionMonitor,
-    )
-
-
-def test_every_alias_points_at_a_module_that_exists():
-    from mpwatch import _legacy
-
-    for new in _legacy.ALIASES.values():
-        assert new in MODULES, new
+    assert not [f for f in sys.meta_path if type(f).__module__.startswith("mpwatch")]
+    for old in ("mpwatch.reader", "mpwatch.callbacks.monitor", "mpwatch.advisor", "mpwatch.report"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    assert mpwatch.load_run and mpwatch.diagnose and mpwatch.MixedPrecisionMonitor

@@ -80,17 +80,6 @@ def test_the_judge_imports_no_tensorflow():
     assert out.stdout.strip() == "False"
 
 
-def test_old_module_paths_still_give_the_judge():
-    import mpwatch.advisor as old
-
-    import mpwatch
-
-    for name in ("Finding", "Rule", "RULES", "SEVERITIES", "diagnose", "diagnose_run",
-                 "diagnose_runs", "compare_runs"):  # fmt: skip
-        assert hasattr(old, name), name
-    assert mpwatch.diagnose is diagnose and mpwatch.Finding is Finding
-
-
 def test_one_finding_per_layer_cause():
     """A layer over output-rel-error's threshold whose gradient also errs: one finding (the first
     of LAYER_CAUSE_RULES at the highest severity), the other's title in its evidence."""

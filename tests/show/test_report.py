@@ -222,9 +222,8 @@ def test_profile_section_in_every_format(two_runs):
 
 def test_show_imports_go_one_way():
     """report -> html -> summary (and charts_svg): html never imports report, summary imports
-    neither; the old paths and names stay importable."""
+    neither."""
     import ast
-    import importlib
     import pathlib
 
     show = pathlib.Path(report.__file__).parent
@@ -244,9 +243,6 @@ def test_show_imports_go_one_way():
     assert not {m for m in imported("summary") if m.startswith(("mpwatch.show.report",
                                                                 "mpwatch.show.html"))}  # fmt: skip
     assert not {m for m in imported("report") | imported("html") if "advisor" in m}
-    legacy = importlib.import_module("mpwatch.report")
-    assert legacy is report
-    assert legacy.render is report.render and legacy.JSON_SCHEMA is report.JSON_SCHEMA
     assert report.NO_DATA is summary.NO_DATA and report.run_summary is summary.run_summary
 
 
