@@ -8,6 +8,8 @@ evidence and the tab's server-side text.
 - :func:`percent`: a fraction as ``5.96%``, ``12.3%``, ``0%``, ``0.0012%`` (no exponent).
 - :func:`number`: a plain number: an integer as itself, ``0.102``, ``1.00e-06`` for the very small
   or very large.
+- :func:`amount`: a measured amount in a unit said elsewhere (a table column ``time_us``):
+  ``2,723``, ``46.71``, ``0.4612``: four significant digits, never exponent notation.
 - :func:`plain`: text without terminal escape sequences or control characters (Keras wraps
   exception messages in ``\\x1b[1m``; layer and run names are user input).
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["duration_ms", "duration_us", "loss_scale", "number", "percent", "plain"]
+__all__ = ["amount", "duration_ms", "duration_us", "loss_scale", "number", "percent", "plain"]
 
 NOT_AVAILABLE = "n/a"
 
@@ -73,6 +75,22 @@ def number(x: float | None, digits: int = 3) -> str:
     if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
         return f"{x:.{digits - 1}e}"
     return _positional(x, digits)
+
+
+def amount(x: float | None, digits: int = 4) -> str:
+    """A measured amount whose unit is said elsewhere (a table's column): ``digits`` significant
+    digits, every digit of its integer part with thousands separators, never exponent notation;
+    ``n/a`` for None or NaN.
+
+    >>> amount(2723.4), amount(123456.0), amount(0.46123)
+    ('2,723', '123,456', '0.4612')
+    """
+    if _missing(x):
+        return NOT_AVAILABLE
+    x = float(x)  # type: ignore[arg-type]
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return _positional(x, digits, True)
 
 
 def percent(x: float | None) -> str:

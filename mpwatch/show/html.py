@@ -29,7 +29,7 @@ from mpwatch.show.summary import (
     run_summary,
     step_range,
 )
-from mpwatch.words import duration_ms, loss_scale, percent
+from mpwatch.words import amount, duration_ms, loss_scale, number, percent
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;
@@ -62,19 +62,26 @@ background:#fff;max-width:100%}
 """
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, column: str = "") -> str:
+    """A table cell in words (:mod:`mpwatch.words`): by its column, a duration (``*_us``,
+    ``*_ms``: the unit is the column's) as an amount, a share (``*fraction``, ``*share``,
+    ``*rel_error``) as a percent, a loss scale as ``2^k (v)``, any other number plainly; empty for
+    a value not recorded."""
     if v is None:
         return ""
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if isinstance(v, float):
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
         if math.isnan(v):
             return ""
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-            return f"{v:.3g}"
-        return f"{v:.4g}"
+        if column.endswith(("_us", "_ms")):
+            return amount(v)
+        if column.endswith(("fraction", "share", "rel_error")):
+            return percent(v)
+        if "scale" in column:
+            return loss_scale(v)
+        return number(v)
     if isinstance(v, dict):
         return ", ".join(f"{k}={x}" for k, x in v.items())
     return str(v)
@@ -150,7 +157,7 @@ def _layer_table(run: Run, findings: Sequence[Finding]) -> str:
         for c in cols:
             v = row[c]
             num = isinstance(v, (int, float)) and not isinstance(v, bool)
-            out.append(f"<td{' class=num' if num else ''}>{escape(_fmt(v))}</td>")
+            out.append(f"<td{' class=num' if num else ''}>{escape(_fmt(v, c))}</td>")
         out.append(f"<td>{escape(sev or '')}</td></tr>")
     out.append("</tbody></table>")
     return "".join(out)
