@@ -74,7 +74,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import mpwatch  # noqa: E402
-from mpwatch.record.probe import ProbeMonitor  # noqa: E402
+from mpwatch.record.probe_monitor import ProbeMonitor  # noqa: E402
 from mpwatch.record.profile_capture import ProfileMonitor  # noqa: E402
 from mpwatch.record.step_time import gpu_device  # noqa: E402
 

@@ -27,7 +27,7 @@ _EXPORTS = {
     "StepTimeMonitor": "mpwatch.record.step_time",
     "InputHealthMonitor": "mpwatch.record.input_health",
     "TrainStepMonitor": "mpwatch.record.train_step",
-    "ProbeMonitor": "mpwatch.record.probe",
+    "ProbeMonitor": "mpwatch.record.probe_monitor",
     "ProfileMonitor": "mpwatch.record.profile_capture",
     "record_trace": "mpwatch.record.profile_capture",
     "TrainingLoopRecorder": "mpwatch.record.loop",
@@ -87,7 +87,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from mpwatch.record.loop import TrainingLoopRecorder, share_skip_decision
     from mpwatch.record.loss_scale import LossScaleMonitor
     from mpwatch.record.monitor import MixedPrecisionMonitor
-    from mpwatch.record.probe import ProbeMonitor
+    from mpwatch.record.probe_monitor import ProbeMonitor
     from mpwatch.record.profile_capture import ProfileMonitor, record_trace
     from mpwatch.record.step_time import StepTimeMonitor
     from mpwatch.record.train_step import TrainStepMonitor

@@ -8,7 +8,7 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.record.base import RecordingCallback
-from mpwatch.record.state import loss_scale_optimizer
+from mpwatch.record.tap_common import loss_scale_optimizer
 
 
 def no_loss_scale_reason(model: Any) -> str:

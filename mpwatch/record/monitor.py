@@ -15,10 +15,10 @@ from mpwatch.record.gradient_health import GradientHealthMonitor
 from mpwatch.record.input_health import InputHealthMonitor
 from mpwatch.record.layer_dtypes import LayerDtypeMonitor
 from mpwatch.record.loss_scale import LossScaleMonitor, no_loss_scale_reason
-from mpwatch.record.probe import ProbeMonitor
+from mpwatch.record.probe_monitor import ProbeMonitor
 from mpwatch.record.profile_capture import DEFAULT_STEPS, ProfileMonitor
-from mpwatch.record.state import loss_scale_optimizer
 from mpwatch.record.step_time import StepTimeMonitor
+from mpwatch.record.tap_common import loss_scale_optimizer
 from mpwatch.record.train_step import TrainStepMonitor
 from mpwatch.record.twin import model_kind
 

@@ -1,7 +1,8 @@
 """The probe: which gradient values float16 really loses, measured against a float32 twin.
 
-Every ``every`` batch steps and at the end of each epoch, :class:`ProbeMonitor` takes a fixed probe
-batch and, with the model's current weights, computes
+Every ``every`` batch steps and at the end of each epoch, ``ProbeMonitor``
+(:mod:`mpwatch.record.probe_monitor`) takes a fixed probe batch and :class:`Probe`, with the
+model's current weights, computes
 
 - the mixed-precision gradients at the current loss scale ``S``, exactly as Keras' train step gets
   them (``tape.gradient(loss * S)``: float32 values that went through float16, zeros where float16
@@ -17,6 +18,13 @@ batch and, with the model's current weights, computes
   (:mod:`mpwatch.record.underflow`).
 
 Math and definitions: :mod:`mpwatch.record.underflow`. Record layout: ``contract.KIND_PROBE``.
+
+This module is the probe of one model (:class:`Probe`): its setup (the twin's view, the tap model
+of the layer outputs, each variable's layer), which pass runs in which policy, one probe from the
+batch to the record (with the fix checks of :mod:`mpwatch.record.fix_check` where it found
+trouble), and writing it. The passes' computation is the backend's
+(:mod:`mpwatch.record.probe_tf`, :mod:`mpwatch.record.probe_jax`); the record's tables are built by
+:mod:`mpwatch.record.probe_payload`.
 
 Modes, chosen from the model's layers:
 
@@ -81,24 +89,12 @@ from typing import Any
 import numpy as np
 
 from mpwatch import contract, formats
-from mpwatch.record import underflow
-from mpwatch.record.base import RecordingCallback, check_positive_int
+from mpwatch.record import probe_payload, probe_tf, underflow
 from mpwatch.record.inputs import INPUT_COLUMNS, input_rows
-from mpwatch.record.twin import (
-    PolicyView,
-    backend_value,
-    model_kind,
-    random_layers,
-    random_layers_off,
-    state_variables,
-)
+from mpwatch.record.twin import PolicyView, model_kind, random_layers, random_layers_off
 from mpwatch.record.writer import RunWriter
 
 logger = logging.getLogger("mpwatch")
-
-VARIABLE_COLUMNS = contract.PROBE_VARIABLE_COLUMNS
-LAYER_COLUMNS = contract.PROBE_LAYER_COLUMNS
-SWEEP_COLUMNS = contract.PROBE_SWEEP_COLUMNS
 
 
 def detect_mode(model: Any) -> str:
@@ -138,54 +134,6 @@ def first_batch(data: Any) -> Any:
     if backend.name() == backend.TENSORFLOW:
         return batch
     return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, batch)
-
-
-def _round(x: Any, digits: int = 6) -> Any:
-    """A float with ``digits`` significant digits (smaller records); ints and non-finite as is."""
-    if isinstance(x, float) and math.isfinite(x) and x != 0.0:
-        return float(f"{x:.{digits}g}")
-    return x
-
-
-_value = backend_value  # (their old names here)
-_state_variables = state_variables
-
-
-#: the probe agrees with the train step when its loss (the pass in the model's own policies)
-#: is within this relative tolerance of the train step's loss on the same batch and weights
-LOSS_RTOL = 1e-2
-#: ... or within this absolute tolerance (losses near 0)
-LOSS_ATOL = 1e-4
-
-
-def loss_agrees(probe_loss: float, train_loss: float) -> tuple[bool, str | None]:
-    """(whether the probe's loss matches the train step's loss, and why not). Both non-finite
-    the same way (a diverged model) counts as agreement: the probe sees the same network."""
-    a, b = probe_loss, train_loss
-    if not (math.isfinite(a) and math.isfinite(b)):
-        same = (math.isnan(a) and math.isnan(b)) or a == b
-        return same, None if same else f"probe loss {a} but train-step loss {b}"
-    if abs(a - b) <= LOSS_ATOL + LOSS_RTOL * max(abs(a), abs(b)):
-        return True, None
-    return False, (
-        f"probe loss {a:.6g} but the train step's loss on the same batch and weights is "
-        f"{b:.6g} (tolerance {LOSS_RTOL:g} relative): the probe does not measure the network "
-        "the train step runs, so no finding rests on it"
-    )
-
-
-def _custom_train_step(model: Any) -> bool:
-    """Whether the model's class overrides Keras' train_step (of the backend's trainer)."""
-    from mpwatch.record import backend
-
-    try:
-        if backend.name() == backend.JAX:
-            from keras.src.backend.jax.trainer import JAXTrainer as Trainer
-        else:
-            from keras.src.backend.tensorflow.trainer import TensorFlowTrainer as Trainer
-    except ImportError:  # pragma: no cover
-        return False
-    return getattr(type(model), "train_step", None) is not Trainer.train_step
 
 
 def _batch_size(x: Any) -> int | None:
@@ -340,52 +288,10 @@ class Probe:
         loss = compute(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
         return ops.cast(loss, "float32")
 
-    def _pack(self, flat: list[Any]) -> Any:
-        if len(flat) == 1:
-            return flat[0]
-        import keras
-
-        fm = getattr(self.model, "_functional", None) or self.model
-        struct = getattr(fm, "_outputs_struct", None)
-        return keras.tree.pack_sequence_as(struct, flat) if struct is not None else flat
-
     def _forward_backward(self, x: Any, y: Any, sw: Any, scale: Any) -> dict:
-        """One training-mode pass (BatchNormalization on the batch's statistics) of the model as
-        the current policies are: loss, gradients w.r.t. the variables and the layer outputs."""
-        import tensorflow as tf
-
-        m = self.model
-        with tf.GradientTape() as tape:
-            if self.tap is not None:
-                outs = self.tap(x, training=True)
-                n_out = len(m.outputs)
-                y_pred, acts = self._pack(outs[:n_out]), outs[n_out:]
-            else:
-                y_pred, acts = m(x, training=True), []
-            loss = self._loss(x, y, y_pred, sw)
-            scaled = loss * tf.cast(scale, tf.float32)
-        variables = m.trainable_variables
-        float_acts = [a for a in acts if a.dtype.is_floating]
-        grads = tape.gradient(scaled, list(variables) + float_acts)
-        n = len(variables)
-        return {
-            "loss": loss,
-            "grads": grads[:n],
-            "acts": acts,
-            "act_grads": self._spread(acts, float_acts, grads[n:]),
-        }
-
-    def _train_step_loss(self, x: Any, y: Any, sw: Any) -> Any:
-        """The loss Keras' train step computes on this batch with these weights: the model's own
-        call in training mode, in its own policies (random layers off, as in the probe)."""
-        if self.tap is None:
-            return None  # the probe's own pass *is* the model's call
-        return self._loss(x, y, self.model(x, training=True), sw)
-
-    @staticmethod
-    def _spread(acts: list, float_acts: list, grads: list) -> list:
-        it = iter(grads)
-        return [next(it) if a.dtype.is_floating else None for a in acts]
+        """One training-mode pass on TensorFlow (:func:`mpwatch.record.probe_tf.forward_backward`:
+        loss, gradients w.r.t. the variables and the layer outputs, at ``scale``)."""
+        return probe_tf.forward_backward(self, x, y, sw, scale)
 
     def _passes(
         self, x: Any, y: Any, sw: Any, scale: Any, fb: Any = None, train_loss_fn: Any = None
@@ -396,7 +302,7 @@ class Probe:
         loss (default TensorFlow's; :mod:`mpwatch.record.probe_jax` gives JAX's)."""
         view = self.view
         fb = fb or self._forward_backward
-        train_loss_fn = train_loss_fn or (lambda: self._train_step_loss(x, y, sw))
+        train_loss_fn = train_loss_fn or (lambda: probe_tf.train_step_loss(self, x, y, sw))
         with random_layers_off(self.random_off):
             if self.mode == "preflight":
                 ref = fb(x, y, sw, 1.0)
@@ -429,67 +335,7 @@ class Probe:
             from mpwatch.record.probe_jax import JaxProbeFunction
 
             return JaxProbeFunction(self)
-        import tensorflow as tf
-
-        model = self.model
-
-        def fn(x: Any, y: Any, sw: Any, scale: Any) -> dict:
-            # the passes run the model's own code, which updates state the user sees:
-            # BatchNormalization's moving statistics and seed states (training mode), and the
-            # loss trackers (Keras' compute_loss updates a Mean per output of a multi-output
-            # model, which History reports as "<output>_loss"; a user's compute_loss may update
-            # its own). Read all of it first, write it back last (ordered by TensorFlow's
-            # automatic control dependencies on each variable): the probe never changes the model
-            state = _state_variables(model)
-            saved = [tf.identity(_value(v)) for v in state]
-            out = self._stats(x, y, sw, scale)
-            for v, s in zip(state, saved):
-                _value(v).assign(s)
-            # (trackers the first trace creates, building the compiled loss before any train
-            # step, are in `state` too: TensorFlow traces a function that creates variables again)
-            return out
-
-        # autograph off, as in Keras' own train function: mpwatch's ops and Keras' layers have no
-        # Python control flow on tensors, and converting every function the trace calls cost
-        # most of the probe's first call (3 of 4 s on keras.io's Transformer, on 2 CPU cores)
-        return tf.function(fn, reduce_retracing=True, autograph=False)
-
-    def _stats(self, x: Any, y: Any, sw: Any, scale: Any) -> dict:
-        import tensorflow as tf
-
-        low, ref, train_loss = self._passes(x, y, sw, scale)
-        out = {}
-        has_ref = self.mode == "preflight" or ref is not None
-        if low is None:  # pre-flight without a mixed pass: cast the reference through float16
-            low = {
-                "loss": ref["loss"],
-                "grads": [
-                    None if g is None else underflow.cast_through(g, "float16", scale)
-                    for g in ref["grads"]
-                ],
-                "acts": [underflow.cast_through(a, "float16") for a in ref["acts"]],
-                "act_grads": [
-                    None if g is None else underflow.cast_through(g, "float16", scale)
-                    for g in ref["act_grads"]
-                ],
-            }
-        out["loss"] = low["loss"]
-        out["ref_loss"] = ref["loss"] if has_ref else low["loss"]
-        own = ref if self.mode == "preflight" else low  # the pass in the model's own policies
-        out["train_loss"] = own["loss"] if train_loss is None else train_loss
-        out["own_loss"] = own["loss"]
-        if has_ref:
-            ref_grads = ref["grads"]
-        else:  # no reference: stats of the mixed gradients against themselves (unscaled)
-            ref_grads = [
-                None if g is None else tf.cast(g, tf.float32) / scale for g in low["grads"]
-            ]
-        out["grads"] = underflow.grad_table(low["grads"], ref_grads, scale)
-        out["hist"], out["zeros"] = underflow.histogram_and_zeros(ref_grads)
-        out["acts"] = underflow.activation_table(low["acts"], ref["acts"] if has_ref else None)
-        if has_ref:
-            out["act_grads"] = underflow.act_grad_table(low["act_grads"], ref["act_grads"])
-        return out
+        return probe_tf.probe_function(self)
 
     # --- one probe -------------------------------------------------------------------------------
     def current_scale(self) -> float:
@@ -549,8 +395,10 @@ class Probe:
                 payload["fix_checks"] = check_fixes(self, x, y, sw, s, _blamed(payload))
             except Exception as e:  # noqa: BLE001  (the probe's record stands without them)
                 logger.warning("mpwatch: probe: could not check the fixes: %r", e)
-        if self.mode == "float16" and self.has_ref and not payload["model"].get(
-            "first_nonfinite_layer"
+        if (
+            self.mode == "float16"
+            and self.has_ref
+            and not payload["model"].get("first_nonfinite_layer")
         ):
             from mpwatch.record.fix_check import check_gradient_fixes
 
@@ -563,165 +411,10 @@ class Probe:
         return payload
 
     def _payload(self, out: dict[str, np.ndarray], scale: float) -> dict[str, Any]:
-        has_ref = self.has_ref
-        grads = out["grads"]
-        names = [getattr(v, "path", None) or v.name for v in self.model.trainable_variables]
-        var_rows = [
-            [
-                name,
-                layer,
-                s["size"],
-                s["ref_nonzero"] if has_ref else None,
-                s["underflow_count"] if has_ref else None,
-                _round(s["underflow_fraction"]) if has_ref else None,
-                _round(s["grad_rel_error"]) if has_ref else None,
-                _round(s["max_abs_ref"]) if has_ref else None,
-            ]
-            for name, layer, s in zip(names, self._var_layer, underflow.summarize_each(grads))
-        ]
-        # per layer: gradients grouped by owning layer, activations by the tap's layer index
-        order = list(self.layer_names)
-        var_index: dict[str, list[int]] = {}
-        for i, layer in enumerate(self._var_layer):
-            var_index.setdefault(layer, []).append(i)
-        known = set(order)
-        order += [layer for layer in var_index if layer not in known]
-        acts = out["acts"]
-        act_layer = getattr(self, "_act_layer_index", [])
-        act_by_layer: dict[str, np.ndarray] = {}
-        for i, row in enumerate(acts):
-            name = self.layer_names[act_layer[i]]
-            act_by_layer.setdefault(name, []).append(row)
-        ag = out.get("act_grads")
-        ag_by_layer: dict[str, list] = {}
-        if ag is not None:
-            for i, row in enumerate(ag):
-                ag_by_layer.setdefault(self.layer_names[act_layer[i]], []).append(row)
-        layer_rows = []
-        first_nonfinite = None
-        max_act_all = 0.0
-        for name in order:
-            rows = grads[var_index.get(name, [])]
-            g = underflow.summarize_grads(rows)
-            a = np.asarray(act_by_layer.get(name, np.zeros((0, 6))))
-            if len(a):
-                out_err = underflow.rel_error(
-                    a[:, underflow.A_ERR_SQ].sum(), a[:, underflow.A_REF_SQ].sum()
-                )
-                max_act = float(a[:, underflow.A_MAX_MIXED].max())
-                act_nonfinite = int(a[:, underflow.A_NONFINITE].sum())
-                max_act_all = max(max_act_all, max_act)
-            else:
-                out_err, max_act, act_nonfinite = None, None, 0
-            agr = np.asarray(ag_by_layer.get(name, np.zeros((0, 4))))
-            ag_frac = (
-                underflow.fraction(
-                    agr[:, underflow.AG_UNDERFLOW].sum(), agr[:, underflow.AG_REF_NONZERO].sum()
-                )
-                if len(agr)
-                else None
-            )
-            nonfinite = act_nonfinite + g["nonfinite"]
-            if act_nonfinite and first_nonfinite is None:
-                first_nonfinite = name
-            layer_rows.append(
-                [
-                    name,
-                    g["ref_nonzero"] if has_ref and len(rows) else None,
-                    g["underflow_count"] if has_ref and len(rows) else None,
-                    _round(g["underflow_fraction"]) if has_ref and len(rows) else None,
-                    _round(g["grad_rel_error"]) if has_ref and len(rows) else None,
-                    _round(out_err) if has_ref and out_err is not None else None,
-                    _round(max_act) if max_act is not None else None,
-                    _round(underflow.headroom_bits(max_act, self.fmt))
-                    if max_act is not None
-                    else None,
-                    _round(ag_frac) if ag_frac is not None else None,
-                    nonfinite,
-                ]
-            )
-        if first_nonfinite is None:
-            # no activation went non-finite (or none was measured): the loss itself, else the
-            # first layer in backward order (where backprop starts) with a non-finite gradient
-            if not np.isfinite(out["loss"]):
-                first_nonfinite = "loss"
-            for layer, row in zip(self._var_layer[::-1], grads[::-1]):
-                if first_nonfinite is not None:
-                    break
-                if row[underflow.G_NONFINITE] > 0:
-                    first_nonfinite = layer
-        m = underflow.summarize_grads(grads)
-        model = {
-            "ref_nonzero": m["ref_nonzero"] if has_ref else None,
-            "underflow_count": m["underflow_count"] if has_ref else None,
-            "underflow_fraction": m["underflow_fraction"] if has_ref else None,
-            "grad_rel_error": m["grad_rel_error"] if has_ref else None,
-            "max_abs_activation": max_act_all if len(acts) else None,
-            "first_nonfinite_layer": first_nonfinite,
-            "size": m["size"],
-            "nonfinite": m["nonfinite"],
-            "loss": float(out["loss"]),
-            "ref_loss": float(out["ref_loss"]) if has_ref else None,
-            "train_loss": float(out["train_loss"]),
-            "activation_headroom_bits": (
-                underflow.headroom_bits(max_act_all, self.fmt) if len(acts) else None
-            ),
-        }
-        if not has_ref:
-            model["zero_fraction"] = underflow.fraction(float(out["zeros"]), m["size"])
-        hist = underflow.histogram(
-            out["hist"], scale if self.mode != "bfloat16" else None, self.fmt
-        )
-        hist["zeros"] = int(out["zeros"])
-        hist["source"] = "reference" if has_ref else "mixed_unscaled"
-        sweep_rows: list[list[float]] = []
-        recommended = None
-        if self.mode != "bfloat16":
-            sweep_rows = underflow.sweep(out["hist"])
-            max_all = m["max_abs_ref"]
-            if ag is not None and len(ag):
-                max_all = max(max_all, float(ag[:, underflow.AG_MAX_REF].max()))
-            recommended = underflow.recommend_scale(max_all, margin_bits=self.margin_bits)
-            model["max_abs_ref_grad"] = max_all
-            model["margin_bits"] = self.margin_bits
-        reliable, why = loss_agrees(float(out["own_loss"]), float(out["train_loss"]))
-        if reliable and _custom_train_step(self.model):
-            reliable = None
-            why = (
-                f"{type(self.model).__name__} overrides train_step: the probe computes the "
-                "compiled loss, which may not be what the train step minimises"
-            )
-        return {
-            "mode": self.mode,
-            "reliable": reliable,
-            "unreliable_reason": why,
-            "random_layers_off": [ly.name for ly in self.random_off],
-            "loss_scale": scale if self.mode != "bfloat16" else None,
-            "reference": self.reference,
-            "reference_note": self.note,
-            "model_kind": self.kind,
-            "variables": contract.table(VARIABLE_COLUMNS, var_rows),
-            "layers": contract.table(LAYER_COLUMNS, layer_rows),
-            "model": model,
-            "histogram": hist,
-            "sweep": contract.table(SWEEP_COLUMNS, sweep_rows),
-            "recommended_scale": recommended,
-        }
+        """The record's payload from this probe's host tables (:func:`probe_payload.build`)."""
+        return probe_payload.build(self, out, scale)
 
-    @staticmethod
-    def scalars(payload: dict[str, Any]) -> dict[str, float]:
-        """The probe's scalars (only those that exist in this mode)."""
-        m = payload["model"]
-        out = {}
-        if m.get("underflow_fraction") is not None:
-            out[contract.PROBE_UNDERFLOW_FRACTION] = m["underflow_fraction"]
-        if m.get("grad_rel_error") is not None:
-            out[contract.PROBE_GRAD_REL_ERROR] = m["grad_rel_error"]
-        if payload.get("recommended_scale") is not None:
-            out[contract.PROBE_RECOMMENDED_SCALE] = payload["recommended_scale"]
-        if m.get("activation_headroom_bits") is not None:
-            out[contract.PROBE_ACTIVATION_HEADROOM_BITS] = m["activation_headroom_bits"]
-        return out
+    scalars = staticmethod(probe_payload.scalars)
 
     @staticmethod
     def write(writer: RunWriter, step: int, payload: dict[str, Any]) -> int:
@@ -732,176 +425,6 @@ class Probe:
         size = writer.record(contract.KIND_PROBE, step, payload)
         writer.scalars(step, Probe.scalars(payload))
         return size
-
-
-class ProbeMonitor(RecordingCallback):
-    """Probe gradient underflow against a float32 twin every ``every`` steps and each epoch's end.
-
-    Args:
-        log_dir: the run's log directory (shared with the other mpwatch callbacks).
-        every: probe every this many batch steps (and at the end of each epoch). Default 500.
-        probe_data: the fixed probe batch: ``(x, y)``, ``(x, y, sample_weight)`` or a
-            ``tf.data.Dataset`` (its first batch is taken once, at ``on_train_begin``). Default: the
-            first training batch of the first ``fit``, taken from the train function's input as it
-            passes and kept for the run (nothing per step; no extra trace of the train function
-            on one device, one under a ``tf.distribute`` strategy of one replica).
-        loss_fn: ``loss_fn(y_true, y_pred) -> scalar``; default the model's compiled loss.
-        margin_bits: headroom (in doublings below 65504) the recommended scale keeps; default 4.
-        on_epoch_end_probe: also probe at each epoch's end (default True).
-
-    What it costs and computes: see the module docstring (one probe is about two training steps
-    of compute; memory for a float32 copy of the weights).
-    """
-
-    part = "probe"
-
-    def __init__(
-        self,
-        log_dir: Any,
-        every: int = 500,
-        probe_data: Any = None,
-        loss_fn: Any = None,
-        margin_bits: float = underflow.DEFAULT_MARGIN_BITS,
-        on_epoch_end_probe: bool = True,
-    ) -> None:
-        super().__init__(log_dir)
-        self.every = check_positive_int("every", every)
-        if loss_fn is not None and not callable(loss_fn):
-            raise ValueError(f"mpwatch: loss_fn must be callable, got {loss_fn!r}")
-        self.probe_data = probe_data
-        self.loss_fn = loss_fn
-        self.margin_bits = float(margin_bits)
-        self.on_epoch_end_probe = bool(on_epoch_end_probe)
-        self.probe: Probe | None = None
-        self._data = None
-        self._last_probe_step: int | None = None
-        self._wrapped_train_function = None
-        self.payloads: list[tuple[int, dict]] = []  # the last few, for inspection
-        self.keep = 3
-
-    # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
-    def _begin(self) -> None:
-        from mpwatch.record.train_step import has_forward_pass
-
-        self._off = not has_forward_pass(self.model)
-        if self._off:  # said once per run, as what it is: nothing to probe, not a failure
-            told = getattr(self.state, "notices", set())
-            if self.part not in told:
-                told.add(self.part)
-                self.state.notices = told
-                self._notice(
-                    self.part,
-                    "info",
-                    f"no probe: {type(self.model).__name__} has no call() of its own (its "
-                    "train_step runs other models), and the float32-reference probe runs the "
-                    "model's forward pass; the train step's contract is still checked",
-                )
-            return
-        if self.probe is None or self.probe.model is not self.model:
-            self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
-        if self._data is None and self.probe_data is not None:
-            self._data = first_batch(self.probe_data)
-
-    def _batch_begin(self, batch: int) -> None:
-        if getattr(self, "_off", False):
-            return
-        if self._data is None and self._wrapped_train_function is None:
-            self._capture_next_batch()
-
-    def _capture_next_batch(self) -> None:
-        """Wrap ``model.train_function`` for one call: take the batch it would take, keep a copy,
-        and run the step on it through Keras' own per-batch path."""
-        import itertools
-
-        from mpwatch.record import backend
-
-        model = self.model
-        original = model.train_function
-        if original is None:
-            return
-        monitor = self
-        spe = int(getattr(model, "steps_per_execution", 1) or 1)
-        if backend.name() == backend.JAX:
-            # Keras' JAX loop calls train_function(state, iterator); the iterator yields numpy
-            # (or jax) batches, and the step takes up to spe of them with next()
-            import keras
-
-            def capture(state: Any, iterator: Any) -> Any:
-                model.train_function = original
-                monitor._wrapped_train_function = None
-                data = next(iterator)
-                monitor._data = keras.tree.map_structure(np.array, data)
-                return original(state, itertools.chain([data], iterator))
-
-            self._wrapped_train_function = capture
-            model.train_function = capture
-            return
-        import tensorflow as tf
-
-        if model.distribute_strategy.num_replicas_in_sync > 1:
-            raise ValueError(
-                "no probe_data given and training is distributed: pass probe_data=(x, y)"
-            )
-
-        def capture(iterator: Any) -> Any:
-            model.train_function = original
-            monitor._wrapped_train_function = None
-            if not isinstance(iterator, tf.data.Iterator):  # Keras steps a Python iterator eagerly
-                try:
-                    data = next(iter(iterator))
-                except (StopIteration, tf.errors.OutOfRangeError):
-                    raise StopIteration from None
-                monitor._data = _copy_tensors(data)
-                rest = itertools.islice(iterator, spe - 1) if spe > 1 else ()
-                return original(itertools.chain([data], rest))
-            # take this call's batches, keep the first, and hand Keras a tf.data iterator over
-            # them with the very element spec of Keras' own: the train function is traced once,
-            # for both (a Python iterator, or a spec of concrete shapes, would trace it again)
-            batches = []
-            for _ in range(spe):
-                got = iterator.get_next_as_optional()
-                if not got.has_value():
-                    break
-                batches.append(got.get_value())
-            if not batches:
-                raise StopIteration
-            monitor._data = _copy_tensors(batches[0])
-            taken = tf.data.Dataset.from_generator(
-                lambda: iter(batches), output_signature=iterator.element_spec
-            )
-            return original(iter(taken))
-
-        self._wrapped_train_function = capture
-        model.train_function = capture
-
-    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
-        if any(s % self.every == 0 for s in got.steps):
-            self._probe(got.last_step)
-
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if self._active and self._begun and self.on_epoch_end_probe:
-            self._guard(self.part, self._probe, self._step())
-
-    def _end(self) -> None:
-        if self._wrapped_train_function is not None:
-            if self.model.train_function is self._wrapped_train_function:
-                self.model.train_function = None
-            self._wrapped_train_function = None
-
-    # --- probing ---------------------------------------------------------------------------------
-    def _probe(self, step: int | None) -> None:
-        if step is None or step == self._last_probe_step or self._data is None:
-            return
-        if getattr(self, "_off", False):
-            return
-        self._last_probe_step = step
-        source = "probe_data" if self.probe_data is not None else "training"
-        payload = self.probe.run(self._data, batch_source=source)
-        if self.probe.reference == "none" and not getattr(self, "_noted", False):
-            self._noted = True
-            self._notice(self.part, "info", self.probe.note or "no float32 reference")
-        Probe.write(self.writer, step, payload)
-        self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
 
 
 def fix_check_headroom() -> float:
@@ -939,10 +462,3 @@ def _blamed(payload: dict[str, Any]) -> list[str]:
             if isinstance(mx, (int, float)) and mx > formats.FLOAT16.max / 8 and row[i] not in out:
                 out.append(str(row[i]))
     return out
-
-
-def _copy_tensors(data: Any) -> Any:
-    """A copy of a batch's tensors, kept for the probe after the step has used them."""
-    import tensorflow as tf
-
-    return tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data)

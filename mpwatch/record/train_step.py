@@ -27,7 +27,7 @@ import numpy as np
 
 from mpwatch import contract
 from mpwatch.record.base import RecordingCallback
-from mpwatch.record.state import loss_scale_optimizer
+from mpwatch.record.tap_common import loss_scale_optimizer
 
 __all__ = ["TrainStepMonitor", "train_step_facts", "model_optimizers", "has_forward_pass"]
 

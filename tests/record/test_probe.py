@@ -18,7 +18,8 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from mpwatch import contract  # noqa: E402
-from mpwatch.record.probe import Probe, ProbeMonitor  # noqa: E402
+from mpwatch.record.probe import Probe  # noqa: E402
+from mpwatch.record.probe_monitor import ProbeMonitor  # noqa: E402
 from mpwatch.record.writer import RunWriter  # noqa: E402
 
 

@@ -1,0 +1,197 @@
+"""ProbeMonitor: when the probe runs during ``fit``, and on which batch.
+
+The callback probes (:class:`mpwatch.record.probe.Probe`) every ``every`` batch steps and at the
+end of each epoch, always on the same batch: the ``probe_data`` given (a ``tf.data.Dataset``'s
+first batch), else the first training batch of the first ``fit``, taken as it passes into Keras'
+train function (:meth:`ProbeMonitor._capture_next_batch`: one call of the train function is
+wrapped, on TensorFlow and on JAX, with nothing per step and no extra trace), and writes each
+probe's record (``contract.KIND_PROBE``) at its batch step. What a probe measures and costs:
+:mod:`mpwatch.record.probe`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mpwatch.record import underflow
+from mpwatch.record.base import RecordingCallback, check_positive_int
+from mpwatch.record.probe import Probe, first_batch
+
+
+class ProbeMonitor(RecordingCallback):
+    """Probe gradient underflow against a float32 twin every ``every`` steps and each epoch's end.
+
+    Args:
+        log_dir: the run's log directory (shared with the other mpwatch callbacks).
+        every: probe every this many batch steps (and at the end of each epoch). Default 500.
+        probe_data: the fixed probe batch: ``(x, y)``, ``(x, y, sample_weight)`` or a
+            ``tf.data.Dataset`` (its first batch is taken once, at ``on_train_begin``). Default: the
+            first training batch of the first ``fit``, taken from the train function's input as it
+            passes and kept for the run (nothing per step; no extra trace of the train function
+            on one device, one under a ``tf.distribute`` strategy of one replica).
+        loss_fn: ``loss_fn(y_true, y_pred) -> scalar``; default the model's compiled loss.
+        margin_bits: headroom (in doublings below 65504) the recommended scale keeps; default 4.
+        on_epoch_end_probe: also probe at each epoch's end (default True).
+
+    What it costs and computes: see the module docstring (one probe is about two training steps
+    of compute; memory for a float32 copy of the weights).
+    """
+
+    part = "probe"
+
+    def __init__(
+        self,
+        log_dir: Any,
+        every: int = 500,
+        probe_data: Any = None,
+        loss_fn: Any = None,
+        margin_bits: float = underflow.DEFAULT_MARGIN_BITS,
+        on_epoch_end_probe: bool = True,
+    ) -> None:
+        super().__init__(log_dir)
+        self.every = check_positive_int("every", every)
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(f"mpwatch: loss_fn must be callable, got {loss_fn!r}")
+        self.probe_data = probe_data
+        self.loss_fn = loss_fn
+        self.margin_bits = float(margin_bits)
+        self.on_epoch_end_probe = bool(on_epoch_end_probe)
+        self.probe: Probe | None = None
+        self._data = None
+        self._last_probe_step: int | None = None
+        self._wrapped_train_function = None
+        self.payloads: list[tuple[int, dict]] = []  # the last few, for inspection
+        self.keep = 3
+
+    # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
+    def _begin(self) -> None:
+        from mpwatch.record.train_step import has_forward_pass
+
+        self._off = not has_forward_pass(self.model)
+        if self._off:  # said once per run, as what it is: nothing to probe, not a failure
+            told = getattr(self.state, "notices", set())
+            if self.part not in told:
+                told.add(self.part)
+                self.state.notices = told
+                self._notice(
+                    self.part,
+                    "info",
+                    f"no probe: {type(self.model).__name__} has no call() of its own (its "
+                    "train_step runs other models), and the float32-reference probe runs the "
+                    "model's forward pass; the train step's contract is still checked",
+                )
+            return
+        if self.probe is None or self.probe.model is not self.model:
+            self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
+        if self._data is None and self.probe_data is not None:
+            self._data = first_batch(self.probe_data)
+
+    def _batch_begin(self, batch: int) -> None:
+        if getattr(self, "_off", False):
+            return
+        if self._data is None and self._wrapped_train_function is None:
+            self._capture_next_batch()
+
+    def _capture_next_batch(self) -> None:
+        """Wrap ``model.train_function`` for one call: take the batch it would take, keep a copy,
+        and run the step on it through Keras' own per-batch path."""
+        import itertools
+
+        from mpwatch.record import backend
+
+        model = self.model
+        original = model.train_function
+        if original is None:
+            return
+        monitor = self
+        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        if backend.name() == backend.JAX:
+            # Keras' JAX loop calls train_function(state, iterator); the iterator yields numpy
+            # (or jax) batches, and the step takes up to spe of them with next()
+            import keras
+
+            def capture(state: Any, iterator: Any) -> Any:
+                model.train_function = original
+                monitor._wrapped_train_function = None
+                data = next(iterator)
+                monitor._data = keras.tree.map_structure(np.array, data)
+                return original(state, itertools.chain([data], iterator))
+
+            self._wrapped_train_function = capture
+            model.train_function = capture
+            return
+        import tensorflow as tf
+
+        if model.distribute_strategy.num_replicas_in_sync > 1:
+            raise ValueError(
+                "no probe_data given and training is distributed: pass probe_data=(x, y)"
+            )
+
+        def capture(iterator: Any) -> Any:
+            model.train_function = original
+            monitor._wrapped_train_function = None
+            if not isinstance(iterator, tf.data.Iterator):  # Keras steps a Python iterator eagerly
+                try:
+                    data = next(iter(iterator))
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    raise StopIteration from None
+                monitor._data = _copy_tensors(data)
+                rest = itertools.islice(iterator, spe - 1) if spe > 1 else ()
+                return original(itertools.chain([data], rest))
+            # take this call's batches, keep the first, and hand Keras a tf.data iterator over
+            # them with the very element spec of Keras' own: the train function is traced once,
+            # for both (a Python iterator, or a spec of concrete shapes, would trace it again)
+            batches = []
+            for _ in range(spe):
+                got = iterator.get_next_as_optional()
+                if not got.has_value():
+                    break
+                batches.append(got.get_value())
+            if not batches:
+                raise StopIteration
+            monitor._data = _copy_tensors(batches[0])
+            taken = tf.data.Dataset.from_generator(
+                lambda: iter(batches), output_signature=iterator.element_spec
+            )
+            return original(iter(taken))
+
+        self._wrapped_train_function = capture
+        model.train_function = capture
+
+    def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+        if any(s % self.every == 0 for s in got.steps):
+            self._probe(got.last_step)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self._active and self._begun and self.on_epoch_end_probe:
+            self._guard(self.part, self._probe, self._step())
+
+    def _end(self) -> None:
+        if self._wrapped_train_function is not None:
+            if self.model.train_function is self._wrapped_train_function:
+                self.model.train_function = None
+            self._wrapped_train_function = None
+
+    # --- probing ---------------------------------------------------------------------------------
+    def _probe(self, step: int | None) -> None:
+        if step is None or step == self._last_probe_step or self._data is None:
+            return
+        if getattr(self, "_off", False):
+            return
+        self._last_probe_step = step
+        source = "probe_data" if self.probe_data is not None else "training"
+        payload = self.probe.run(self._data, batch_source=source)
+        if self.probe.reference == "none" and not getattr(self, "_noted", False):
+            self._noted = True
+            self._notice(self.part, "info", self.probe.note or "no float32 reference")
+        Probe.write(self.writer, step, payload)
+        self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+
+def _copy_tensors(data: Any) -> Any:
+    """A copy of a batch's tensors, kept for the probe after the step has used them."""
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data)
