@@ -1,5 +1,5 @@
 """The in-graph tap on Keras' JAX backend: the same per-batch facts as the TensorFlow tap
-(:class:`mpwatch.record.state.Tap`), from inside the jitted train step.
+(:class:`mpwatch.record.tf_tap.Tap`), from inside the jitted train step.
 
 Under JAX, Keras' train step is a pure function of its state ``(trainable, non_trainable,
 optimizer, metrics)`` variables, jitted with the state donated; it reaches the optimizer through
@@ -59,7 +59,7 @@ def _index_of(items: list[Any], target: Any) -> int | None:
 
 class JaxTap(TapBase):
     """The JAX backend's tap; the interface :class:`~mpwatch.record.state.ModelState` uses is
-    that of the TensorFlow :class:`~mpwatch.record.state.Tap` (``install``, ``uninstall``,
+    that of the TensorFlow :class:`~mpwatch.record.tf_tap.Tap` (``install``, ``uninstall``,
     ``read``, ``set_step``, ``current_step``). See the module docstring."""
 
     def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:

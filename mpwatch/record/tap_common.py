@@ -1,4 +1,4 @@
-"""What both in-graph taps share (TensorFlow's :class:`mpwatch.record.state.Tap` and JAX's
+"""What both in-graph taps share (TensorFlow's :class:`mpwatch.record.tf_tap.Tap` and JAX's
 :class:`mpwatch.record.jax_tap.JaxTap`): their common state (:class:`TapBase`), the
 :class:`Collected` result of a read, turning ring buffers into it (:func:`from_ring`), and finding
 the ``LossScaleOptimizer``."""
