@@ -42,7 +42,7 @@ from typing import Any
 
 from mpwatch.formats import is_16bit
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.scale_evidence import optimizer_code
+from mpwatch.judge.scale_advice import optimizer_code
 
 __all__ = ["Applied", "apply_recommendations", "float32_layers"]
 

@@ -62,7 +62,9 @@ mpwatch.MixedPrecisionMonitor(log_dir=..., probe_every=...)
 from __future__ import annotations
 
 from mpwatch import contract
+from mpwatch.judge import scale_advice as sa
 from mpwatch.judge import scale_evidence as se
+from mpwatch.judge import scale_facts as sf
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import UNDERFLOW_WARN, Rule, compute_dtype, finite, fmt, pct
 from mpwatch.read.run import ProbeResult, Run
@@ -80,7 +82,7 @@ RULE = Rule(
         "UNDERFLOW_WARN": UNDERFLOW_WARN,
         "UNDERFLOW_ERROR": UNDERFLOW_ERROR,
         "LAYER_UNDERFLOW_WARN": LAYER_UNDERFLOW_WARN,
-        "LAYERS_NAMED": se.LAYERS_NAMED,
+        "LAYERS_NAMED": sa.LAYERS_NAMED,
         "SUBNORMAL_WARN": SUBNORMAL_WARN,
     },
 )
@@ -106,7 +108,7 @@ def check(run: Run) -> list[Finding]:
     med = float(tail.median())
     if med <= SUBNORMAL_WARN:
         return []
-    bad = se.unreliable_probes(run, "float16")
+    bad = sf.unreliable_probes(run, "float16")
     why = (
         f"{bad} probe{'s' if bad != 1 else ''} marked unreliable: true underflow not measured"
         if bad
@@ -129,10 +131,10 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
     step, model = probe.step, dict(probe.model)
     uf = finite(model.get("underflow_fraction"))
     # layers fed integer ids that the cast rounded: their zeros are the wrong rows (id-rounding)
-    excluded = se.id_rounded_layers(run, step)
+    excluded = sf.id_rounded_layers(run, step)
     layers_table = probe.layers
     if excluded:
-        layers_table, frac, count, nonzero = se.without_layers(probe.layers, excluded)
+        layers_table, frac, count, nonzero = sf.without_layers(probe.layers, excluded)
         if frac is not None:
             uf = frac
             model.update(underflow_count=count, ref_nonzero=nonzero)
@@ -155,7 +157,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
         if layers:
             least = min(u for _, u in layers)
             over = LAYER_UNDERFLOW_WARN if least > LAYER_UNDERFLOW_WARN else UNDERFLOW_WARN
-            lines.append(f"layers losing more than {pct(over)}: {se.names_text(layers)}")
+            lines.append(f"layers losing more than {pct(over)}: {sa.names_text(layers)}")
         fix, action, advice = "", {}, {}
         if mode == "float16":
             adv = se.advise(run)
@@ -171,7 +173,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
                     "to halve it"
                 )
         if not fix and layers:
-            fix = _KEEP_FIX.format(names=se.names_text(layers, with_fraction=False))
+            fix = _KEEP_FIX.format(names=sa.names_text(layers, with_fraction=False))
             action = {"float32_layers": [n for n, _ in layers]}
         if not fix:
             lines.append(f"no layer loses more than {pct(UNDERFLOW_WARN)}: the loss is spread thin")
@@ -207,7 +209,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
         f"underflow in {mode}"
     )
     evidence = (
-        f"probe at step {step}{at}: {se.names_text(layers)} of the reference's nonzero "
+        f"probe at step {step}{at}: {sa.names_text(layers)} of the reference's nonzero "
         f"gradient values are zero in {mode} (model-wide {pct(uf or 0.0)}){note}"
     )
     data = {"step": step, "mode": mode, "underflow_fraction": uf,
@@ -234,7 +236,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
             "warning",
             title,
             evidence,
-            fix=_KEEP_FIX.format(names=se.names_text(layers, with_fraction=False)),
+            fix=_KEEP_FIX.format(names=sa.names_text(layers, with_fraction=False)),
             layer=layers[0][0] if n == 1 else None,
             action={"float32_layers": [name for name, _ in layers]},
             data=data,
@@ -248,5 +250,5 @@ def _held_down(run: Run, probe: ProbeResult, scale: float | None) -> tuple[int, 
     rec = finite(probe.model.get("recommended_scale"))
     if not scale or not rec or rec <= scale:
         return None
-    count = sum(o.count for o in se.overflows(run) if o.step <= probe.step)
+    count = sum(o.count for o in sf.overflows(run) if o.step <= probe.step)
     return (count, rec) if count else None

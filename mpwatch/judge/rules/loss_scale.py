@@ -86,6 +86,7 @@ from __future__ import annotations
 
 from mpwatch import contract
 from mpwatch.judge import scale_evidence as se
+from mpwatch.judge import scale_facts as sf
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule
 from mpwatch.read.run import Run
@@ -102,11 +103,11 @@ RULE = Rule(
         "UNDERFLOW_MATERIAL": se.UNDERFLOW_MATERIAL,
         "UNDERFLOW_NEGLIGIBLE": se.UNDERFLOW_NEGLIGIBLE,
         "HEADROOM_BITS": se.HEADROOM_BITS,
-        "START_STEPS": se.START_STEPS,
+        "START_STEPS": sf.START_STEPS,
         "GROWTH_LADDER": se.GROWTH_LADDER,
         "MIN_GROWTH_STEPS": se.MIN_GROWTH_STEPS,
         "LAYER_UNDERFLOW_WARN": se.LAYER_UNDERFLOW_WARN,
-        "BFLOAT16_MIN_CC": se.BFLOAT16_MIN_CC,
+        "BFLOAT16_MIN_CC": sf.BFLOAT16_MIN_CC,
     },
 )
 

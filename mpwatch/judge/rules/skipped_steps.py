@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from mpwatch import contract
 from mpwatch.judge import scale_evidence as se
+from mpwatch.judge import scale_facts as sf
 from mpwatch.judge import skip_causes as sc
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, pct
@@ -60,7 +61,7 @@ from mpwatch.read.run import Run
 
 SKIP_RATE_WARN = 0.01  # skipped steps after warm-up, per step
 SKIP_RATE_ERROR = 0.10
-WARMUP_STEPS = se.START_STEPS  # the scale starts at 2**15 and halves down: early skips expected
+WARMUP_STEPS = sf.START_STEPS  # the scale starts at 2**15 and halves down: early skips expected
 WARMUP_SKIP_ALLOWANCE = 10  # ...but no more than 10 of them (the scale down to 2**5) in warm-up
 WARMUP_SKIP_ERROR = 15  # more than 15 and the scale fell below 1: it protects nothing
 
@@ -122,7 +123,7 @@ def _by_cause(run: Run) -> list[Finding]:
         return []
     severity = "error" if "error" in (sev_rate, sev_early) else "warning"
     total = sum(len(v) for v in groups.values())
-    initial, growth_interval = se._growth_facts(run)
+    initial, growth_interval = sf.growth_facts(run)
     if sev_rate is not None:
         title = (
             f"{len(judged)} of {n_steps} steps skipped for non-finite gradients ({pct(rate)})"
@@ -272,9 +273,9 @@ def _from_totals(run: Run) -> list[Finding]:
 
 
 def _scales(run: Run) -> dict:
-    """The scales the skipped steps ran at (``scale_evidence.overflows``): the largest that
+    """The scales the skipped steps ran at (``scale_facts.overflows``): the largest that
     overflowed and when, the smallest, as a sentence and as numbers."""
-    ovs = [o for o in se.overflows(run) if o.scale is not None]
+    ovs = [o for o in sf.overflows(run) if o.scale is not None]
     if not ovs:
         return {"text": "", "max_scale": None, "max_step": None, "min_scale": None}
     top = max(ovs, key=lambda o: (o.scale, -o.step))
