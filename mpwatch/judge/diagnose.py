@@ -21,7 +21,7 @@ from typing import Any
 from mpwatch.judge.finding import Finding, most_severe_first, severity_rank
 from mpwatch.judge.rule import policy
 from mpwatch.judge.rules import PAIR_RULES, RUN_RULES
-from mpwatch.read.run import Run, load_run, load_runs
+from mpwatch.read import Run, load_run, load_runs
 
 __all__ = [
     "diagnose",

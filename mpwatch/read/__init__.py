@@ -1,7 +1,10 @@
 """Read: a logdir's event files -> :class:`Run` (pandas tables). No TensorFlow.
 
 - ``tfrecord.py``: the byte layer (TFRecord framing, crc32c, event decoding).
-- ``run.py``: the :class:`Run` and its tables; :func:`load_run`, :func:`load_runs`.
+- ``assemble.py``: decoded events -> the Run's tables (split records joined, purges);
+  :func:`run_from_records`.
+- ``run.py``: the :class:`Run` and what it answers (its tables, the latest probe, skipped steps).
+- ``logdir.py``: a logdir's runs: :func:`find_runs`, :func:`load_run`, :func:`load_runs`.
 
 Example:
     >>> import mpwatch.read
@@ -9,15 +12,9 @@ Example:
     False
 """
 
-from mpwatch.read.run import (
-    ProbeResult,
-    ReadError,
-    Run,
-    find_runs,
-    load_run,
-    load_runs,
-    run_from_records,
-)
+from mpwatch.read.assemble import run_from_records
+from mpwatch.read.logdir import ReadError, find_runs, load_run, load_runs
+from mpwatch.read.run import ProbeResult, Run
 
 __all__ = [
     "ProbeResult",

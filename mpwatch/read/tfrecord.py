@@ -2,7 +2,7 @@
 
 One public function, :func:`read_events`, decodes one event file into an :class:`Events`
 accumulator (scalars as numpy columns, structured mpwatch records as decoded payloads, warnings);
-:mod:`mpwatch.read.run` turns that into tables. No TensorFlow: :mod:`struct`, :mod:`numpy` and
+:mod:`mpwatch.read.assemble` turns that into tables. No TensorFlow: :mod:`struct`, :mod:`numpy` and
 TensorBoard's ``event_pb2``.
 
 File format: records ``u64 length, u32 masked crc32c(length), data, u32 masked crc32c(data)``.

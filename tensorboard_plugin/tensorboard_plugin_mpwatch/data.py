@@ -40,9 +40,9 @@ import pandas as pd
 from tensorboard.data import provider as tb_provider
 
 from mpwatch import contract
-from mpwatch.contract import json_safe
+from mpwatch.contract import json_safe, later_writes_win
 from mpwatch.read import ProbeResult, Run, run_from_records
-from mpwatch.read.run import PROBE_TOP_KEYS, later_writes_win
+from mpwatch.read.run import PROBE_TOP_KEYS
 from mpwatch.words import plain
 
 __all__ = [

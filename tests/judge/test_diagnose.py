@@ -58,7 +58,7 @@ def test_empty_run_has_no_findings():
 def test_logdir_runs_and_mapping_agree(tmp_path):
     write_mixed_run(str(tmp_path / "mixed"))
     write_float32_run(str(tmp_path / "fp32"))
-    from mpwatch.read.run import load_runs
+    from mpwatch.read import load_runs
 
     runs = load_runs(tmp_path)
     by_logdir = [f.to_dict() for f in diagnose(tmp_path)]

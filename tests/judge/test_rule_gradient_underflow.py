@@ -23,7 +23,7 @@ from builders import (
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
-from mpwatch.read.run import run_from_records
+from mpwatch.read import run_from_records
 
 RULE = "gradient-underflow"
 MY_RULES = ("gradient-underflow", "loss-scale", "skipped-steps")

@@ -289,7 +289,7 @@ def test_plugin_run_is_the_readers_run(synthetic_logdir):
     """The tab builds its Run from the data provider; the CLI reads event files. Same Run."""
     from tensorboard_plugin_mpwatch import data
 
-    from mpwatch.read import run as reader
+    from mpwatch import read as reader
 
     records = data.read_run(_provider(synthetic_logdir), CTX, "", "run_a")
     assert len(records.records[contract.KIND_PROBE]) == 24  # every probe kept (mpwatch=0)

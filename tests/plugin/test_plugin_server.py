@@ -256,7 +256,7 @@ def test_every_probe_record_survives_tensorboard_sampling(server):
     status, body = server.route("probes", run="big")
     assert body["steps"] == list(range(10, 121, 10))  # 12 probes: none sampled away
     assert len(body["heatmap"]["layers"]) == 1000
-    from mpwatch.read import run as reader
+    from mpwatch import read as reader
 
     direct = reader.load_run(os.path.join(server.logdir, "fit"))
     status, body = server.route("probes", run="fit")
@@ -464,7 +464,7 @@ def tab(browser, server):
 @pytest.mark.browser
 @pytest.mark.parametrize("run", ["fit", "jax"])  # trained on Keras' TensorFlow / JAX backend
 def test_tab_shows_layers_charts_and_the_float16_softmax_finding(tab, server, logdir, run):
-    from mpwatch.read import run as reader
+    from mpwatch import read as reader
 
     tab.select_run(run)
     frame = tab.frame
@@ -700,7 +700,7 @@ def test_histogram_panel_is_honest_when_gradients_are_not_finite(tab):
 
 @pytest.mark.browser
 def test_a_gpu_trace_shows_both_tensor_core_shares_and_device_time(tab, server):
-    from mpwatch.read import run as reader
+    from mpwatch import read as reader
 
     direct = reader.load_run(os.path.join(server.logdir, "gpu"))
     k = direct.profile_kernels

@@ -18,7 +18,7 @@ from builders import (
 from repo_scripts import load_script
 
 from mpwatch import contract
-from mpwatch.read import run as reader
+from mpwatch import read as reader
 from mpwatch.record.writer import RunWriter
 
 

@@ -9,7 +9,7 @@ import pytest
 from builders import probe_records, skip_scalars, write_mixed_run
 
 from mpwatch import contract
-from mpwatch.read import run as reader
+from mpwatch import read as reader
 
 
 def _run(scalars=None, probes=()):

@@ -11,7 +11,8 @@ import pytest
 from builders import LAYER_COLUMNS, layer_rows, probe_payload
 
 from mpwatch import contract
-from mpwatch.read import run as reader
+from mpwatch import read as reader
+from mpwatch.read import assemble
 from mpwatch.record.writer import RunWriter, split_payload
 
 LIMIT = 4096  # small enough that a few hundred rows split
@@ -92,7 +93,7 @@ def test_split_parts_are_under_the_limit_and_join_back(limit):
     # the small tables stay in the head: only the big one moves
     assert {k for p, _ in parts[1:] for k in p} == {"part", "parts", "variables"}
     assert parts[0][0]["layers"] == payload["layers"] and parts[0][0]["variables"]["data"] == []
-    joined, problem = reader._merge_parts([p for p, _ in parts])
+    joined, problem = assemble._merge_parts([p for p, _ in parts])
     assert problem is None and joined == contract.json_safe(payload, nonfinite="keep")
 
 
@@ -108,7 +109,7 @@ def test_parts_stay_under_the_limit_when_part_numbers_grow_the_compressed_size(s
     assert int(rng.integers(300, 700)) == limit  # the same draws that found the case
     parts = split_payload(payload, limit=limit)
     assert len(parts) > 2 and max(len(blob) for _, blob in parts) <= limit
-    joined, problem = reader._merge_parts([p for p, _ in parts])
+    joined, problem = assemble._merge_parts([p for p, _ in parts])
     assert problem is None and joined == contract.json_safe(payload, nonfinite="keep")
 
 

@@ -1,0 +1,185 @@
+"""A logdir's runs: find them (:func:`find_runs`) and load them (:func:`load_run`,
+:func:`load_runs`).
+
+A run is a directory holding event files; its name is its path relative to the logdir (``"."``
+for the logdir itself). Each run's event files are read in name order (:mod:`mpwatch.read.tfrecord`)
+and assembled into a :class:`~mpwatch.read.run.Run` (:mod:`mpwatch.read.assemble`). A logdir
+that cannot be read at all raises :class:`ReadError`; what the reader skipped is in
+:attr:`Run.warnings` (and, with ``warn=True``, emitted as ``UserWarning``). No TensorFlow.
+
+Example:
+    >>> import mpwatch  # doctest: +SKIP
+    >>> runs = mpwatch.read.load_runs("logs")  # doctest: +SKIP
+    >>> sorted(runs)  # doctest: +SKIP
+    ['float32', 'mixed']
+"""
+
+from __future__ import annotations
+
+import os
+import warnings as _warnings
+from collections.abc import Callable, Iterable
+
+from mpwatch import contract
+from mpwatch.read.assemble import build_run
+from mpwatch.read.run import Run
+from mpwatch.read.tfrecord import Events, read_events
+
+__all__ = ["ReadError", "find_runs", "load_run", "load_runs"]
+
+ProgressFn = Callable[[int, int], None]
+
+
+class ReadError(OSError):
+    """The logdir (or run) cannot be read at all: missing, not a directory, no permission."""
+
+
+def find_runs(logdir: str | os.PathLike[str]) -> dict[str, str]:
+    """Run name (relative path, ``"."`` for the root) -> directory, for every directory under
+    ``logdir`` that holds event files. Raises :class:`ReadError` when logdir cannot be read."""
+    root = os.fspath(logdir)
+    if not os.path.exists(root):
+        raise ReadError(f"logdir {root!r} does not exist")
+    if not os.path.isdir(root):
+        raise ReadError(f"logdir {root!r} is not a directory")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise ReadError(f"logdir {root!r} cannot be read (permission denied)")
+    runs: dict[str, str] = {}
+    errors: list[OSError] = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=errors.append):
+        dirnames.sort()
+        if any(contract.is_event_file(f) for f in filenames):
+            rel = os.path.relpath(dirpath, root)
+            runs[rel.replace(os.sep, "/")] = dirpath
+    if errors and not runs and errors[0].filename == root:
+        raise ReadError(f"logdir {root!r} cannot be read: {errors[0]}")
+    return dict(sorted(runs.items()))
+
+
+def _read_run(
+    name: str,
+    path: str,
+    verify: str,
+    progress: ProgressFn | None,
+    done_total: list[int],
+) -> Run:
+    events = Events()
+    try:
+        files = contract.event_files(path)
+    except OSError as e:
+        raise ReadError(f"run directory {path!r} cannot be read: {e}") from e
+    for fname in files:
+        nbytes = read_events(fname, events, verify=verify)
+        if progress is not None:
+            done_total[0] += nbytes
+            progress(done_total[0], done_total[1])
+    return build_run(name, path, events)
+
+
+def _sizes(paths: Iterable[str]) -> int:
+    total = 0
+    for p in paths:
+        try:
+            for f in contract.event_files(p):
+                total += os.path.getsize(f)
+        except OSError:
+            pass
+    return total
+
+
+def load_runs(
+    logdir: str | os.PathLike[str],
+    *,
+    verify: str = "all",
+    progress: ProgressFn | None = None,
+    warn: bool = False,
+) -> dict[str, Run]:
+    """Every run under ``logdir`` (a run = a directory holding event files), by name (its path
+    relative to logdir, ``"."`` for logdir itself), in name order.
+
+    Args:
+        logdir: the directory given to the callbacks (or to ``tensorboard --logdir``).
+        verify: ``"all"`` (default) checks every record's length and data crc; ``"lengths"``
+            checks the data crc of structured records only (faster, but a flipped bit in a
+            scalar event can come back as a wrong value).
+        progress: called as ``progress(bytes_read, bytes_total)`` after each event file.
+        warn: also emit each reader warning as a Python ``UserWarning``.
+
+    Raises:
+        ReadError: logdir is missing, not a directory, or cannot be read.
+    """
+    if verify not in ("lengths", "all"):
+        raise ValueError(f"verify must be 'lengths' or 'all', not {verify!r}")
+    runs = find_runs(logdir)
+    totals = [0, _sizes(runs.values()) if progress is not None else 0]
+    out = {name: _read_run(name, path, verify, progress, totals) for name, path in runs.items()}
+    if warn:
+        for run in out.values():
+            for w in run.warnings:
+                _warnings.warn(f"mpwatch reader: run {run.name!r}: {w}", stacklevel=2)
+    return out
+
+
+def load_run(
+    logdir: str | os.PathLike[str],
+    run: str | None = None,
+    *,
+    verify: str = "all",
+    progress: ProgressFn | None = None,
+    warn: bool = True,
+) -> Run:
+    """One run of a logdir as a :class:`Run`.
+
+    ``run`` names the run (its path relative to ``logdir``, as :func:`load_runs` names them).
+    Without it: ``logdir`` itself when it holds event files, else its only run, else the only run
+    with mpwatch data; several candidates raise ``ValueError`` listing them. A logdir without event
+    files gives an empty Run (``has_data`` False) rather than an error. Warnings about skipped
+    records are in ``Run.warnings`` and, with ``warn=True``, emitted as ``UserWarning``.
+
+    Example:
+        >>> run = load_run("logs/run1")  # doctest: +SKIP
+        >>> run.has_data, run.info.get("policy")  # doctest: +SKIP
+        (True, 'mixed_float16')
+    """
+    if verify not in ("lengths", "all"):
+        raise ValueError(f"verify must be 'lengths' or 'all', not {verify!r}")
+    runs = find_runs(logdir)
+    root = os.fspath(logdir)
+    if run is None:
+        if not runs:
+            return Run(name=".", path=root)
+        if "." in runs:
+            run = "."
+        elif len(runs) == 1:
+            run = next(iter(runs))
+        else:
+            totals = [0, _sizes(runs.values()) if progress is not None else 0]
+            loaded = {n: _read_run(n, p, verify, progress, totals) for n, p in runs.items()}
+            with_data = [r for r in loaded.values() if r.has_data]
+            if len(with_data) == 1:
+                chosen = with_data[0]
+            else:
+                raise ValueError(
+                    f"logdir {root!r} holds {len(runs)} runs ({', '.join(runs)}): name one with "
+                    "run=..., or use load_runs"
+                )
+            _emit(chosen, warn)
+            return chosen
+    name = run.strip("/") or "."
+    if name not in runs:
+        path = os.path.join(root, name)
+        if not os.path.isdir(path):
+            raise ReadError(
+                f"no run {name!r} in {root!r}; runs: {', '.join(runs) if runs else '(none)'}"
+            )
+        runs = {name: path}
+    totals = [0, _sizes([runs[name]]) if progress is not None else 0]
+    result = _read_run(name, runs[name], verify, progress, totals)
+    _emit(result, warn)
+    return result
+
+
+def _emit(run: Run, warn: bool) -> None:
+    if warn:
+        for w in run.warnings:
+            _warnings.warn(f"mpwatch reader: run {run.name!r}: {w}", stacklevel=3)
