@@ -34,7 +34,7 @@ ALLOWED = {
     "mpwatch.read": (*SHARED, "mpwatch.read"),
     "mpwatch.judge": (*SHARED, "mpwatch.read", "mpwatch.judge"),
     "mpwatch.show": (*SHARED, "mpwatch.read", "mpwatch.judge", "mpwatch.show"),
-    "mpwatch.contract": (),
+    "mpwatch.contract": ("mpwatch.contract",),
     "mpwatch.formats": (),
     "mpwatch.layers": (),
     "mpwatch.kernels": (),

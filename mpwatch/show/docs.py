@@ -75,7 +75,7 @@ def render_contract() -> str:
     lines = [
         "# The on-disk contract",
         "",
-        "Generated from `mpwatch/contract.py` by `python -m mpwatch.show.docs`; do not edit.",
+        "Generated from `mpwatch/contract/` by `python -m mpwatch.show.docs`; do not edit.",
         "",
         f"- Plugin name `{contract.PLUGIN_NAME}`, schema version {contract.SCHEMA_VERSION}, "
         f"record encoding `{contract.ENCODING}` (zlib-compressed UTF-8 JSON; NaN and Infinity "
