@@ -1,5 +1,5 @@
 """Protocol-buffer wire format: the one varint decoder that mpwatch's hand-written decoders share
-(``read/tfrecord.py``'s fast event decoder and ``xplane.py``'s profiler-trace reader; neither
+(``read/tfrecord.py``'s fast event decoder and ``profile/xplane.py``'s trace reader; neither
 imports TensorFlow's generated classes).
 
 Example:

@@ -94,9 +94,9 @@ def test_every_kind_has_a_valid_schema_and_every_table_its_column_types():
 
 
 def test_the_profile_contract_names_the_classifiers_precisions():
-    from mpwatch import kernels
+    from mpwatch.profile import kernel_patterns
 
-    assert contract.PROFILE_PRECISIONS == kernels.PRECISIONS
+    assert contract.PROFILE_PRECISIONS == kernel_patterns.PRECISIONS
     v = _validator(contract.KIND_PROFILE)
     old = {  # a record written before the kernel keys: still valid, its source derived
         "steps": [3, 5], "device": "CPU", "total_us": 1.0, "unattributed_us": 0.0,

@@ -17,15 +17,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"mpwatch": ROOT / "mpwatch", "tensorboard_plugin_mpwatch": ROOT / "tensorboard_plugin"}
 
-# stage -> the mpwatch stages it may import (shared facts: contract, formats, kernels, layers,
-# profile; how values are written: words)
+# stage -> the mpwatch stages it may import (shared facts: contract, formats, layers, the kernel
+# name catalogue and rules of mpwatch.profile; how values are written: words)
 SHARED = (
     "mpwatch",
     "mpwatch._version",
     "mpwatch.contract",
     "mpwatch.formats",
-    "mpwatch.kernels",
     "mpwatch.layers",
+    "mpwatch.profile.kernel_classes",
+    "mpwatch.profile.kernel_patterns",
     "mpwatch.wire",
     "mpwatch.words",
 )
@@ -37,17 +38,15 @@ ALLOWED = {
     "mpwatch.contract": ("mpwatch.contract",),
     "mpwatch.formats": (),
     "mpwatch.layers": (),
-    "mpwatch.kernels": (),
     "mpwatch.wire": (),
     "mpwatch.words": (),
-    "mpwatch.xplane": ("mpwatch.wire",),
     "mpwatch.profile": (
         "mpwatch.contract",
         "mpwatch.formats",
-        "mpwatch.kernels",
         "mpwatch.layers",
+        "mpwatch.profile",
         "mpwatch.wire",
-        "mpwatch.xplane",
+        "mpwatch.words",
     ),
     "tensorboard_plugin_mpwatch": (
         *SHARED,
@@ -116,7 +115,6 @@ def test_the_stages_are_packages_of_their_own():
         "mpwatch.contract",
         "mpwatch.formats",
         "mpwatch.judge",
-        "mpwatch.kernels",
         "mpwatch.layers",
         "mpwatch.profile",
         "mpwatch.read",
@@ -124,7 +122,6 @@ def test_the_stages_are_packages_of_their_own():
         "mpwatch.show",
         "mpwatch.wire",
         "mpwatch.words",
-        "mpwatch.xplane",
     ]
 
 

@@ -11,7 +11,8 @@ with xprof's converter (:mod:`mpwatch.profile`) and the result is written as a `
 - ops joined to layers: TensorFlow op scopes, or JAX op names (``jit(train_step)/jvp(conv2d)/...``
   forward, ``.../transpose(jvp(conv2d))/...`` backward); on a CPU under JAX, where xprof's op table
   is empty, XLA's own CPU op events with their op names from the trace's HLO metadata;
-- on a GPU, every kernel classified by its name (precision, Tensor Core use: ``mpwatch/kernels.py``)
+- on a GPU, every kernel classified by its name (precision, Tensor Core use:
+  ``mpwatch/profile/kernel_classes.py``)
   and summed per layer and for the run, beside xprof's own Tensor Core flag (``source``
   ``device_kernels``); the layers' Tensor Core dimensions ride along. On a CPU the record keeps the
   host-side attribution (``source`` ``host_ops``).

@@ -4,7 +4,7 @@ Each is rendered from the code that defines it, so it cannot drift (a test compa
 
 - ``docs/contract.md`` from :mod:`mpwatch.contract` (tags, record kinds, payload schemas);
 - ``docs/rules.md`` from the rule files (:mod:`mpwatch.judge.docs`);
-- ``docs/kernels.md`` from :mod:`mpwatch.kernels` (GPU kernel name patterns).
+- ``docs/kernels.md`` from :mod:`mpwatch.profile.kernel_classes` (GPU kernel name patterns).
 
 Run ``python -m mpwatch.show.docs`` in the repository root to rewrite all three.
 
@@ -22,8 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mpwatch import contract, kernels
+from mpwatch import contract
 from mpwatch.judge import docs as rule_docs
+from mpwatch.profile import kernel_classes
 
 
 def _type(schema: dict[str, Any]) -> str:
@@ -115,7 +116,7 @@ def render_contract() -> str:
 DOCUMENTS: dict[str, Callable[[], str]] = {
     "contract.md": render_contract,
     "rules.md": rule_docs.render_rules_markdown,
-    "kernels.md": kernels.render_markdown,
+    "kernels.md": kernel_classes.render_markdown,
 }
 
 

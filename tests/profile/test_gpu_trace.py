@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from mpwatch import contract, kernels, profile
+from mpwatch import contract, profile
+from mpwatch.profile import kernel_patterns
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE_NAME = "seed004_convnet_mixed_float16_bs128.xplane.pb"
@@ -178,7 +179,7 @@ def test_payload_is_a_json_record(result, logdir):
     assert back["kernels_dropped"] == 0
     assert len(back["kernels"]["data"]) == len(result.kernels)
     assert len(contract.encode_payload(payload)) < contract.MAX_RECORD_BYTES
-    assert back["precisions"] == list(kernels.PRECISIONS)
+    assert back["precisions"] == list(kernel_patterns.PRECISIONS)
 
 
 def test_summarize_kernels_from_the_logdir(logdir, result):

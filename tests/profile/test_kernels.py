@@ -1,5 +1,5 @@
-"""The kernel-name classifier (mpwatch/kernels.py) and the kernel join of mpwatch/profile.py on
-constructed tables: no trace, no TensorFlow, no GPU.
+"""The kernel-name classifier (mpwatch/profile/kernel_classes.py, its catalogue kernel_patterns.py)
+and the kernel join of mpwatch/profile/ on constructed tables: no trace, no TensorFlow, no GPU.
 
 Kernel names are real ones from public cuBLAS/cuDNN/CUTLASS/XLA traces (the H100 trace of
 tests/profile/test_gpu_trace.py for the cuDNN convolution and XLA names).
@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mpwatch import contract, kernels, profile
-from mpwatch.kernels import classify
+from mpwatch import contract, profile
+from mpwatch.profile import kernel_classes, kernel_patterns
+from mpwatch.profile.kernel_classes import classify
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -238,7 +239,9 @@ NOTHING_SAID = [
 def test_classify_kernel_names(name, precision, tensor_core):
     c = classify(name)
     assert (c.precision, c.tensor_core) == (precision, tensor_core), c
-    assert c.precision in kernels.PRECISIONS and c.tensor_core in kernels.TENSOR_CORE
+    assert (
+        c.precision in kernel_patterns.PRECISIONS and c.tensor_core in kernel_patterns.TENSOR_CORE
+    )
     assert c.is_16bit == (precision in ("float16", "bfloat16"))
 
 
@@ -256,7 +259,7 @@ def test_kinds_and_pattern_ids():
 
 
 def test_unknown_stays_unknown_and_out_of_list_types_are_unknown():
-    assert classify("my_custom_kernel") == kernels.UNKNOWN
+    assert classify("my_custom_kernel") == kernel_classes.UNKNOWN
     # float64 is no value of PRECISIONS: a dgemm is not guessed float32
     assert classify("volta_dgemm_128x64_nn").precision == "unknown"
     assert classify("void gemv2N_kernel<int, int, double, double, double, 128>").precision == (
@@ -295,36 +298,36 @@ def test_xprof_flag_yes_is_trusted_no_never_overrides_the_name():
 
 
 def test_every_pattern_example_is_read_by_its_own_pattern():
-    ids = [p.id for p in kernels.PATTERNS]
+    ids = [p.id for p in kernel_patterns.PATTERNS]
     assert len(ids) == len(set(ids))
-    for p in kernels.PATTERNS:
+    for p in kernel_patterns.PATTERNS:
         assert p.library and p.source and p.example, p.id
-        assert p.precision in kernels.PRECISIONS, p.id
-        assert p.tensor_core in (*kernels.TENSOR_CORE, "typed"), p.id
+        assert p.precision in kernel_patterns.PRECISIONS, p.id
+        assert p.tensor_core in (*kernel_patterns.TENSOR_CORE, "typed"), p.id
         assert p.types_from in ("name", "op", "nvjet"), p.id
         for example in p.example.split(" / "):
-            got = kernels.match(example)
+            got = kernel_patterns.match(example)
             assert got is not None and got.id == p.id, (p.id, example, got and got.id)
-        assert kernels.pattern(p.id) is p
+        assert kernel_patterns.pattern(p.id) is p
 
 
 def test_precision_of_types_narrowest_wins():
-    assert kernels.precision_of_types("e4m3e4m3_e4m3f32_f32") == "float8"
-    assert kernels.precision_of_types("f16f16_f16f32_f32") == "float16"
-    assert kernels.precision_of_types("f32f32_tf32f32_f32") == "tf32"
-    assert kernels.precision_of_types("tilesize128x128x8_stage3") == "unknown"
+    assert kernel_patterns.precision_of_types("e4m3e4m3_e4m3f32_f32") == "float8"
+    assert kernel_patterns.precision_of_types("f16f16_f16f32_f32") == "float16"
+    assert kernel_patterns.precision_of_types("f32f32_tf32f32_f32") == "tf32"
+    assert kernel_patterns.precision_of_types("tilesize128x128x8_stage3") == "unknown"
     # mangled substitutions (S8_, Li8E) are no int8
-    assert kernels.precision_of_types("NS8_ILi8ELi4EEE") == "unknown"
+    assert kernel_patterns.precision_of_types("NS8_ILi8ELi4EEE") == "unknown"
 
 
 def test_the_pattern_table_doc_is_generated_from_the_module():
     doc = ROOT / "docs" / "kernels.md"
-    assert doc.read_text() == kernels.render_markdown(), (
-        'docs/kernels.md is stale: python -c "from mpwatch import kernels; '
-        "open('docs/kernels.md','w').write(kernels.render_markdown())\""
+    assert doc.read_text() == kernel_classes.render_markdown(), (
+        'docs/kernels.md is stale: python -c "from mpwatch.profile import kernel_classes; '
+        "open('docs/kernels.md','w').write(kernel_classes.render_markdown())\""
     )
-    rows = kernels.pattern_table()
-    assert [r["id"] for r in rows] == [p.id for p in kernels.PATTERNS]
+    rows = kernel_patterns.pattern_table()
+    assert [r["id"] for r in rows] == [p.id for p in kernel_patterns.PATTERNS]
     for r in rows:
         assert f"`{r['id']}`" in doc.read_text()
 
@@ -440,7 +443,7 @@ def test_kernel_time_on_a_constructed_table():
     assert s["by_precision_us"]["float16"] == 70.0
     assert s["by_precision_us"]["float32"] == 10.0
     assert s["by_precision_us"]["unknown"] == 20.0
-    assert set(s["by_precision_us"]) == set(kernels.PRECISIONS)
+    assert set(s["by_precision_us"]) == set(kernel_patterns.PRECISIONS)
     assert s["share_16bit"] == pytest.approx(0.70)
     assert s["unknown_share"] == pytest.approx(0.20)
     assert s["tensor_core_share"] == pytest.approx(0.70)

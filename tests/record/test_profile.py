@@ -488,7 +488,7 @@ def test_failed_conversion_loses_no_training(fitted, tmp_path, monkeypatch, capl
     def broken(*args, **kwargs):
         raise profile.ProfileError("simulated converter failure")
 
-    monkeypatch.setattr(profile, "op_table", broken)
+    monkeypatch.setattr(profile.traces, "op_table", broken)
     model = fitted["model"]  # traced already: a second fit is quick
     batches = []
     counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: batches.append(b))

@@ -59,7 +59,7 @@ keras.layers.Dense(..., dtype="mixed_float16")  # a float32 layer, if its numeri
   <https://github.com/openxla/xprof/blob/master/xprof/utils/kernel_stats_utils.cc>
 - tensorflow/tensorflow#51812: the profiler's Tensor Core detection is a heuristic to be updated
   for Ampere and beyond <https://github.com/tensorflow/tensorflow/issues/51812>
-- mpwatch.kernels: the kernel-name patterns (docs/kernels.md)
+- mpwatch.profile.kernel_patterns: the kernel-name patterns (docs/kernels.md)
 """
 
 from __future__ import annotations

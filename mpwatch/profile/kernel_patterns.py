@@ -1,56 +1,26 @@
-"""GPU kernel name → the precision it computed in and whether it ran on Tensor Cores.
+"""The catalogue of GPU kernel names: their families (:data:`PATTERNS`) and the type tokens.
 
-xprof's ``kernel_stats`` table has a "Kernel uses TensorCore" column, but it is a substring match
-of the kernel name against a list taken from NVIDIA PyProf in the Volta/Turing era
-(``IsKernelUsingTensorCore`` in openxla/xprof ``xprof/utils/kernel_stats_utils.cc``; a maintainer
-calls it a heuristic that "needs to be updated for Ampere and beyond", tensorflow/tensorflow#51812).
-It misses ``sm80_/sm90_xmma_{fprop,dgrad,wgrad}_implicit_gemm*``, cuBLAS ``nvjet_*`` and CUTLASS
-template names: on a real H100 trace of a ``mixed_float16`` convnet it marks 12.5% of device time
-Tensor Core while 76% runs in float16 Tensor Core kernels. :func:`classify` reads the names
-instead, with the pattern table :data:`PATTERNS` (rendered in ``docs/kernels.md`` by
-:func:`render_markdown`), and takes xprof's flag as one more signal.
-
-Rules:
-
-- **precision** is one of ``float32, tf32, float16, bfloat16, float8, int8, unknown``: the data type
-  the kernel's arithmetic reads (for a GEMM the A/B operands, not the accumulator). It comes from
-  the type tokens of the name (``f16``, ``bf16``, ``tf32``, ``e4m3``, ``half_t``, ``__half``…, the
-  narrowest type named wins: an ``f16f16_f16f32`` kernel is float16), or from the family when the
-  family fixes it (``sgemm`` is float32). A name that says nothing stays ``unknown``; so do types
-  outside the list (float64, int4).
-- **tensor_core** is ``yes``, ``no`` or ``unknown``. ``yes`` for the Tensor Core families
-  (``xmma`` with a 16-bit/TF32/FP8/INT8 type, CUTLASS ``tensorop``, ``hmma``/``imma``/``wgmma``,
-  MMA instruction shapes ``884/1688/16816/16832``, cuBLAS ``nvjet`` with a 16-bit/FP8/TF32 code);
-  ``no`` for families that cannot use them (SIMT ``sgemm``/``scudnn``/``ffma``, CUTLASS ``simt``,
-  GEMV, split-K reductions, XLA loop/reduction fusions, copies, framework element-wise kernels).
-- **xprof's flag**: a ``True`` from xprof makes ``tensor_core`` ``yes`` (its list only holds Tensor
-  Core instruction names); a ``False`` changes nothing (it misses most Ampere/Hopper names).
-- **op name**: for XLA fusions (``gemm_fusion_*``, ``triton_*``, ``loop_*_fusion``,
-  ``input_*_fusion``) the kernel name carries no type; the precision is read from HLO types in the
-  op name (``f16[128,64]``) when there are any, else it stays ``unknown``.
-
-Ground truth, where a GPU is at hand, is Nsight Compute's ``sm__inst_executed_pipe_tensor.sum`` per
-kernel; the table is what the names say.
+Each :class:`KernelPattern` is one family of kernel names (cuBLAS ``nvjet``/``gemm``, cuDNN,
+CUTLASS, ``xmma``, XLA fusions, framework element-wise kernels, copies...) with its regular
+expression, the precision and Tensor Core use the family fixes, where the types are read from, an
+example name and a source. The lookups here read a name against the catalogue: :func:`match` (the
+first family whose regex matches), :func:`precision_of_types` (the narrowest type token in a name,
+or HLO type in an op name), :func:`nvjet_precision` (cuBLAS' type letters), :func:`kernel_kind`
+(GEMM or convolution). What a kernel computed in, from these, is decided in
+:mod:`mpwatch.profile.kernel_classes` (its docstring has the rules; ``docs/kernels.md`` shows both).
 
 Example:
-    >>> c = classify("sm80_xmma_fprop_implicit_gemm_indexed_f16f16_f16f32_f32_nhwckrsc_nhwc")
-    >>> (c.precision, c.tensor_core, c.pattern)
-    ('float16', 'yes', 'xmma')
-    >>> classify("ampere_sgemm_128x64_nn").precision, classify("ampere_sgemm_128x64_nn").tensor_core
-    ('float32', 'no')
-    >>> c = classify("loop_add_fusion_3")
-    >>> (c.precision, c.tensor_core)
-    ('unknown', 'no')
-    >>> classify("my_custom_kernel").precision, classify("my_custom_kernel").tensor_core
-    ('unknown', 'unknown')
+    >>> match("ampere_sgemm_128x64_nn").id
+    'simt_sgemm'
+    >>> precision_of_types("f16f16_f16f32_f32")
+    'float16'
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 
 PRECISIONS = ("float32", "tf32", "float16", "bfloat16", "float8", "int8", "unknown")
 TENSOR_CORE = ("yes", "no", "unknown")
@@ -62,7 +32,7 @@ TENSOR_CORE_PRECISIONS = frozenset({"float16", "bfloat16", "tf32", "float8", "in
 # Type tokens in kernel names, narrowest first: the first that matches names the precision.
 # Case-sensitive on purpose: mangled names use upper-case substitutions (``S8_``) that must not read
 # as ``s8`` (int8).
-_TYPE_TOKENS: tuple[tuple[str, re.Pattern[str]], ...] = (
+TYPE_TOKENS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("float8", re.compile(r"e4m3|e5m2|fp8|float8|Float8")),
     (
         "int8",
@@ -82,7 +52,7 @@ _TYPE_TOKENS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 # Types outside PRECISIONS: when one of them is the only type named, the precision is unknown.
-_OTHER_TYPES = re.compile(r"f64|fp64|double|dgemm|zgemm|cgemm|int4|i8832|i16864")
+OTHER_TYPES = re.compile(r"f64|fp64|double|dgemm|zgemm|cgemm|int4|i8832|i16864")
 
 # HLO element types in op names / metadata (``f16[128,64]``), narrowest first.
 _HLO_TYPES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -373,32 +343,6 @@ PATTERNS: tuple[KernelPattern, ...] = (
 _BY_ID = {p.id: p for p in PATTERNS}
 
 
-@dataclass(frozen=True)
-class KernelClass:
-    """What a kernel name says: precision, Tensor Core use, the pattern that matched.
-
-    ``evidence``: where ``tensor_core`` came from (``name``, ``xprof``, ``name+xprof``, or ``""``
-    when it is unknown). ``precision_from``: ``name`` (the kernel name), ``op`` (HLO types in the op
-    name), ``family`` (the family fixes it, e.g. sgemm) or ``""`` (unknown).
-    """
-
-    precision: str
-    tensor_core: str
-    pattern: str = ""
-    library: str = ""
-    kind: str = "unknown"
-    evidence: str = ""
-    precision_from: str = ""
-
-    @property
-    def is_16bit(self) -> bool:
-        """float16 or bfloat16 (known; an unknown precision is never 16-bit)."""
-        return self.precision in SIXTEEN_BIT_PRECISIONS
-
-
-UNKNOWN = KernelClass("unknown", "unknown")
-
-
 def precision_of_types(text: str, hlo: bool = False) -> str:
     """The narrowest precision whose type token appears in ``text`` (``unknown`` when none).
 
@@ -409,13 +353,18 @@ def precision_of_types(text: str, hlo: bool = False) -> str:
     >>> precision_of_types("fusion(bf16[128,64] x, f32[64] y)", hlo=True)
     'bfloat16'
     """
-    for precision, rx in _HLO_TYPES if hlo else _TYPE_TOKENS:
+    for precision, rx in _HLO_TYPES if hlo else TYPE_TOKENS:
         if rx.search(text):
             return precision
     return "unknown"
 
 
-def _nvjet(name: str) -> str:
+def nvjet_precision(name: str) -> str:
+    """The precision of a cuBLAS ``nvjet`` kernel from its type letters (``unknown``: none).
+
+    >>> nvjet_precision("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNN")
+    'float16'
+    """
     m = _NVJET.search(name)
     if not m:
         return "unknown"
@@ -435,95 +384,17 @@ def match(kernel_name: str) -> KernelPattern | None:
     return None
 
 
-def _kind(pattern: KernelPattern, name: str) -> str:
+def kernel_kind(pattern: KernelPattern, name: str) -> str:
+    """The kind of a kernel of ``pattern`` (a ``gemm_or_conv`` family: ``conv`` when the name has a
+    convolution word, else ``gemm``)."""
     if pattern.kind != "gemm_or_conv":
         return pattern.kind
     return "conv" if _CONV_WORDS.search(name) else "gemm"
 
 
-@lru_cache(maxsize=4096)
-def _from_name(kernel_name: str, op_name: str) -> KernelClass:
-    pattern = match(kernel_name)
-    if pattern is None:
-        return UNKNOWN
-    precision, source = "unknown", ""
-    if pattern.types_from == "nvjet":
-        precision = _nvjet(kernel_name)
-    elif pattern.types_from == "name":
-        precision = precision_of_types(kernel_name)
-        if precision == "unknown" and _OTHER_TYPES.search(kernel_name):
-            precision = "out_of_list"
-    if pattern.types_from == "op" or precision == "unknown":
-        from_op = precision_of_types(op_name, hlo=True) if op_name else "unknown"
-        if from_op != "unknown":
-            precision, source = from_op, "op"
-    if precision not in ("unknown", "out_of_list") and not source:
-        source = "name"
-    if precision == "unknown" and pattern.precision != "unknown":
-        precision, source = pattern.precision, "family"
-    if precision == "out_of_list":
-        precision = "unknown"
-    tc = pattern.tensor_core
-    if tc == "typed":
-        tc = "yes" if precision in TENSOR_CORE_PRECISIONS else "unknown"
-    if pattern.id == "xmma" and precision == "float32":
-        tc = "unknown"  # f32 xmma without the ffma token: not decided by the name
-    return KernelClass(
-        precision=precision,
-        tensor_core=tc,
-        pattern=pattern.id,
-        library=pattern.library,
-        kind=_kind(pattern, kernel_name),
-        evidence="name" if tc != "unknown" else "",
-        precision_from=source if precision != "unknown" else "",
-    )
-
-
-def classify(
-    kernel_name: str, xprof_tensor_core: bool | None = None, op_name: str = ""
-) -> KernelClass:
-    """Precision and Tensor Core use of one GPU kernel, from its name (see the module docstring).
-
-    ``xprof_tensor_core``: xprof's "Kernel uses TensorCore" for the kernel (None: not known). A
-    ``True`` makes ``tensor_core`` ``"yes"``; a ``False`` never overrides the name. ``op_name``: the
-    framework op the kernel belongs to; its HLO types (``f16[...]``) give the precision of XLA
-    fusions, whose names carry none.
-
-    >>> classify("sm90_xmma_dgrad_implicit_gemm_indexed_f16f16_f16f32_f32", False).tensor_core
-    'yes'
-    >>> c = classify("some_kernel", xprof_tensor_core=True)
-    >>> (c.precision, c.tensor_core, c.evidence)
-    ('unknown', 'yes', 'xprof')
-    """
-    base = _from_name(str(kernel_name), str(op_name or ""))
-    if xprof_tensor_core is True or (
-        xprof_tensor_core is not None
-        and not isinstance(xprof_tensor_core, bool)
-        and str(xprof_tensor_core).lower() == "true"
-    ):
-        evidence = "name+xprof" if base.tensor_core == "yes" else "xprof"
-        return KernelClass(
-            base.precision,
-            "yes",
-            base.pattern,
-            base.library,
-            base.kind,
-            evidence,
-            base.precision_from,
-        )
-    return base
-
-
-def classify_many(
-    kernel_names: Iterable[str],
-    xprof_tensor_core: Iterable[bool | None] | None = None,
-    op_names: Iterable[str] | None = None,
-) -> list[KernelClass]:
-    """:func:`classify` over parallel sequences (``None`` for a missing column)."""
-    names = list(kernel_names)
-    flags = list(xprof_tensor_core) if xprof_tensor_core is not None else [None] * len(names)
-    ops = list(op_names) if op_names is not None else [""] * len(names)
-    return [classify(n, f, o) for n, f, o in zip(names, flags, ops)]
+def pattern(pattern_id: str) -> KernelPattern:
+    """The pattern with this id (KeyError when there is none)."""
+    return _BY_ID[pattern_id]
 
 
 def pattern_table() -> list[dict[str, str]]:
@@ -543,61 +414,3 @@ def pattern_table() -> list[dict[str, str]]:
         }
         for p in PATTERNS
     ]
-
-
-def render_markdown() -> str:
-    """``docs/kernels.md``: the rules and the pattern table, generated from this module."""
-
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    doc = __doc__ or ""
-    intro = doc.split("\nExample:")[0].strip()
-    intro = re.sub(r":\w+:`([^`]+)`", r"`mpwatch.kernels.\1`", intro)  # Sphinx roles
-    intro = intro.replace("``", "`")
-    lines = [
-        "# GPU kernels: precision and Tensor Core use",
-        "",
-        "<!-- generated by mpwatch.kernels.render_markdown(); do not edit by hand -->",
-        "",
-        intro,
-        "",
-        "## Patterns, in matching order",
-        "",
-        "The first pattern whose regular expression matches the kernel name (`re.search`) "
-        "decides. *precision*: the value when the name's type tokens say nothing (`unknown`: only "
-        "the tokens decide); *types from*: `name` (type tokens of the kernel name), `op` (HLO "
-        "types in the op name), `nvjet` (cuBLAS' type letters); *Tensor Core*: `typed` = yes for "
-        "a Tensor Core "
-        "type (float16, bfloat16, tf32, float8, int8), else unknown.",
-        "",
-        "| id | library | precision | Tensor Core | kind | types from | example | source |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for p in PATTERNS:
-        lines.append(
-            f"| `{p.id}` | {cell(p.library)} | {p.precision} | {p.tensor_core} | {p.kind} | "
-            f"{p.types_from} | `{cell(p.example)}` | {cell(p.source)} |"
-        )
-    lines += [
-        "",
-        "## Regular expressions",
-        "",
-    ]
-    for p in PATTERNS:
-        lines.append(f"- `{p.id}`: `{p.regex}`")
-    lines += [
-        "",
-        "## Type tokens, narrowest first",
-        "",
-    ]
-    for precision, rx in _TYPE_TOKENS:
-        lines.append(f"- {precision}: `{rx.pattern}`")
-    lines.append(f"- not in the list (precision unknown): `{_OTHER_TYPES.pattern}`")
-    lines.append("")
-    return "\n".join(lines)
-
-
-def pattern(pattern_id: str) -> KernelPattern:
-    """The pattern with this id (KeyError when there is none)."""
-    return _BY_ID[pattern_id]

@@ -1,7 +1,7 @@
 """Read a profiler trace (an ``XSpace`` protobuf, ``*.xplane.pb``) without TensorFlow.
 
 TensorFlow's ``tf.profiler`` and ``jax.profiler`` write the same file. xprof's converter turns it
-into tables (``mpwatch/profile.py``), but two things it leaves out are in the file itself:
+into tables (``mpwatch/profile/traces.py``), but two things it leaves out are in the file itself:
 
 - **XLA's CPU ops** (``jax.profiler`` on a CPU): the host plane holds one event per HLO
   instruction the XLA CPU runtime ran (its ``hlo_module`` and ``hlo_op`` stats), and xprof's op
