@@ -488,7 +488,7 @@ def test_a_new_version_of_a_run_decodes_only_new_records(synthetic_logdir, monke
     # decoded once per content: the synthetic probes repeat (two loss scales -> two contents)
     assert len(decoded) == 1 + 1 + 2
     calls = []
-    monkeypatch.setattr(data.contract, "decode_payload", lambda blob: calls.append(blob))
+    monkeypatch.setattr(contract, "decode_payload", lambda blob: calls.append(blob))
     again = data.read_run(provider, CTX, "", "run_a", decoded)
     assert calls == []
     assert again.records == first.records
