@@ -95,7 +95,8 @@ def amount(x: float | None, digits: int = 4) -> str:
 
 def percent(x: float | None) -> str:
     """A fraction as a percentage: ``0%`` for exactly 0, one decimal from 10%, two decimals from
-    0.01%, two significant digits below (never exponent notation); ``n/a`` for None or NaN."""
+    0.1%, two significant digits below (``0.012%``; never exponent notation); ``n/a`` for None or
+    NaN."""
     if _missing(x):
         return NOT_AVAILABLE
     p = 100.0 * float(x)  # type: ignore[arg-type]
@@ -105,7 +106,7 @@ def percent(x: float | None) -> str:
         return "0%"
     if abs(p) >= 10:
         return f"{p:.1f}%"
-    if abs(p) >= 0.01:
+    if abs(p) >= 0.1:
         return f"{p:.2f}%"
     return f"{_positional(p, 2)}%"
 

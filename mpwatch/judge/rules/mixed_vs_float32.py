@@ -86,11 +86,12 @@ def check_pair(mixed: Run, fp32: Run) -> list[Finding]:
             ratio = tm / tf_
             data.update({"step_time_ms_mixed": tm, "step_time_ms_float32": tf_,
                          "step_time_ratio": ratio})  # fmt: skip
-            parts.append(f"step time {duration_ms(tm)} vs {duration_ms(tf_)} (x{ratio:.2f}, "
-                         f"speed-up {1 / ratio:.2f}x)")  # fmt: skip
+            parts.append(f"step time {duration_ms(tm)} vs {duration_ms(tf_)} (x{number(ratio)}, "
+                         f"speed-up {number(1 / ratio)}x)")  # fmt: skip
             if ratio > SLOWER_RATIO:
                 sev = "warning"
-                problems.append("no speed-up" + (f", {ratio:.1f}x slower" if ratio > 1.05 else ""))
+                slower = f", {number(ratio)}x slower" if ratio > 1.05 else ""
+                problems.append("no speed-up" + slower)
     mm, mf = mixed.scalar(contract.PEAK_MEMORY_MB), fp32.scalar(contract.PEAK_MEMORY_MB)
     if len(mm) and len(mf) and float(mf.max()) > 0:
         r = float(mm.max()) / float(mf.max())
@@ -98,7 +99,7 @@ def check_pair(mixed: Run, fp32: Run) -> list[Finding]:
                      "peak_memory_mb_float32": float(mf.max()), "memory_ratio": r})  # fmt: skip
         parts.append(f"peak memory {number(float(mm.max()), 4)} MiB vs "
                      f"{number(float(mf.max()), 4)} MiB "
-                     f"(x{r:.2f})")  # fmt: skip
+                     f"(x{number(r)})")  # fmt: skip
     lm, lf = mixed.scalar(contract.TRAIN_LOSS), fp32.scalar(contract.TRAIN_LOSS)
     if len(lm) and len(lf):
         common = lm.index.intersection(lf.index)
