@@ -14,7 +14,7 @@ from mpwatch import contract
 from mpwatch.read.run import Run
 from mpwatch.record.writer import RunWriter
 
-# the contract's column names (mpwatch/contract.py)
+# the contract's column names (mpwatch/contract/)
 LAYER_COLUMNS = contract.LAYERS_COLUMNS
 PROBE_LAYER_COLUMNS = contract.PROBE_LAYER_COLUMNS
 PROBE_VARIABLE_COLUMNS = contract.PROBE_VARIABLE_COLUMNS

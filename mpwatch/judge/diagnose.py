@@ -2,7 +2,7 @@
 :func:`diagnose_runs`, :func:`compare_all`. Findings come back most severe first.
 
 No TensorFlow here: every rule reads the tables of a :class:`~mpwatch.read.run.Run` (see
-``contract.py`` for their schemas), so the rules run in milliseconds and are tested on constructed
+``mpwatch/contract/`` for schemas), so the rules run in milliseconds and are tested on constructed
 tables. The TensorBoard tab and ``mpwatch diagnose`` both call :func:`diagnose`: a recommendation
 is computed in one place.
 

@@ -96,7 +96,7 @@ class ProfileResult:
         return t16 / self.total_us if self.total_us > 0 else float("nan")
 
     def payload(self, steps: Sequence[int] | None = None, trace_dir: str = "") -> dict[str, Any]:
-        """The ``profile`` record payload of ``contract.py`` (schema 1, with added keys)."""
+        """The ``profile`` record payload (``mpwatch/contract/profile.py``)."""
 
         def split(df: pd.DataFrame) -> dict[str, Any]:
             return contract.table(list(df.columns), df.astype(object).values.tolist())
