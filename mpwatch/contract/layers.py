@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpwatch.contract.schema import _DTYPE, _bool, _int, _record_schema, _str, _t, _table_schema
+from mpwatch.contract import schema as s
 from mpwatch.contract.tags import KIND_LAYERS
 
 # Column names of the record's table, in order (the writer builds rows in this order).
@@ -34,56 +34,56 @@ LAYERS_GRAPH_COLUMNS = [
 ]
 
 LAYERS_COLUMN_TYPES: dict[str, Any] = {
-    "name": _str("the layer's name"),
-    "path": _str("the layer's path from the root model down: model/outer/inner/dense"),
-    "class": _str("the layer's class name"),
-    "depth": _int("1 for the model's own layers, 2 inside a nested model, ..."),
-    "policy": _str("the layer's dtype policy name"),
-    "compute_dtype": _str(_DTYPE),
-    "variable_dtype": _str(_DTYPE),
-    "output_dtype": _str("the dtype the layer returns (None where unknown)", nullable=True),
-    "effective_dtype": _str("what it really computes in (normalization: float32 inside)"),
-    "params": _int("parameters"),
-    "trainable_params": _int("trainable parameters"),
-    "tc_dims": _t(
-        "object", "dimensions deciding Tensor Core use: name -> size", additionalProperties=_int()
+    "name": s._str("the layer's name"),
+    "path": s._str("the layer's path from the root model down: model/outer/inner/dense"),
+    "class": s._str("the layer's class name"),
+    "depth": s._int("1 for the model's own layers, 2 inside a nested model, ..."),
+    "policy": s._str("the layer's dtype policy name"),
+    "compute_dtype": s._str(s._DTYPE),
+    "variable_dtype": s._str(s._DTYPE),
+    "output_dtype": s._str("the dtype the layer returns (None where unknown)", nullable=True),
+    "effective_dtype": s._str("what it really computes in (normalization: float32 inside)"),
+    "params": s._int("parameters"),
+    "trainable_params": s._int("trainable parameters"),
+    "tc_dims": s._t(
+        "object", "dimensions deciding Tensor Core use: name -> size", additionalProperties=s._int()
     ),
-    "tc_aligned": _bool("every tc_dims a multiple of 8 (None without tc_dims)", nullable=True),
-    "is_output": _bool("the layer produces a model output"),
-    "note": _str("why effective_dtype or output_dtype differ from compute_dtype", nullable=True),
+    "tc_aligned": s._bool("every tc_dims a multiple of 8 (None without tc_dims)", nullable=True),
+    "is_output": s._bool("the layer produces a model output"),
+    "note": s._str("why effective_dtype or output_dtype differ from compute_dtype", nullable=True),
 }
 LAYERS_GRAPH_COLUMN_TYPES: dict[str, Any] = {
-    "activation": _str(
+    "activation": s._str(
         "the activation the layer applies last (its activation argument: sigmoid, softmax, "
         "linear, ...; softmax for a Softmax layer; None for a layer without one)",
         nullable=True,
     ),
-    "output_width": _int("the last dimension of its output (None where unknown)", nullable=True),
-    "inputs": _t(
+    "output_width": s._int("the last dimension of its output (None where unknown)", nullable=True),
+    "inputs": s._t(
         ["array", "null"],
         "the layers feeding it in its model's graph, by name (Keras' inbound nodes; a Sequential: "
         "the layer before it); a name not in the table is a model input; None where the graph is "
         "not known (a subclassed model)",
-        items=_str(),
+        items=s._str(),
     ),
 }
 
 #: the ``layers`` record's payload schema
-SCHEMA = _record_schema(
+SCHEMA = s._record_schema(
     KIND_LAYERS,
     "The per-layer dtype table, when training begins and whenever it changes "
     "(record/layer_dtypes.py).",
     {
-        "layers": _table_schema(
+        "layers": s._table_schema(
             LAYERS_COLUMNS + LAYERS_GRAPH_COLUMNS,
             {**LAYERS_COLUMN_TYPES, **LAYERS_GRAPH_COLUMN_TYPES},
             "one row per layer (records before issue 24 lack the last three columns)",
         ),
-        "class_modules": _t(
+        "class_modules": s._t(
             "object",
             "each layer class of the table -> the module defining it (keras.src... for Keras' own, "
             "__main__ or the user's package for a custom layer); absent in older records",
-            additionalProperties=_str(),
+            additionalProperties=s._str(),
         ),
     },
     ["layers"],

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from mpwatch.contract.schema import _enum, _record_schema, _str
+from mpwatch.contract import schema as s
 from mpwatch.contract.tags import KIND_NOTICE
 
 #: the ``notice`` record's payload schema
-SCHEMA = _record_schema(
+SCHEMA = s._record_schema(
     KIND_NOTICE,
     "A recording part that stopped or is unavailable, and why (record/base.py: _notice).",
     {
-        "part": _str('the recording part: "probe", "loss_scale", "gradient_health", ...'),
-        "level": _enum(["error", "info"], "error: the part stopped; info: it is unavailable"),
-        "message": _str("what happened"),
+        "part": s._str('the recording part: "probe", "loss_scale", "gradient_health", ...'),
+        "level": s._enum(["error", "info"], "error: the part stopped; info: it is unavailable"),
+        "message": s._str("what happened"),
     },
     ["part", "level", "message"],
 )

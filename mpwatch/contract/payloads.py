@@ -4,33 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpwatch.contract import grad_variables, layers, notice, probe, profile, run_info, train_step
-from mpwatch.contract.tags import (
-    KIND_GRAD_VARIABLES,
-    KIND_LAYERS,
-    KIND_NOTICE,
-    KIND_PROBE,
-    KIND_PROFILE,
-    KIND_RUN_INFO,
-    KIND_TRAIN_STEP,
+from mpwatch.contract import (
+    grad_variables,
+    layers,
+    notice,
+    probe,
+    profile,
+    run_info,
+    tags,
+    train_step,
 )
 
 #: record kind -> JSON Schema (draft 2020-12) of its decoded payload
 PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
-    KIND_RUN_INFO: run_info.SCHEMA,
-    KIND_LAYERS: layers.SCHEMA,
-    KIND_GRAD_VARIABLES: grad_variables.SCHEMA,
-    KIND_PROBE: probe.SCHEMA,
-    KIND_PROFILE: profile.SCHEMA,
-    KIND_NOTICE: notice.SCHEMA,
-    KIND_TRAIN_STEP: train_step.SCHEMA,
+    tags.KIND_RUN_INFO: run_info.SCHEMA,
+    tags.KIND_LAYERS: layers.SCHEMA,
+    tags.KIND_GRAD_VARIABLES: grad_variables.SCHEMA,
+    tags.KIND_PROBE: probe.SCHEMA,
+    tags.KIND_PROFILE: profile.SCHEMA,
+    tags.KIND_NOTICE: notice.SCHEMA,
+    tags.KIND_TRAIN_STEP: train_step.SCHEMA,
 }
 
 
 def required_keys(kind: str) -> list[str]:
     """The keys every (whole, or head) record of ``kind`` has.
 
-    >>> required_keys(KIND_NOTICE)
+    >>> required_keys(tags.KIND_NOTICE)
     ['part', 'level', 'message']
     """
     schema = PAYLOAD_SCHEMAS[kind]

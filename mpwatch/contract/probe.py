@@ -5,18 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpwatch.contract.schema import (
-    _MODEL_KIND,
-    _bool,
-    _enum,
-    _int,
-    _num,
-    _obj,
-    _record_schema,
-    _str,
-    _t,
-    _table_schema,
-)
+from mpwatch.contract import schema as s
 from mpwatch.contract.tags import KIND_PROBE
 
 # Column names of the record's tables, in order (writers build rows in this order).
@@ -62,14 +51,14 @@ PROBE_SWEEP_COLUMNS = [
 _NO_REF = " (None without a float32 reference)"
 
 PROBE_VARIABLE_COLUMN_TYPES: dict[str, Any] = {
-    "variable": _str("the variable's path"),
-    "layer": _str("the name of the layer owning it"),
-    "size": _int("elements"),
-    "ref_nonzero": _int("elements nonzero in the reference gradient" + _NO_REF, nullable=True),
-    "underflow_count": _int("of those, zero in the mixed gradient" + _NO_REF, nullable=True),
-    "underflow_fraction": _num("underflow_count / ref_nonzero" + _NO_REF, nullable=True),
-    "grad_rel_error": _num("||mixed - reference|| / ||reference||" + _NO_REF, nullable=True),
-    "ref_max_abs": _num(
+    "variable": s._str("the variable's path"),
+    "layer": s._str("the name of the layer owning it"),
+    "size": s._int("elements"),
+    "ref_nonzero": s._int("elements nonzero in the reference gradient" + _NO_REF, nullable=True),
+    "underflow_count": s._int("of those, zero in the mixed gradient" + _NO_REF, nullable=True),
+    "underflow_fraction": s._num("underflow_count / ref_nonzero" + _NO_REF, nullable=True),
+    "grad_rel_error": s._num("||mixed - reference|| / ||reference||" + _NO_REF, nullable=True),
+    "ref_max_abs": s._num(
         "max |reference gradient| (unscaled; None without a float32 reference or in records "
         "written before it existed): the train-step rule compares it with what the optimizer "
         "receives",
@@ -77,66 +66,68 @@ PROBE_VARIABLE_COLUMN_TYPES: dict[str, Any] = {
     ),
 }
 PROBE_LAYER_COLUMN_TYPES: dict[str, Any] = {
-    "layer": _str("the layer's name"),
-    "ref_nonzero": _int("over the layer's variables" + _NO_REF, nullable=True),
-    "underflow_count": _int("over the layer's variables" + _NO_REF, nullable=True),
-    "underflow_fraction": _num("over the layer's variables" + _NO_REF, nullable=True),
-    "grad_rel_error": _num("over the layer's variables" + _NO_REF, nullable=True),
-    "output_rel_error": _num("relative error of the layer's output" + _NO_REF, nullable=True),
-    "max_abs_activation": _num("max |output| of the mixed pass (None: not measured)", True),
-    "activation_headroom_bits": _num("log2(format max / max_abs_activation)", nullable=True),
-    "act_grad_underflow_fraction": _num(
+    "layer": s._str("the layer's name"),
+    "ref_nonzero": s._int("over the layer's variables" + _NO_REF, nullable=True),
+    "underflow_count": s._int("over the layer's variables" + _NO_REF, nullable=True),
+    "underflow_fraction": s._num("over the layer's variables" + _NO_REF, nullable=True),
+    "grad_rel_error": s._num("over the layer's variables" + _NO_REF, nullable=True),
+    "output_rel_error": s._num("relative error of the layer's output" + _NO_REF, nullable=True),
+    "max_abs_activation": s._num("max |output| of the mixed pass (None: not measured)", True),
+    "activation_headroom_bits": s._num("log2(format max / max_abs_activation)", nullable=True),
+    "act_grad_underflow_fraction": s._num(
         "underflow of the gradient w.r.t. the layer's output (None: not measured)", nullable=True
     ),
-    "nonfinite": _int("non-finite activation and gradient elements"),
+    "nonfinite": s._int("non-finite activation and gradient elements"),
 }
 PROBE_INPUT_COLUMN_TYPES: dict[str, Any] = {
-    "input": _str("the model input's name"),
-    "dtype": _str("the dtype the batch holds it in"),
-    "size": _int("elements in the probe batch"),
-    "integer_valued": _bool("every finite value is an integer (token ids, class ids)"),
-    "max_abs": _num("largest |value| (None: no finite value)", nullable=True),
-    "consumers": _t(
-        "array", "the layers that cast it to 16 bits on entry (autocast)", items=_str()
+    "input": s._str("the model input's name"),
+    "dtype": s._str("the dtype the batch holds it in"),
+    "size": s._int("elements in the probe batch"),
+    "integer_valued": s._bool("every finite value is an integer (token ids, class ids)"),
+    "max_abs": s._num("largest |value| (None: no finite value)", nullable=True),
+    "consumers": s._t(
+        "array", "the layers that cast it to 16 bits on entry (autocast)", items=s._str()
     ),
-    "cast_to": _str("the 16-bit dtype they cast it to (None: none does)", nullable=True),
-    "changed": _int("values that cast changes (numpy, exact)"),
+    "cast_to": s._str("the 16-bit dtype they cast it to (None: none does)", nullable=True),
+    "changed": s._int("values that cast changes (numpy, exact)"),
 }
 PROBE_SWEEP_COLUMN_TYPES: dict[str, Any] = {
-    "scale_log2": _int("log2 of the loss scale"),
-    "scale": _num("the loss scale"),
-    "predicted_underflow_fraction": _num("share of reference gradients that would underflow"),
-    "predicted_overflow_fraction": _num("share that would overflow"),
+    "scale_log2": s._int("log2 of the loss scale"),
+    "scale": s._num("the loss scale"),
+    "predicted_underflow_fraction": s._num("share of reference gradients that would underflow"),
+    "predicted_overflow_fraction": s._num("share that would overflow"),
 }
 
-_PROBE_MODEL = _obj(
+_PROBE_MODEL = s._obj(
     {
-        "ref_nonzero": _int("reference gradient elements nonzero" + _NO_REF, nullable=True),
-        "underflow_count": _int("of those, zero in the mixed gradient" + _NO_REF, nullable=True),
-        "underflow_fraction": _num("underflow_count / ref_nonzero" + _NO_REF, nullable=True),
-        "grad_rel_error": _num("gradient relative error" + _NO_REF, nullable=True),
-        "max_abs_activation": _num("max |activation| (None: none measured)", nullable=True),
-        "first_nonfinite_layer": _str(
+        "ref_nonzero": s._int("reference gradient elements nonzero" + _NO_REF, nullable=True),
+        "underflow_count": s._int("of those, zero in the mixed gradient" + _NO_REF, nullable=True),
+        "underflow_fraction": s._num("underflow_count / ref_nonzero" + _NO_REF, nullable=True),
+        "grad_rel_error": s._num("gradient relative error" + _NO_REF, nullable=True),
+        "max_abs_activation": s._num("max |activation| (None: none measured)", nullable=True),
+        "first_nonfinite_layer": s._str(
             'the first layer (forward order) with a non-finite output, or "loss"', nullable=True
         ),
-        "size": _int("gradient elements"),
-        "nonfinite": _int("non-finite gradient elements"),
-        "loss": _num("the mixed model's loss on the probe batch"),
-        "ref_loss": _num("the reference's loss" + _NO_REF, nullable=True),
-        "train_loss": _num(
+        "size": s._int("gradient elements"),
+        "nonfinite": s._int("non-finite gradient elements"),
+        "loss": s._num("the mixed model's loss on the probe batch"),
+        "ref_loss": s._num("the reference's loss" + _NO_REF, nullable=True),
+        "train_loss": s._num(
             "the loss Keras' train step computes on the probe batch with the same weights (the "
             "model's own call in training mode); compared with the probe's own-policy pass"
         ),
-        "activation_headroom_bits": _num("log2(format max / max_abs_activation)", nullable=True),
-        "zero_fraction": _num(
+        "activation_headroom_bits": s._num("log2(format max / max_abs_activation)", nullable=True),
+        "zero_fraction": s._num(
             "written only without a float32 reference: the share of exactly-zero mixed gradient "
             "elements (an upper bound of underflow that includes genuine zeros)"
         ),
-        "max_abs_ref_grad": _num(
+        "max_abs_ref_grad": s._num(
             "float16 and pre-flight modes: the max |reference gradient| the recommended scale "
             "was derived from"
         ),
-        "margin_bits": _num("float16 and pre-flight modes: the headroom the recommendation keeps"),
+        "margin_bits": s._num(
+            "float16 and pre-flight modes: the headroom the recommendation keeps"
+        ),
     },
     "model-wide results",
     required=[
@@ -155,75 +146,77 @@ _PROBE_MODEL = _obj(
 )
 
 #: the ``probe`` record's payload schema
-SCHEMA = _record_schema(
+SCHEMA = s._record_schema(
     KIND_PROBE,
     "The probe against a float32 reference at one step (record/probe_payload.py: build).",
     {
-        "mode": _enum(
+        "mode": s._enum(
             ["float16", "bfloat16", "preflight"],
             "mixed_float16, mixed_bfloat16, or a float32 model probed as mixed_float16",
         ),
-        "loss_scale": _num("the scale S the mixed gradients were taken at (None: bfloat16)", True),
-        "reference": _enum(
+        "loss_scale": s._num(
+            "the scale S the mixed gradients were taken at (None: bfloat16)", True
+        ),
+        "reference": s._enum(
             ["float32_twin", "none"],
             "what the mixed gradients are compared to: float32_twin is the same model and "
             "weights with its mixed layers switched to float32 (record/twin.py)",
         ),
-        "fix_checks": _t(
+        "fix_checks": s._t(
             "array",
             "written when the forward pass went non-finite (TensorFlow): each candidate fix "
             "re-run on the same batch and weights (record/fix_check.py), in order",
-            items=_obj(
+            items=s._obj(
                 {
-                    "fix": _enum(
+                    "fix": s._enum(
                         ["none", "float32_layers", "normalize_inputs"],
                         "none: the pass as it is (the first entry)",
                     ),
-                    "layers": _t("array", "the layers kept float32", items=_str()),
-                    "finite": _bool("the pass (activations, loss, scaled gradients) is finite"),
-                    "in_range": _bool(
+                    "layers": s._t("array", "the layers kept float32", items=s._str()),
+                    "finite": s._bool("the pass (activations, loss, scaled gradients) is finite"),
+                    "in_range": s._bool(
                         "finite, and the 16-bit activations stay 2^3 below float16's maximum"
                     ),
-                    "first_nonfinite_layer": _str(
+                    "first_nonfinite_layer": s._str(
                         'where it is still not finite (a layer, "loss", "gradients"), or None',
                         nullable=True,
                     ),
-                    "max_abs_activation_16bit": _num("max finite |activation| of 16-bit layers"),
-                    "loss": _num("the loss with the fix (None: not finite)", nullable=True),
+                    "max_abs_activation_16bit": s._num("max finite |activation| of 16-bit layers"),
+                    "loss": s._num("the loss with the fix (None: not finite)", nullable=True),
                 },
                 "one candidate fix and what it did",
             ),
         ),
-        "grad_fix_checks": _t(
+        "grad_fix_checks": s._t(
             "array",
             "written when a layer's gradient error stands out (float16): the pass re-run with "
             "that layer in float32 (record/fix_check.py: check_gradient_fixes)",
-            items=_obj(
+            items=s._obj(
                 {
-                    "layer": _str("the layer kept in float32"),
-                    "before": _num("its gradient relative error as it is"),
-                    "after": _num("its gradient relative error in float32", nullable=True),
+                    "layer": s._str("the layer kept in float32"),
+                    "before": s._num("its gradient relative error as it is"),
+                    "after": s._num("its gradient relative error in float32", nullable=True),
                 },
                 "one layer checked",
             ),
         ),
-        "reliable": _bool(
+        "reliable": s._bool(
             "the probe's loss agrees with the train step's loss on the same batch and weights "
             "(None: cannot be checked, e.g. a custom train_step); False: no finding rests on it",
             nullable=True,
         ),
-        "unreliable_reason": _str("why the probe is not (known to be) reliable", nullable=True),
-        "random_layers_off": _t(
+        "unreliable_reason": s._str("why the probe is not (known to be) reliable", nullable=True),
+        "random_layers_off": s._t(
             "array",
             "layers with random draws (Dropout, noise, augmentation) run as in inference in both "
             "passes; every other layer runs in training mode (BatchNormalization on batch "
             "statistics, its state restored afterwards)",
-            items=_str(),
+            items=s._str(),
         ),
-        "batch": _obj(
+        "batch": s._obj(
             {
-                "size": _int("the probe batch's leading dimension", nullable=True),
-                "source": _enum(
+                "size": s._int("the probe batch's leading dimension", nullable=True),
+                "source": s._enum(
                     ["training", "probe_data"],
                     "training: the first batch the training loop fed (its size is the training "
                     "batch size); probe_data: given by the user",
@@ -231,43 +224,45 @@ SCHEMA = _record_schema(
             },
             "the probe batch",
         ),
-        "inputs": _table_schema(
+        "inputs": s._table_schema(
             PROBE_INPUT_COLUMNS,
             PROBE_INPUT_COLUMN_TYPES,
             "one row per float model input: integer ids a 16-bit cast rounds (record/inputs.py)",
         ),
-        "reference_note": _str("how the reference was made, or why there is none", True),
-        "model_kind": _enum(_MODEL_KIND, "how the model was built (a twin needs its config)"),
-        "variables": _table_schema(
+        "reference_note": s._str("how the reference was made, or why there is none", True),
+        "model_kind": s._enum(s._MODEL_KIND, "how the model was built (a twin needs its config)"),
+        "variables": s._table_schema(
             PROBE_VARIABLE_COLUMNS, PROBE_VARIABLE_COLUMN_TYPES, "one row per trainable variable"
         ),
-        "layers": _table_schema(PROBE_LAYER_COLUMNS, PROBE_LAYER_COLUMN_TYPES, "one row per layer"),
+        "layers": s._table_schema(
+            PROBE_LAYER_COLUMNS, PROBE_LAYER_COLUMN_TYPES, "one row per layer"
+        ),
         "model": _PROBE_MODEL,
-        "histogram": _obj(
+        "histogram": s._obj(
             {
-                "edges_log2": _t("array", "bin edges, log2 of |gradient|", items=_num()),
-                "counts": _t("array", "elements per bin (len(edges_log2) - 1)", items=_int()),
-                "zeros": _int("elements exactly 0"),
-                "window_log2": _t(
+                "edges_log2": s._t("array", "bin edges, log2 of |gradient|", items=s._num()),
+                "counts": s._t("array", "elements per bin (len(edges_log2) - 1)", items=s._int()),
+                "zeros": s._int("elements exactly 0"),
+                "window_log2": s._t(
                     "array",
                     "the format's window in log2 of the unscaled gradient (shifted by -log2 S)",
-                    items=_num(),
+                    items=s._num(),
                     minItems=2,
                     maxItems=2,
                 ),
-                "source": _enum(
+                "source": s._enum(
                     ["reference", "mixed_unscaled"],
                     "whose gradients: the float32 reference's, or the mixed ones without one",
                 ),
             },
             "log2 histogram of the gradients against the format's window",
         ),
-        "sweep": _table_schema(
+        "sweep": s._table_schema(
             PROBE_SWEEP_COLUMNS,
             PROBE_SWEEP_COLUMN_TYPES,
             "predicted underflow and overflow at each power-of-two scale (empty under bfloat16)",
         ),
-        "recommended_scale": _num("a loss scale to use (None: bfloat16, or none fits)", True),
+        "recommended_scale": s._num("a loss scale to use (None: bfloat16, or none fits)", True),
     },
     [
         "mode",

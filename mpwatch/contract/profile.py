@@ -6,18 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mpwatch.contract.schema import (
-    _DTYPE,
-    _bool,
-    _enum,
-    _int,
-    _num,
-    _obj,
-    _record_schema,
-    _str,
-    _t,
-    _table_schema,
-)
+from mpwatch.contract import schema as s
 from mpwatch.contract.tags import KIND_PROFILE
 
 # Column names of the record's tables, in order (writers build rows in this order).
@@ -96,126 +85,126 @@ PROFILE_KERNEL_COLUMNS = [
 ]
 
 PROFILE_LAYER_COLUMN_TYPES: dict[str, Any] = {
-    "layer": _str("the layer's name (its path where two nested layers share a name)"),
-    "time_us": _num("time of the layer's ops, microseconds"),
-    "time_16bit_us": _num("of which in 16-bit ops"),
-    "time_32bit_us": _num("of which in 32-bit ops"),
-    "ops": _int("distinct ops"),
-    "share": _num("of the total time"),
-    "cast_us": _num("time in Cast ops (part of the 32-bit time)"),
-    "path": _str("the layer's path, as in the layers record"),
-    "class": _str("the layer's class name"),
-    "compute_dtype": _str(_DTYPE),
-    "bits": _int("16 or 32: the precision its ops count in"),
-    "trainable_params": _int("trainable parameters"),
+    "layer": s._str("the layer's name (its path where two nested layers share a name)"),
+    "time_us": s._num("time of the layer's ops, microseconds"),
+    "time_16bit_us": s._num("of which in 16-bit ops"),
+    "time_32bit_us": s._num("of which in 32-bit ops"),
+    "ops": s._int("distinct ops"),
+    "share": s._num("of the total time"),
+    "cast_us": s._num("time in Cast ops (part of the 32-bit time)"),
+    "path": s._str("the layer's path, as in the layers record"),
+    "class": s._str("the layer's class name"),
+    "compute_dtype": s._str(s._DTYPE),
+    "bits": s._int("16 or 32: the precision its ops count in"),
+    "trainable_params": s._int("trainable parameters"),
 }
 PROFILE_OP_TYPE_COLUMN_TYPES: dict[str, Any] = {
-    "op_type": _str("the op type"),
-    "time_us": _num("microseconds"),
-    "bits": _int("16 or 32"),
-    "count": _int("occurrences"),
-    "kept_float32_by_amp": _bool("an op type mixed precision keeps in float32"),
-    "ops": _int("distinct ops"),
-    "share": _num("of the total time"),
+    "op_type": s._str("the op type"),
+    "time_us": s._num("microseconds"),
+    "bits": s._int("16 or 32"),
+    "count": s._int("occurrences"),
+    "kept_float32_by_amp": s._bool("an op type mixed precision keeps in float32"),
+    "ops": s._int("distinct ops"),
+    "share": s._num("of the total time"),
 }
 
 _US = "microseconds of device time"
 PROFILE_KERNEL_LAYER_COLUMN_TYPES: dict[str, Any] = {
-    "layer": _str("the layer's name (its path where two nested layers share a name)"),
-    "time_us": _num("device time of the layer's kernels, " + _US),
-    "forward_us": _num("of which in the forward pass"),
-    "backward_us": _num("of which in the backward pass (gradients)"),
-    "share": _num("of the run's device time"),
+    "layer": s._str("the layer's name (its path where two nested layers share a name)"),
+    "time_us": s._num("device time of the layer's kernels, " + _US),
+    "forward_us": s._num("of which in the forward pass"),
+    "backward_us": s._num("of which in the backward pass (gradients)"),
+    "share": s._num("of the run's device time"),
     **{
-        f"{p}_us": _num(
+        f"{p}_us": s._num(
             "of which in kernels of unknown precision (never counted as 16-bit)"
             if p == "unknown"
             else f"of which in {p} kernels"
         )
         for p in PROFILE_PRECISIONS
     },
-    "tensor_core_us": _num("of which on Tensor Cores (mpwatch's reading of the kernel names)"),
-    "tensor_core_share": _num("tensor_core_us / time_us"),
-    "tensor_core_unknown_us": _num("of which in kernels whose Tensor Core use is unknown"),
-    "xprof_tensor_core_us": _num("of which xprof's 'Kernel uses TensorCore' marks"),
-    "eligible_us": _num("of which in matrix multiplies and convolutions (Tensor Core eligible)"),
-    "eligible_not_tensor_core_us": _num(
+    "tensor_core_us": s._num("of which on Tensor Cores (mpwatch's reading of the kernel names)"),
+    "tensor_core_share": s._num("tensor_core_us / time_us"),
+    "tensor_core_unknown_us": s._num("of which in kernels whose Tensor Core use is unknown"),
+    "xprof_tensor_core_us": s._num("of which xprof's 'Kernel uses TensorCore' marks"),
+    "eligible_us": s._num("of which in matrix multiplies and convolutions (Tensor Core eligible)"),
+    "eligible_not_tensor_core_us": s._num(
         "of which eligible but not on Tensor Cores (float32 or CUDA-core matmul/conv kernels)"
     ),
-    "eligible_tensor_core_unknown_us": _num("of which eligible, Tensor Core use unknown"),
-    "kernels": _int("distinct kernels (kernel name and op)"),
-    "path": _str("the layer's path, as in the layers record (its scope without a model)"),
-    "class": _str("the layer's class name (empty without a model)"),
-    "compute_dtype": _str(_DTYPE + " (empty without a model)"),
-    "tc_dims": _t(
+    "eligible_tensor_core_unknown_us": s._num("of which eligible, Tensor Core use unknown"),
+    "kernels": s._int("distinct kernels (kernel name and op)"),
+    "path": s._str("the layer's path, as in the layers record (its scope without a model)"),
+    "class": s._str("the layer's class name (empty without a model)"),
+    "compute_dtype": s._str(s._DTYPE + " (empty without a model)"),
+    "tc_dims": s._t(
         ["object", "null"],
         "the dimensions that decide its Tensor Core use, as the layers record's tc_dims (None: "
         "not known at capture)",
-        additionalProperties=_int(),
+        additionalProperties=s._int(),
     ),
-    "tc_aligned": _bool("every tc_dims a multiple of 8 (None without tc_dims)", nullable=True),
+    "tc_aligned": s._bool("every tc_dims a multiple of 8 (None without tc_dims)", nullable=True),
 }
 PROFILE_KERNEL_COLUMN_TYPES: dict[str, Any] = {
-    "kernel_name": _str("the GPU kernel's name"),
-    "op_name": _str("the framework op that launched it (JAX or TensorFlow name)"),
-    "op_name_from": _enum(
+    "kernel_name": s._str("the GPU kernel's name"),
+    "op_name": s._str("the framework op that launched it (JAX or TensorFlow name)"),
+    "op_name_from": s._enum(
         ["xprof", "hlo", ""],
         "where op_name comes from: xprof's table, the trace's HLO metadata (XLA fusions xprof "
         'names XlaModule), or nowhere ("")',
     ),
-    "layer": _str("the layer it belongs to (None: outside every layer)", nullable=True),
-    "direction": _enum(["forward", "backward", "unknown"], "the pass it ran in"),
-    "total_duration_us": _num(_US + ", every launch"),
-    "occurrences": _int("launches"),
-    "precision": _enum(list(PROFILE_PRECISIONS), "what its arithmetic reads, from its name"),
-    "tensor_core": _enum(["yes", "no", "unknown"], "whether it ran on Tensor Cores"),
-    "pattern": _str("the kernel family that matched (docs/kernels.md; empty: none)"),
-    "kind": _str("gemm, conv, elementwise, reduction, copy, fusion, ..."),
-    "evidence": _str("what decided: name, op, name+xprof, ..."),
-    "eligible": _bool("a matrix multiply or convolution (Tensor Core eligible)"),
-    "eligible_not_tensor_core": _bool("eligible, and a float32 or CUDA-core kernel"),
-    "xprof_tensor_core": _bool("xprof's 'Kernel uses TensorCore'", nullable=True),
-    "xprof_tensor_core_eligible": _bool("xprof's 'Op is TensorCore eligible'", nullable=True),
-    "grid_dim": _str("launch grid x,y,z"),
-    "block_dim": _str("block x,y,z"),
+    "layer": s._str("the layer it belongs to (None: outside every layer)", nullable=True),
+    "direction": s._enum(["forward", "backward", "unknown"], "the pass it ran in"),
+    "total_duration_us": s._num(_US + ", every launch"),
+    "occurrences": s._int("launches"),
+    "precision": s._enum(list(PROFILE_PRECISIONS), "what its arithmetic reads, from its name"),
+    "tensor_core": s._enum(["yes", "no", "unknown"], "whether it ran on Tensor Cores"),
+    "pattern": s._str("the kernel family that matched (docs/kernels.md; empty: none)"),
+    "kind": s._str("gemm, conv, elementwise, reduction, copy, fusion, ..."),
+    "evidence": s._str("what decided: name, op, name+xprof, ..."),
+    "eligible": s._bool("a matrix multiply or convolution (Tensor Core eligible)"),
+    "eligible_not_tensor_core": s._bool("eligible, and a float32 or CUDA-core kernel"),
+    "xprof_tensor_core": s._bool("xprof's 'Kernel uses TensorCore'", nullable=True),
+    "xprof_tensor_core_eligible": s._bool("xprof's 'Op is TensorCore eligible'", nullable=True),
+    "grid_dim": s._str("launch grid x,y,z"),
+    "block_dim": s._str("block x,y,z"),
 }
-_BY_PRECISION = _obj(
-    {p: _num() for p in PROFILE_PRECISIONS}, "one value per precision", required=[]
+_BY_PRECISION = s._obj(
+    {p: s._num() for p in PROFILE_PRECISIONS}, "one value per precision", required=[]
 )
-_PROFILE_KERNEL_SUMMARY = _obj(
+_PROFILE_KERNEL_SUMMARY = s._obj(
     {
-        "total_us": _num("device time of every kernel, " + _US),
-        "kernels": _int("distinct kernels"),
+        "total_us": s._num("device time of every kernel, " + _US),
+        "kernels": s._int("distinct kernels"),
         "by_precision_us": _BY_PRECISION,
         "by_precision_share": _BY_PRECISION,
         "tensor_core_by_precision_us": _BY_PRECISION,
-        "share_16bit": _num("share of device time in float16 and bfloat16 kernels"),
-        "unknown_share": _num("share in kernels of unknown precision"),
-        "tensor_core_us": _num("time on Tensor Cores (mpwatch's reading of the kernel names)"),
-        "tensor_core_share": _num("tensor_core_us / total_us"),
-        "tensor_core_unknown_share": _num("share in kernels whose Tensor Core use is unknown"),
-        "xprof_tensor_core_us": _num("time xprof's 'Kernel uses TensorCore' marks"),
-        "xprof_tensor_core_share": _num(
+        "share_16bit": s._num("share of device time in float16 and bfloat16 kernels"),
+        "unknown_share": s._num("share in kernels of unknown precision"),
+        "tensor_core_us": s._num("time on Tensor Cores (mpwatch's reading of the kernel names)"),
+        "tensor_core_share": s._num("tensor_core_us / total_us"),
+        "tensor_core_unknown_share": s._num("share in kernels whose Tensor Core use is unknown"),
+        "xprof_tensor_core_us": s._num("time xprof's 'Kernel uses TensorCore' marks"),
+        "xprof_tensor_core_share": s._num(
             "xprof's share: a substring list of Volta/Turing-era names, which misses most "
             "Ampere/Hopper Tensor Core kernels"
         ),
-        "tensor_core_missed_by_xprof_share": _num(
+        "tensor_core_missed_by_xprof_share": s._num(
             "share on Tensor Cores by the name that xprof does not mark: why the two differ"
         ),
-        "xprof_eligible_share": _num("share xprof marks 'Op is TensorCore eligible'"),
-        "eligible_us": _num("time in matmul/convolution kernels"),
-        "eligible_share": _num("eligible_us / total_us"),
-        "eligible_not_tensor_core_us": _num("eligible time not on Tensor Cores"),
-        "eligible_not_tensor_core_share": _num("eligible_not_tensor_core_us / total_us"),
-        "eligible_tensor_core_unknown_us": _num("eligible time whose Tensor Core use is unknown"),
-        "attributed_us": _num("time of kernels joined to a layer"),
-        "unattributed_us": _num("time of kernels outside every layer (optimizer, loss, XLA)"),
-        "forward_us": _num("time in the forward pass"),
-        "backward_us": _num("time in the backward pass"),
-        "direction_unknown_us": _num("time whose pass is unknown"),
-        "op_name_from_hlo_us": _num("time of kernels joined through the HLO metadata"),
-        "unknown_kernels": _t(
-            "array", "the longest kernels no pattern knows (up to 10)", items=_str()
+        "xprof_eligible_share": s._num("share xprof marks 'Op is TensorCore eligible'"),
+        "eligible_us": s._num("time in matmul/convolution kernels"),
+        "eligible_share": s._num("eligible_us / total_us"),
+        "eligible_not_tensor_core_us": s._num("eligible time not on Tensor Cores"),
+        "eligible_not_tensor_core_share": s._num("eligible_not_tensor_core_us / total_us"),
+        "eligible_tensor_core_unknown_us": s._num("eligible time whose Tensor Core use is unknown"),
+        "attributed_us": s._num("time of kernels joined to a layer"),
+        "unattributed_us": s._num("time of kernels outside every layer (optimizer, loss, XLA)"),
+        "forward_us": s._num("time in the forward pass"),
+        "backward_us": s._num("time in the backward pass"),
+        "direction_unknown_us": s._num("time whose pass is unknown"),
+        "op_name_from_hlo_us": s._num("time of kernels joined through the HLO metadata"),
+        "unknown_kernels": s._t(
+            "array", "the longest kernels no pattern knows (up to 10)", items=s._str()
         ),
     },
     "device_kernels: the run's kernel figures (mpwatch/profile/kernel_time.py: kernel_time)",
@@ -232,39 +221,43 @@ _PROFILE_KERNEL_SUMMARY = _obj(
 )
 
 #: the ``profile`` record's payload schema
-SCHEMA = _record_schema(
+SCHEMA = s._record_schema(
     KIND_PROFILE,
     "The profiler summary: per-layer time by precision and per-op-type time "
     "(mpwatch/profile/summary.py: summarize; record/profile_capture.py writes it). On a trace with "
     "GPU kernels (source device_kernels) also each kernel's precision and Tensor Core use from its "
     "name, per layer and for the run, beside xprof's own Tensor Core flag.",
     {
-        "steps": _t(
-            ["array", "null"], "first and last profiled step", items=_int(), minItems=2, maxItems=2
+        "steps": s._t(
+            ["array", "null"],
+            "first and last profiled step",
+            items=s._int(),
+            minItems=2,
+            maxItems=2,
         ),
-        "device": _enum(["GPU", "CPU"], "where the profiled ops ran"),
-        "total_us": _num("profiled time, microseconds"),
-        "unattributed_us": _num("time of ops outside every layer"),
-        "unattributed_by_category": _t(
+        "device": s._enum(["GPU", "CPU"], "where the profiled ops ran"),
+        "total_us": s._num("profiled time, microseconds"),
+        "unattributed_us": s._num("time of ops outside every layer"),
+        "unattributed_by_category": s._t(
             "object",
             "that time by category (input_pipeline, loss, ...)",
-            additionalProperties=_num(),
+            additionalProperties=s._num(),
         ),
-        "cast_us": _num("time in Cast ops"),
-        "cast_share": _num("cast_us / total_us"),
-        "share_16bit": _num("share of the time in 16-bit ops"),
-        "layers": _table_schema(
+        "cast_us": s._num("time in Cast ops"),
+        "cast_share": s._num("cast_us / total_us"),
+        "share_16bit": s._num("share of the time in 16-bit ops"),
+        "layers": s._table_schema(
             PROFILE_LAYER_COLUMNS, PROFILE_LAYER_COLUMN_TYPES, "time per layer, by precision"
         ),
-        "op_types": _table_schema(
+        "op_types": s._table_schema(
             PROFILE_OP_TYPE_COLUMNS, PROFILE_OP_TYPE_COLUMN_TYPES, "time per op type"
         ),
-        "trace_dir": _str("where the trace is (TensorBoard's Profile tab reads it too)"),
-        "side": _str('"device" (GPU ops) or "host"'),
-        "tool": _str("the converter's tool name"),
-        "bits_rule": _str("how an op's precision was decided, in words"),
-        "layers_dropped": _int("layers left out of the table to keep the record small"),
-        "source": _enum(
+        "trace_dir": s._str("where the trace is (TensorBoard's Profile tab reads it too)"),
+        "side": s._str('"device" (GPU ops) or "host"'),
+        "tool": s._str("the converter's tool name"),
+        "bits_rule": s._str("how an op's precision was decided, in words"),
+        "layers_dropped": s._int("layers left out of the table to keep the record small"),
+        "source": s._enum(
             list(PROFILE_SOURCES),
             "where per-layer precision and time come from: device_kernels (the GPU kernels, "
             "kernel_* keys), host_ops (ops on the host counted in their layer's dtype: a CPU), "
@@ -272,21 +265,21 @@ SCHEMA = _record_schema(
             "profile_source() derives it from side",
         ),
         "kernel_summary": _PROFILE_KERNEL_SUMMARY,
-        "kernel_layers": _table_schema(
+        "kernel_layers": s._table_schema(
             PROFILE_KERNEL_LAYER_COLUMNS,
             PROFILE_KERNEL_LAYER_COLUMN_TYPES,
             "device_kernels: per layer, device time by pass, precision and Tensor Core use",
         ),
-        "kernels": _table_schema(
+        "kernels": s._table_schema(
             PROFILE_KERNEL_COLUMNS,
             PROFILE_KERNEL_COLUMN_TYPES,
             "device_kernels: the classified kernels, longest first",
         ),
-        "kernels_dropped": _int("kernels left out of that table to keep the record small"),
-        "kernel_tool": _str("the converter's tool for the kernels (kernel_stats)"),
-        "kernel_rules": _str("how a kernel's precision and Tensor Core use were decided"),
-        "precisions": _t("array", "the precisions a kernel is classified in", items=_str()),
-        "kernel_note": _str("why a trace has no kernel figures (a failed conversion)"),
+        "kernels_dropped": s._int("kernels left out of that table to keep the record small"),
+        "kernel_tool": s._str("the converter's tool for the kernels (kernel_stats)"),
+        "kernel_rules": s._str("how a kernel's precision and Tensor Core use were decided"),
+        "precisions": s._t("array", "the precisions a kernel is classified in", items=s._str()),
+        "kernel_note": s._str("why a trace has no kernel figures (a failed conversion)"),
     },
     [
         "steps",

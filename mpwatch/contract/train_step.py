@@ -2,42 +2,42 @@
 
 from __future__ import annotations
 
-from mpwatch.contract.schema import _bool, _int, _num, _obj, _record_schema, _str, _t
+from mpwatch.contract import schema as s
 from mpwatch.contract.tags import KIND_TRAIN_STEP
 
-_OPTIMIZER = _obj(
+_OPTIMIZER = s._obj(
     {
-        "name": _str(
+        "name": s._str(
             'how the model holds it: "optimizer" (the compiled one) or the attribute name '
             '("d_optimizer")'
         ),
-        "class": _str('its class: "Adam", "LossScaleOptimizer(Adam)"'),
-        "compiled": _bool("it is the optimizer given to compile() (model.optimizer)"),
-        "loss_scaled": _bool("a LossScaleOptimizer: it unscales and skips non-finite steps"),
-        "iterations_start": _int("its iterations when the fit began"),
-        "iterations": _int("its iterations when the record was written"),
-        "loss_scale": _num("its dynamic scale now (None: not loss-scaled)", nullable=True),
+        "class": s._str('its class: "Adam", "LossScaleOptimizer(Adam)"'),
+        "compiled": s._bool("it is the optimizer given to compile() (model.optimizer)"),
+        "loss_scaled": s._bool("a LossScaleOptimizer: it unscales and skips non-finite steps"),
+        "iterations_start": s._int("its iterations when the fit began"),
+        "iterations": s._int("its iterations when the record was written"),
+        "loss_scale": s._num("its dynamic scale now (None: not loss-scaled)", nullable=True),
     },
     "one optimizer the model holds",
 )
 
 #: the ``train_step`` record's payload schema
-SCHEMA = _record_schema(
+SCHEMA = s._record_schema(
     KIND_TRAIN_STEP,
     "The train step's contract (record/train_step.py): where train_step is defined, whether "
     "the model has a forward pass of its own, and every optimizer it holds with whether it "
     "stepped and whether it scales the loss. Written when each fit starts and at each epoch's "
     "end and the fit's end (the latest wins).",
     {
-        "custom_train_step": _bool("train_step is the user's, not Keras' own"),
-        "train_step_owner": _str(
+        "custom_train_step": s._bool("train_step is the user's, not Keras' own"),
+        "train_step_owner": s._str(
             "the class defining train_step (module.QualName), None for Keras' own", nullable=True
         ),
-        "has_call": _bool(
+        "has_call": s._bool(
             "the model has a forward pass (Functional, Sequential, or a call() of its own); a "
             "GAN-style model whose train_step runs sub-models has none"
         ),
-        "optimizers": _t("array", "every optimizer the model holds", items=_OPTIMIZER),
+        "optimizers": s._t("array", "every optimizer the model holds", items=_OPTIMIZER),
     },
     ["custom_train_step", "train_step_owner", "has_call", "optimizers"],
 )
