@@ -612,7 +612,7 @@ def test_skip_markers_are_visible_at_exactly_the_optimizers_skipped_steps(tab, l
     )
     caption = tab.frame.inner_text("#mpw-loss-scale .mpw-caption")
     assert caption.startswith(f"{len(truth['skipped'])} skipped step(s), each marked in red")
-    assert "loss scale 32,768 from step 0" in caption
+    assert "loss scale 2^15 (32768) from step 0" in caption
     tab.page.screenshot(path=os.path.join(logdir["root"], "..", "tab-skips.png"), full_page=True)
     assert tab.errors == []
 

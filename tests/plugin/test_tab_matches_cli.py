@@ -197,3 +197,28 @@ def test_the_tab_shows_notices_as_plain_text():
         "level": "error",
         "message": "ValueError: Exception encountered.\n\nboom\n\nArguments received",
     }
+
+
+@pytest.mark.browser
+def test_the_tab_writes_numbers_as_the_cli_does(browser, server, logdir, read_events):
+    """The real fit's probe facts and loss-scale caption, in the tab, spelled as mpwatch.words
+    spells them (the CLI's ``2^15 (32768)``, never ``32,768``): each checked against the values
+    in the event files, read here."""
+    from mpwatch import words
+
+    scalars, records = read_events(os.path.join(logdir, "fit"))
+    scales = [v for _, v in sorted(scalars[contract.LOSS_SCALE])]
+    probes = [p for _, p in sorted(records[contract.KIND_PROBE], key=lambda r: r[0])]
+    latest = {**probes[-1]["model"], "loss_scale": probes[-1]["loss_scale"]}
+    tab = Tab(browser, server)
+    try:
+        tab.select_run("fit")
+        facts = tab.frame.locator(".mpw-facts .mpw-fact").all_text_contents()
+        assert f"loss scale: {words.loss_scale(latest['loss_scale'])}" in facts, facts
+        assert f"underflow: {words.percent(latest['underflow_fraction'])}" in facts, facts
+        caption = tab.frame.locator("#mpw-loss-scale-caption").text_content()
+        assert f"last {words.loss_scale(scales[-1])}" in caption, caption
+        assert "32,768" not in caption and "32,768" not in " ".join(facts)
+        assert tab.errors == []
+    finally:
+        tab.close()

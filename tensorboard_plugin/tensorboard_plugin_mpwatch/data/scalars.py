@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mpwatch import contract
+from mpwatch import contract, words
 from mpwatch.read import Run
 from tensorboard_plugin_mpwatch.data.provider import RunRecords
 
@@ -211,4 +211,16 @@ def scalars_view(records: RunRecords, model: Run, points: int) -> dict[str, Any]
             "count_exact": exact,
             "served": int(records.served.get(tag, len(steps))),
         }
-    return {"run": model.name, "series": series, **skipped_view(model, records)}
+    scale = series.get(contract.LOSS_SCALE)
+    scale_text = None
+    if scale and scale["values"]:
+        scale_text = {
+            "first": words.loss_scale(scale["values"][0]),
+            "last": words.loss_scale(scale["values"][-1]),
+        }
+    return {
+        "run": model.name,
+        "series": series,
+        "loss_scale_text": scale_text,
+        **skipped_view(model, records),
+    }

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mpwatch import contract
+from mpwatch import contract, words
 from mpwatch.contract import json_safe
 from mpwatch.read import ProbeResult, Run
 from mpwatch.read.run import PROBE_TOP_KEYS
@@ -175,6 +175,20 @@ def _probe_json(probe: ProbeResult) -> dict[str, Any]:
         "histogram": probe.histogram,
         "sweep": _split(probe.sweep),
         "recommended_scale": row.get("recommended_scale"),
+        "text": _probe_text(row),
+    }
+
+
+def _probe_text(row: dict[str, Any]) -> dict[str, str]:
+    """The probe's facts as the tab writes them (:mod:`mpwatch.words`, the CLI's and the HTML
+    report's spelling): its scale and the largest safe one as ``2^k (v)``, underflow and gradient
+    error as percents, the largest activation as a plain number."""
+    return {
+        "loss_scale": words.loss_scale(row.get("loss_scale")),
+        "recommended_scale": words.loss_scale(row.get("recommended_scale")),
+        "underflow": words.percent(row.get("underflow_fraction")),
+        "grad_error": words.percent(row.get("grad_rel_error")),
+        "max_abs_activation": words.number(row.get("max_abs_activation")),
     }
 
 
@@ -239,7 +253,7 @@ def profile_summary(model: Run) -> dict[str, Any] | None:
     }
     if kern is None:
         out["cast_share"] = contract.finite_float(prof.get("cast_share"))
-        return out
+        return _with_text(out)
     by = kern.get("by_precision_share") if isinstance(kern.get("by_precision_share"), dict) else {}
     out.update(
         tensor_core_share=contract.finite_float(kern.get("tensor_core_share")),
@@ -253,7 +267,19 @@ def profile_summary(model: Run) -> dict[str, Any] | None:
         },
         kernels=kern.get("kernels"),
     )
-    return out
+    return _with_text(out)
+
+
+def _with_text(summary: dict[str, Any]) -> dict[str, Any]:
+    """The panel's figures as the tab writes them (:mod:`mpwatch.words`): ``text`` holds the time
+    with its unit and every ``*_share`` as a percent."""
+    text = {
+        k: words.percent(v)
+        for k, v in summary.items()
+        if k.endswith("_share") and (v is None or isinstance(v, float))
+    }
+    text["total"] = words.duration_us(summary.get("total_us"))
+    return {**summary, "text": text}
 
 
 def profile_view(model: Run) -> dict[str, Any]:

@@ -145,10 +145,12 @@ function renderScalars(view) {
       ? `; ${fmt(view.skipped_steps.length)} of them marked in red (TensorBoard served a sample)`
       : ', each marked in red at its step';
   }
-  const first = ls && ls.steps.length ? `loss scale ${fmt(ls.values[0])} from step ${fmt(ls.steps[0])}` : null;
-  ui.lossScale.appendChild(el('div', {class: 'mpw-caption',
+  // the scales as the server writes them (mpwatch.words: the CLI's spelling)
+  const said = view.loss_scale_text || {};
+  const first = ls && ls.steps.length ? `loss scale ${said.first ?? fmt(ls.values[0])} from step ${fmt(ls.steps[0])}` : null;
+  ui.lossScale.appendChild(el('div', {class: 'mpw-caption', id: 'mpw-loss-scale-caption',
     text: `${fmt(view.skipped_total)} skipped step(s)${marked}` +
-      (ls ? `; ${first}, last ${fmt(ls.values[ls.values.length - 1])}` : '') +
+      (ls ? `; ${first}, last ${said.last ?? fmt(ls.values[ls.values.length - 1])}` : '') +
       (ls && ls.steps[0] === 0 ? ' (step 0: the scale before the first step)' : '')}));
   clear(ui.health);
   const parts = [
@@ -211,16 +213,17 @@ function renderProbe(probe) {
   ui.histogram.appendChild(histogramChart(probe.histogram));
   const m = probe.model || {};
   const unmeasured = 'not measured';
+  const said = probe.text || {};  // the numbers as the server writes them (mpwatch.words)
   const facts = [
     ['mode', probe.mode],
-    ['loss scale', fmt(probe.loss_scale)],
-    ['underflow', notMeasured ? unmeasured : pct(m.underflow_fraction)],
-    ['grad error', notMeasured ? unmeasured : fmt(m.grad_rel_error)],
-    ['max |activation|', fmt(m.max_abs_activation)],
+    ['loss scale', said.loss_scale ?? fmt(probe.loss_scale)],
+    ['underflow', notMeasured ? unmeasured : said.underflow ?? pct(m.underflow_fraction)],
+    ['grad error', notMeasured ? unmeasured : said.grad_error ?? fmt(m.grad_rel_error)],
+    ['max |activation|', said.max_abs_activation ?? fmt(m.max_abs_activation)],
     // a fact about this probe's gradients (its largest scale with headroom below overflow), not
     // the advice: the findings weigh every probe, the skipped steps and Keras' dynamic rule
     [`largest safe scale (${fmt(m.margin_bits ?? 4)} doublings headroom)`,
-      notMeasured ? 'none' : fmt(probe.recommended_scale)],
+      notMeasured ? 'none' : said.recommended_scale ?? fmt(probe.recommended_scale)],
   ];
   for (const [k, v] of facts) ui.probeFacts.appendChild(el('span', {class: 'mpw-fact'}, el('b', {text: `${k}: `}), v));
   if (notMeasured) {
@@ -255,28 +258,31 @@ function renderProfile(view) {
   const steps = Array.isArray(s.steps) && s.steps.length === 2 ? `steps ${s.steps[0]}-${s.steps[1]}` : 'profiled';
   ui.profile.appendChild(el('div', {class: 'mpw-caption mpw-profile-source', 'data-source': s.source,
     text: `${steps}: ${s.label}`}));
+  const said = s.text || {};  // the figures as the server writes them (mpwatch.words)
+  const share = (key) => said[key] ?? pct(s[key]);
+  const time = said.total ?? `${fmt(s.total_us / 1000)} ms`;
   const facts = el('div', {class: 'mpw-facts'});
   ui.profile.appendChild(facts);
   if (s.source !== 'device_kernels') {
     facts.append(
-      fact('mpw-time', 'op time', `${fmt(s.total_us / 1000)} ms`),
-      fact('mpw-share16', '16-bit (by layer dtype)', pct(s.share_16bit)),
-      fact('mpw-cast', 'Cast ops', pct(s.cast_share)),
-      fact('mpw-outside', 'outside layers', pct(s.unattributed_share)));
+      fact('mpw-time', 'op time', time),
+      fact('mpw-share16', '16-bit (by layer dtype)', share('share_16bit')),
+      fact('mpw-cast', 'Cast ops', share('cast_share')),
+      fact('mpw-outside', 'outside layers', share('unattributed_share')));
     return;
   }
   // mpwatch's reading of the kernel names beside xprof's own flag, and why they differ
   facts.append(
-    fact('mpw-tc-mpwatch', 'Tensor Cores (kernel names, mpwatch)', pct(s.tensor_core_share),
+    fact('mpw-tc-mpwatch', 'Tensor Cores (kernel names, mpwatch)', share('tensor_core_share'),
       'share of GPU time in kernels whose names are Tensor Core kernels (docs/kernels.md)'),
-    fact('mpw-tc-xprof', 'Tensor Cores (xprof\'s "Kernel uses TensorCore")', pct(s.xprof_tensor_core_share),
+    fact('mpw-tc-xprof', 'Tensor Cores (xprof\'s "Kernel uses TensorCore")', share('xprof_tensor_core_share'),
       'the Profile tab\'s kernel_stats column: a substring match against a list of Volta/Turing-era names'),
-    fact('mpw-unknown', 'unknown precision', pct(s.unknown_share), 'never counted as 16-bit'),
-    fact('mpw-time', 'GPU time', `${fmt(s.total_us / 1000)} ms`),
-    fact('mpw-outside', 'outside layers', pct(s.unattributed_share)));
+    fact('mpw-unknown', 'unknown precision', share('unknown_share'), 'never counted as 16-bit'),
+    fact('mpw-time', 'GPU time', time),
+    fact('mpw-outside', 'outside layers', share('unattributed_share')));
   if (s.tensor_core_missed_by_xprof_share > 0) {
     ui.profile.appendChild(el('div', {class: 'mpw-caption mpw-tc-why',
-      text: `The two differ by ${pct(s.tensor_core_missed_by_xprof_share)} of GPU time: kernels whose names ` +
+      text: `The two differ by ${share('tensor_core_missed_by_xprof_share')} of GPU time: kernels whose names ` +
         'say Tensor Core (sm80_/sm90_xmma, cuBLAS nvjet, CUTLASS tensorop/half_t) that xprof\'s name list ' +
         'does not hold.'}));
   }
