@@ -187,3 +187,38 @@ def test_old_module_paths_are_gone():
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
     assert mpwatch.load_run and mpwatch.diagnose and mpwatch.MixedPrecisionMonitor
+
+
+#: a module a reader can hold in mind: split by responsibility before it grows past this
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_600_lines():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for base in SOURCES.values()
+        for p in base.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, long
+
+
+def test_the_package_root_holds_the_api_the_contract_and_shared_facts():
+    """The stages and the profile are folders; at the root only the public API, the contract and
+    the facts every stage shares."""
+    root = sorted(p.name for p in (ROOT / "mpwatch").iterdir() if p.name != "__pycache__")
+    assert root == [
+        "__init__.py",
+        "__main__.py",
+        "_version.py",
+        "contract",
+        "formats.py",
+        "judge",
+        "layers.py",
+        "profile",
+        "read",
+        "record",
+        "show",
+        "wire.py",
+        "words.py",
+    ], root
