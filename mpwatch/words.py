@@ -32,9 +32,40 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["amount", "duration_ms", "duration_us", "loss_scale", "number", "percent", "plain"]
+__all__ = [
+    "NO_FINDINGS",
+    "NO_FINDINGS_TRACE_ONLY",
+    "amount",
+    "duration_ms",
+    "duration_us",
+    "loss_scale",
+    "number",
+    "percent",
+    "plain",
+    "raw_trace",
+]
 
 NOT_AVAILABLE = "n/a"
+
+#: what the reports and the tab say of a run without findings
+NO_FINDINGS = "no findings: mixed precision looks healthy"
+#: ... and of a run that is only a profiler trace: nothing else was recorded, so nothing judged
+NO_FINDINGS_TRACE_ONLY = (
+    "no findings in the profile (a profiler trace alone: no loss scale, gradients or layer "
+    "dtypes were recorded, so none were judged)"
+)
+
+
+def raw_trace(trace_dir: str) -> str:
+    """Where a profile read from a raw trace (no profile record) came from.
+
+    >>> raw_trace("logs/plugins/profile/2025_01_01")[:52]
+    'read from the raw trace logs/plugins/profile/2025_01_01'
+    """
+    return (
+        f"read from the raw trace {trace_dir} (no profile record: converted without the model, "
+        "so layers only where the op names say them)"
+    )
 
 #: an ANSI/VT escape sequence: CSI (``ESC [ ... final``), OSC (``ESC ] ... BEL`` or ``ESC \\``),
 #: any other escape (``ESC``, intermediate bytes, a final byte), or a lone ``ESC``

@@ -19,6 +19,7 @@ import contextlib
 import glob
 import json
 import os
+import tempfile
 import zlib
 
 import pytest
@@ -26,6 +27,8 @@ from repo_scripts import load_script
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+# a raw trace read as it is is cached per user (mpwatch/read/traces.py): the tests use their own
+os.environ.setdefault("MPWATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mpwatch-test-cache-"))
 
 
 def _read_events(logdir):

@@ -1,11 +1,15 @@
 """A logdir's runs: find them (:func:`find_runs`) and load them (:func:`load_run`,
 :func:`load_runs`).
 
-A run is a directory holding event files; its name is its path relative to the logdir (``"."``
-for the logdir itself). Each run's event files are read in name order (:mod:`mpwatch.read.tfrecord`)
-and assembled into a :class:`~mpwatch.read.run.Run` (:mod:`mpwatch.read.assemble`). A logdir
-that cannot be read at all raises :class:`ReadError`; what the reader skipped is in
-:attr:`Run.warnings` (and, with ``warn=True``, emitted as ``UserWarning``). No TensorFlow.
+A run is a directory holding event files or a profiler trace (``RUN/plugins/profile/<capture>/
+<host>.xplane.pb``); its name is its path relative to the logdir (``"."`` for the logdir itself).
+Each run's event files are read in name order (:mod:`mpwatch.read.tfrecord`) and assembled into a
+:class:`~mpwatch.read.run.Run` (:mod:`mpwatch.read.assemble`). A run whose event files hold no
+``profile`` record and whose directory holds a raw trace gets its profile from the trace, read as
+it is (:mod:`mpwatch.read.traces`: converted once and cached outside the logdir; nothing is
+written into the logdir). A logdir that cannot be read at all raises :class:`ReadError`; what the
+reader skipped is in :attr:`Run.warnings` (and, with ``warn=True``, emitted as ``UserWarning``).
+No TensorFlow.
 
 Example:
     >>> import mpwatch  # doctest: +SKIP
@@ -21,6 +25,7 @@ import warnings as _warnings
 from collections.abc import Callable, Iterable
 
 from mpwatch import contract
+from mpwatch.read import traces as _traces
 from mpwatch.read.assemble import build_run
 from mpwatch.read.run import Run
 from mpwatch.read.tfrecord import Events, read_events
@@ -36,7 +41,8 @@ class ReadError(OSError):
 
 def find_runs(logdir: str | os.PathLike[str]) -> dict[str, str]:
     """Run name (relative path, ``"."`` for the root) -> directory, for every directory under
-    ``logdir`` that holds event files. Raises :class:`ReadError` when logdir cannot be read."""
+    ``logdir`` that holds event files or a profiler trace (``plugins/profile/<capture>/
+    *.xplane.pb`` in it). Raises :class:`ReadError` when logdir cannot be read."""
     root = os.fspath(logdir)
     if not os.path.exists(root):
         raise ReadError(f"logdir {root!r} does not exist")
@@ -48,9 +54,16 @@ def find_runs(logdir: str | os.PathLike[str]) -> dict[str, str]:
     errors: list[OSError] = []
     for dirpath, dirnames, filenames in os.walk(root, onerror=errors.append):
         dirnames.sort()
+        run_dir = None
         if any(contract.is_event_file(f) for f in filenames):
-            rel = os.path.relpath(dirpath, root)
-            runs[rel.replace(os.sep, "/")] = dirpath
+            run_dir = dirpath
+        elif any(_traces.is_trace_file(f) for f in filenames):
+            run_dir = _traces.trace_run_dir(dirpath)
+            if run_dir is not None and os.path.relpath(run_dir, root).startswith(os.pardir):
+                run_dir = None  # the logdir is inside a capture: no run of it
+        if run_dir is not None:
+            rel = os.path.relpath(run_dir, root)
+            runs[rel.replace(os.sep, "/")] = run_dir
     if errors and not runs and errors[0].filename == root:
         raise ReadError(f"logdir {root!r} cannot be read: {errors[0]}")
     return dict(sorted(runs.items()))
@@ -62,6 +75,7 @@ def _read_run(
     verify: str,
     progress: ProgressFn | None,
     done_total: list[int],
+    traces: bool = True,
 ) -> Run:
     events = Events()
     try:
@@ -73,7 +87,26 @@ def _read_run(
         if progress is not None:
             done_total[0] += nbytes
             progress(done_total[0], done_total[1])
-    return build_run(name, path, events)
+    trace = _trace_profile(path, events) if traces else None
+    run = build_run(name, path, events)
+    if trace is not None:
+        run.profile_trace = trace.trace_dir
+    return run
+
+
+def _trace_profile(path: str, events: Events) -> _traces.TraceProfile | None:
+    """The run's profile from its raw trace, added to ``events`` as a ``profile`` record, when
+    its event files hold none; a trace that cannot be converted is a warning."""
+    if any(kind == contract.KIND_PROFILE for _, _, kind, _ in events.records):
+        return None  # a record wins over its trace: it was made with the model
+    try:
+        found = _traces.trace_profile(path)
+    except _traces.TraceError as e:
+        events.warnings.append(f"the profiler trace was not read: {e}")
+        return None
+    if found is not None:
+        events.add_record(found.step, contract.KIND_PROFILE, found.payload)
+    return found
 
 
 def _sizes(paths: Iterable[str]) -> int:
@@ -93,9 +126,10 @@ def load_runs(
     verify: str = "all",
     progress: ProgressFn | None = None,
     warn: bool = False,
+    traces: bool = True,
 ) -> dict[str, Run]:
-    """Every run under ``logdir`` (a run = a directory holding event files), by name (its path
-    relative to logdir, ``"."`` for logdir itself), in name order.
+    """Every run under ``logdir`` (a run = a directory holding event files or a profiler
+    trace), by name (its path relative to logdir, ``"."`` for logdir itself), in name order.
 
     Args:
         logdir: the directory given to the callbacks (or to ``tensorboard --logdir``).
@@ -104,6 +138,9 @@ def load_runs(
             scalar event can come back as a wrong value).
         progress: called as ``progress(bytes_read, bytes_total)`` after each event file.
         warn: also emit each reader warning as a Python ``UserWarning``.
+        traces: give a run without a ``profile`` record the profile of its raw profiler trace
+            (``plugins/profile/``), read as it is (:mod:`mpwatch.read.traces`: cached outside
+            the logdir, nothing written into it); False reads records only.
 
     Raises:
         ReadError: logdir is missing, not a directory, or cannot be read.
@@ -112,7 +149,10 @@ def load_runs(
         raise ValueError(f"verify must be 'lengths' or 'all', not {verify!r}")
     runs = find_runs(logdir)
     totals = [0, _sizes(runs.values()) if progress is not None else 0]
-    out = {name: _read_run(name, path, verify, progress, totals) for name, path in runs.items()}
+    out = {
+        name: _read_run(name, path, verify, progress, totals, traces)
+        for name, path in runs.items()
+    }
     if warn:
         for run in out.values():
             for w in run.warnings:
@@ -127,6 +167,7 @@ def load_run(
     verify: str = "all",
     progress: ProgressFn | None = None,
     warn: bool = True,
+    traces: bool = True,
 ) -> Run:
     """One run of a logdir as a :class:`Run`.
 
@@ -135,6 +176,9 @@ def load_run(
     with mpwatch data; several candidates raise ``ValueError`` listing them. A logdir without event
     files gives an empty Run (``has_data`` False) rather than an error. Warnings about skipped
     records are in ``Run.warnings`` and, with ``warn=True``, emitted as ``UserWarning``.
+    A run holding only a profiler trace (Keras' ``TensorBoard(profile_batch=...)``,
+    ``jax.profiler.trace``) is read with the profile of its trace (``traces``, as
+    :func:`load_runs`; :attr:`Run.profile_trace` names the capture).
 
     Example:
         >>> run = load_run("logs/run1")  # doctest: +SKIP
@@ -154,7 +198,9 @@ def load_run(
             run = next(iter(runs))
         else:
             totals = [0, _sizes(runs.values()) if progress is not None else 0]
-            loaded = {n: _read_run(n, p, verify, progress, totals) for n, p in runs.items()}
+            loaded = {
+                n: _read_run(n, p, verify, progress, totals, traces) for n, p in runs.items()
+            }
             with_data = [r for r in loaded.values() if r.has_data]
             if len(with_data) == 1:
                 chosen = with_data[0]
@@ -174,7 +220,7 @@ def load_run(
             )
         runs = {name: path}
     totals = [0, _sizes([runs[name]]) if progress is not None else 0]
-    result = _read_run(name, runs[name], verify, progress, totals)
+    result = _read_run(name, runs[name], verify, progress, totals, traces)
     _emit(result, warn)
     return result
 

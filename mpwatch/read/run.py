@@ -54,6 +54,11 @@ class Run:
             :attr:`profile_layers` (op time per layer), :attr:`profile_kernel_layers` and
             :attr:`profile_kernel_table` (a GPU trace's kernels); :attr:`profile_kernels` (the
             GPU kernel figures of the run), :attr:`profile_source` (where the figures come from).
+        profile_trace: the capture directory (``plugins/profile/<capture>``) whose raw trace the
+            profile was read from, when the run's event files held no ``profile`` record (a
+            trace from Keras' TensorBoard callback or ``jax.profiler``, read as it is: converted
+            without the model, so layers are known by the op names alone); None when the profile
+            is a record, or there is none.
         notices: every ``notice`` record, each with its ``step``.
         train_step: the latest ``train_step`` record (the train step's contract: who defines
             ``train_step``, every optimizer, whether it stepped and scales the loss), ``{}``
@@ -75,6 +80,7 @@ class Run:
     histograms: dict[int, dict[str, Any]] = field(default_factory=dict)
     sweeps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     profile: dict[str, Any] | None = None
+    profile_trace: str | None = None
     notices: list[dict[str, Any]] = field(default_factory=list)
     train_step: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -161,6 +161,9 @@ def _no_data_message(logdir: str, runs: dict[str, Run], run_option: str | None) 
 
 
 def diagnose_command(args: argparse.Namespace) -> int:
+    # a raw profiler trace is converted by xprof, whose C++ layer logs every step on stderr
+    # (TensorFlow's variable, which xprof honours; a user's own value wins)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from mpwatch.judge import diagnose_runs
     from mpwatch.read import ReadError, Run, load_run, load_runs
     from mpwatch.show.report import render

@@ -23,6 +23,7 @@ from mpwatch.read import Run
 from mpwatch.show.charts_svg import heatmap_chart, histogram_chart, line_chart
 from mpwatch.show.summary import (
     NO_DATA,
+    no_findings,
     probe_not_measured,
     profile_lines,
     profile_summary,
@@ -358,7 +359,8 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
         mine = [f for f in findings if f.run == r.name]
         body.append("<h3>Findings</h3>")
         if not mine:
-            body.append("<p>No findings: mixed precision looks healthy.</p>")
+            text = no_findings(r)
+            body.append(f"<p>{escape(text[:1].upper() + text[1:])}.</p>")
         body += [_finding_html(f) for f in mine]
         body.append("<h3>Charts</h3>")
         body.append(_charts(r, i))

@@ -37,6 +37,7 @@ from mpwatch.read import Run
 from mpwatch.show.html import render_html
 from mpwatch.show.summary import (
     NO_DATA,
+    no_findings,
     profile_lines,
     profile_summary,
     run_summary,
@@ -154,6 +155,12 @@ JSON_SCHEMA: dict[str, Any] = {
                         "properties": {
                             "steps": {"type": "array", "items": {"type": ["integer", "null"]}},
                             "device": {"type": ["string", "null"]},
+                            "trace": {
+                                "type": ["string", "null"],
+                                "description": "the capture directory of the raw profiler "
+                                "trace the profile was read from (no profile record in the "
+                                "run); null when the profile is a record",
+                            },
                             "source": {
                                 "type": ["string", "null"],
                                 "description": "device_kernels (a GPU trace: the kernels' "
@@ -267,7 +274,10 @@ def _terminal(text: str, color: bool) -> str:
 def _run_header(r: Run) -> str:
     st = step_range(r)
     sm = run_summary(r)
-    bits = [str(r.info.get("policy") or "policy unknown")]
+    if not r.info and r.profile_trace:
+        bits = ["a profiler trace only (no mpwatch record: the policy and layers are unknown)"]
+    else:
+        bits = [str(r.info.get("policy") or "policy unknown")]
     if st["count"]:
         bits.append(f"steps {st['first']}-{st['last']}")
     if sm["final_loss_scale"] is not None:
@@ -328,7 +338,7 @@ def _text(rl: list[Run], findings: Sequence[Finding], logdir: str | None, color:
             lines += [f"           {x}" for x in rest]
         mine = [f for f in findings if f.run == r.name]
         if not mine:
-            lines.append("  no findings: mixed precision looks healthy")
+            lines.append(f"  {no_findings(r)}")
         for f in mine:
             tag = paint(f"{f.severity.upper():7s}", _COLOURS[f.severity])
             lines.append(f"  {tag} {f.title}  [{f.rule}]")

@@ -23,13 +23,14 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.read import Run
-from mpwatch.words import duration_ms, percent
+from mpwatch.words import NO_FINDINGS, NO_FINDINGS_TRACE_ONLY, duration_ms, percent, raw_trace
 
 __all__ = [
     "NO_DATA",
     "PROFILE_SOURCE_LABELS",
     "finite_float",
     "last_value",
+    "no_findings",
     "profile_lines",
     "profile_summary",
     "run_summary",
@@ -186,6 +187,7 @@ def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
             (finite_float((kern or prof).get("unattributed_us")) or 0.0) / total if total else None
         ),
         "top_layers": layers,
+        "trace": run.profile_trace,
     }
     if kern is not None:
         by = kern.get("by_precision_share")
@@ -200,6 +202,12 @@ def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
             },
         )
     return out
+
+
+def no_findings(run: Run) -> str:
+    """What the report says of a run without findings: healthy, or, for a run that is only a
+    profiler trace, that the profile showed nothing (the rest was not recorded, so not judged)."""
+    return NO_FINDINGS_TRACE_ONLY if not run.info and run.profile_trace else NO_FINDINGS
 
 
 def profile_lines(ps: dict[str, Any]) -> list[str]:
@@ -219,6 +227,8 @@ def profile_lines(ps: dict[str, Any]) -> list[str]:
     if ps["unattributed_share"] is not None:
         bits.append(f"{percent(ps['unattributed_share'])} outside layers")
     lines = [", ".join(bits)]
+    if ps.get("trace"):
+        lines.append(raw_trace(ps["trace"]))
     if gpu:
         tc, xtc = ps.get("tensor_core_share"), ps.get("xprof_tensor_core_share")
         if tc is not None:

@@ -3,7 +3,8 @@
 Routes (under ``/data/plugin/mpwatch/``), all ``application/json``:
 
 - ``runs``: the runs holding mpwatch data (others are not listed), with a version that changes
-  while a run is being written.
+  while a run is being written; a run whose directory holds a raw profiler trace is one of them
+  (its profile read from the trace when no record holds one: ``data/traces.py``).
 - ``scalars?run=R[&points=N]``: every ``mpwatch/...`` scalar, downsampled on the server to at most N
   points (default 1,500) per tag, min and max kept, with ``count`` (the steps the tag was recorded
   at; see :func:`tensorboard_plugin_mpwatch.data.scalars_view`); the skipped steps.
@@ -25,7 +26,8 @@ judged again when any run's fingerprint changes; the other runs are read again w
 listing of them changes.
 
 Parameters are validated; an unknown run is a 404 JSON error. Nothing reads the file system with a
-request parameter: static files are loaded once, by name, at start.
+request parameter: static files are loaded once, by name, at start; raw traces are found by a walk
+of ``--logdir``, and a request's run name only picks one of the runs found.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from mpwatch import contract
+from mpwatch import contract, words
 from tensorboard_plugin_mpwatch import data
 
 PLUGIN_NAME = contract.PLUGIN_NAME
@@ -122,6 +124,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._provider = context.data_provider
+        self._traces = data.TraceRuns(getattr(context, "logdir", None))
         self._scalar_limit = data.scalar_sample_limit(getattr(context, "sampling_hints", None))
         self._static = _load_static()
         self._cache: dict[tuple[str, str], _Entry] = {}
@@ -144,7 +147,11 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         }
 
     def is_active(self) -> bool:
-        return False  # data_plugin_names decides: the tab is enabled when mpwatch records exist
+        # data_plugin_names decides when mpwatch records exist; else a raw profiler trace does
+        try:
+            return bool(self._traces.runs())
+        except Exception:  # noqa: BLE001 - the listing must not fail on a walk of the logdir
+            return False
 
     def data_plugin_names(self) -> tuple[str, ...]:
         return (PLUGIN_NAME,)
@@ -209,6 +216,8 @@ class MpwatchPlugin(base_plugin.TBPlugin):
             records = data.read_run(
                 self._provider, ctx, eid, run, decoded, scalar_limit=self._scalar_limit
             )
+            if runs[run].get("trace"):
+                data.add_trace_profile(records, runs[run]["trace"], runs[run]["trace_version"])
             if entry is not None and entry.fingerprint == records.fingerprint:
                 entry.checked, entry.listed = time.monotonic(), listed  # same content: keep it
                 return entry
@@ -270,7 +279,9 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         cached = self._listing.get(eid)
         if cached is not None and now - cached[0] < LISTING_TTL_S:
             return cached[1]
-        runs = data.list_mpwatch_runs(self._provider, ctx, eid)
+        runs = data.merge_listing(
+            data.list_mpwatch_runs(self._provider, ctx, eid), self._traces.versions()
+        )
         self._listing[eid] = (now, runs)
         return runs
 
@@ -318,6 +329,9 @@ class MpwatchPlugin(base_plugin.TBPlugin):
     def _findings(self, request: wrappers.Request) -> str:
         entry = self._entry(request)
         found, note = self._entry_findings(request, entry)
+
+        if not found and note is None and entry.model.profile_trace and not entry.model.info:
+            note = words.NO_FINDINGS_TRACE_ONLY[:1].upper() + words.NO_FINDINGS_TRACE_ONLY[1:] + "."
 
         def build() -> dict[str, Any]:
             return {

@@ -1,7 +1,9 @@
 """The tab's server-side data: from TensorBoard's data provider to a :class:`mpwatch.read.Run`,
 and from the Run to the tab's JSON views.
 
-Nothing here touches the file system: every value comes from ``context.data_provider``. Records are
+Every value comes from ``context.data_provider``, but for raw profiler traces, which TensorBoard
+does not serve: those are read under ``--logdir`` by :mod:`mpwatch.read.traces` (``traces.py``).
+Records are
 decoded with :mod:`mpwatch.contract`; :func:`build_model` turns them into the same
 :class:`mpwatch.read.Run` that ``mpwatch.load_run`` builds from event files (same tables, joining of
 split records, purges), and every view reads its numbers from that Run and its accessors
@@ -17,6 +19,9 @@ must reach the chart as a gap at its step.
   (:func:`scalars_view`).
 - ``views.py``: the other routes' payloads, read from the Run: :func:`layers_view`,
   :func:`probes_view`, :func:`profile_view`, :func:`info_view`.
+- ``traces.py``: the runs whose directory holds a raw profiler trace (:class:`TraceRuns`), their
+  profile when no record holds one (:func:`add_trace_profile`), the listing with them
+  (:func:`merge_listing`).
 - ``findings.py``: every run's findings, judged as ``mpwatch diagnose LOGDIR`` judges them
   (:func:`findings_by_run`).
 
@@ -34,6 +39,7 @@ from tensorboard_plugin_mpwatch.data.provider import (
     scalar_sample_limit,
 )
 from tensorboard_plugin_mpwatch.data.scalars import downsample, recorded_steps, scalars_view
+from tensorboard_plugin_mpwatch.data.traces import TraceRuns, add_trace_profile, merge_listing
 from tensorboard_plugin_mpwatch.data.views import (
     info_view,
     layers_view,
@@ -45,6 +51,8 @@ from tensorboard_plugin_mpwatch.data.views import (
 __all__ = [
     "Judged",
     "RunRecords",
+    "TraceRuns",
+    "add_trace_profile",
     "build_model",
     "downsample",
     "findings_by_run",
@@ -52,6 +60,7 @@ __all__ = [
     "json_safe",
     "layers_view",
     "list_mpwatch_runs",
+    "merge_listing",
     "probes_view",
     "profile_summary",
     "profile_view",

@@ -54,6 +54,9 @@ class RunRecords:
         errors: records that could not be decoded, split records with missing parts.
         fingerprint: a digest of every point and record served: it changes whenever a scalar or a
             record is added or replaced, even at an existing step and wall time.
+        trace: the capture directory of the raw profiler trace the profile was read from
+            (:func:`tensorboard_plugin_mpwatch.data.traces.add_trace_profile`), None when the
+            profile is a record or there is none.
     """
 
     name: str
@@ -63,6 +66,7 @@ class RunRecords:
     records: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     fingerprint: str = ""
+    trace: str | None = None
 
 
 def scalar_sample_limit(sampling_hints: Any) -> int:
@@ -276,6 +280,8 @@ def build_model(records: RunRecords) -> Run:
     """The :class:`mpwatch.read.Run` of decoded records: the Run ``mpwatch.load_run`` builds from
     event files (same tables, part merging and purges), so the advisor sees the same run in the
     tab and in the CLI."""
-    return run_from_records(
+    run = run_from_records(
         records.name, scalars=records.scalars, records=records.records, warnings=records.errors
     )
+    run.profile_trace = records.trace
+    return run

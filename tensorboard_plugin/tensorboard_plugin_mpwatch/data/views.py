@@ -250,6 +250,9 @@ def profile_summary(model: Run) -> dict[str, Any] | None:
         "unattributed_share": (
             (contract.finite_float(base.get("unattributed_us")) or 0.0) / total if total else None
         ),
+        # the capture a profile without a record was read from, and the words for it
+        "trace": model.profile_trace,
+        "trace_text": words.raw_trace(model.profile_trace) if model.profile_trace else None,
     }
     if kern is None:
         out["cast_share"] = contract.finite_float(prof.get("cast_share"))

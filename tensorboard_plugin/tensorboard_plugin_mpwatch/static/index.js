@@ -258,6 +258,7 @@ function renderProfile(view) {
   const steps = Array.isArray(s.steps) && s.steps.length === 2 ? `steps ${s.steps[0]}-${s.steps[1]}` : 'profiled';
   ui.profile.appendChild(el('div', {class: 'mpw-caption mpw-profile-source', 'data-source': s.source,
     text: `${steps}: ${s.label}`}));
+  if (s.trace_text) ui.profile.appendChild(el('div', {class: 'mpw-caption mpw-profile-trace', text: s.trace_text}));
   const said = s.text || {};  // the figures as the server writes them (mpwatch.words)
   const share = (key) => said[key] ?? pct(s[key]);
   const time = said.total ?? `${fmt(s.total_us / 1000)} ms`;
