@@ -371,12 +371,15 @@ def record_trace(
     """Summarize a profiler trace into a ``profile`` record of ``log_dir``; returns its payload.
 
     For a trace that :class:`ProfileMonitor` did not capture (Keras' TensorBoard callback with
-    ``profile_batch``, ``jax.profiler`` by hand, a trace copied from a GPU machine):
-    ``mpwatch.load_run(log_dir)``, ``mpwatch diagnose`` and the tab then read it like a captured
-    one. ``trace``: a ``.xplane.pb`` file, a run directory or a logdir (default: the newest run
-    under ``<log_dir>/plugins/profile/``). ``model``: the Keras model that ran (its layers'
-    dtypes, classes and Tensor Core dimensions); without it, layers are known only by the JAX
-    scopes of the op names (the GPU kernel figures need no model; TensorFlow op names need one).
+    ``profile_batch``, ``jax.profiler`` by hand, a trace copied from a GPU machine).
+    ``mpwatch.load_run(log_dir)``, ``mpwatch diagnose`` and the tab read such a trace as it is
+    without this (:mod:`mpwatch.read.traces`: converted without the model, cached outside the
+    logdir); the record keeps the profile in the logdir, with the model's layers when given, and
+    a run with a record is read from it. ``trace``: a ``.xplane.pb`` file, a run directory or a
+    logdir (default: the newest run under ``<log_dir>/plugins/profile/``). ``model``: the Keras
+    model that ran (its layers' dtypes, classes and Tensor Core dimensions); without it, layers
+    are known only by the JAX scopes of the op names (the GPU kernel figures need no model;
+    TensorFlow op names need one).
     ``step``: the step to write the record at (default: the last of ``steps``, else 0).
 
     Example:
