@@ -192,7 +192,7 @@ def load_run(
     if run is None:
         if not runs:
             return Run(name=".", path=root)
-        if "." in runs:
+        if "." in runs and (len(runs) == 1 or _holds_event_files(root)):
             run = "."
         elif len(runs) == 1:
             run = next(iter(runs))
@@ -223,6 +223,14 @@ def load_run(
     result = _read_run(name, runs[name], verify, progress, totals, traces)
     _emit(result, warn)
     return result
+
+
+def _holds_event_files(path: str) -> bool:
+    """Whether ``path`` itself holds event files (not only a profiler trace)."""
+    try:
+        return bool(contract.event_files(path))
+    except OSError:
+        return False
 
 
 def _emit(run: Run, warn: bool) -> None:

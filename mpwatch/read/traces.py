@@ -19,7 +19,8 @@ only when it (or mpwatch's converter) changes:
 - ``$MPWATCH_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/mpwatch``, else ``~/.cache/mpwatch``
   (:func:`cache_dir`); the records lie in its ``profiles/`` folder, one small file a trace;
 - ``MPWATCH_CACHE_DIR=off``: no cache, every read converts (in memory);
-- a cache directory that cannot be written: the trace is converted in memory, every read.
+- a cache directory that cannot be written: the trace is converted in memory, every read;
+- at most :data:`MAX_CACHE_ENTRIES` entries: a new one beyond removes the least recently used.
 
 To keep the record with the run (with the model, for the layers' dtypes and dimensions), write it
 into the logdir once with ``mpwatch.record_trace(LOGDIR, model=model)``: a run with a record is
@@ -66,6 +67,8 @@ CACHE_ENV = "MPWATCH_CACHE_DIR"
 CACHE_OFF = "off"
 TRACE_SUFFIX = ".xplane.pb"
 PROFILE_DIRS = ("plugins", "profile")
+#: cache entries kept: a new entry beyond them removes the least recently used
+MAX_CACHE_ENTRIES = 256
 #: converted records kept in memory (a TensorBoard server, a notebook reading a run again)
 MEMORY_ENTRIES = 16
 _memory: OrderedDict[str, bytes] = OrderedDict()  # key -> the encoded payload
@@ -204,7 +207,31 @@ def _write_cache(path: str | None, blob: bytes) -> str | None:
     except OSError as e:
         logger.debug("mpwatch: trace cache %s not written (%s); converted in memory", path, e)
         return None
+    _prune(os.path.dirname(path))
     return path
+
+
+def _prune(folder: str, keep: int | None = None) -> None:
+    """Remove the least recently used entries beyond ``keep`` (:data:`MAX_CACHE_ENTRIES`): a
+    hit marks its entry used (its mtime)."""
+    keep = MAX_CACHE_ENTRIES if keep is None else keep
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.endswith(".json.zlib")]
+        if len(entries) <= keep:
+            return
+        entries.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)
+        for e in entries[keep:]:
+            os.unlink(e.path)
+    except OSError as e:  # another process pruned first, or the folder went away
+        logger.debug("mpwatch: trace cache %s not pruned (%s)", folder, e)
+
+
+def _touch(path: str | None) -> None:
+    if path is not None:
+        try:
+            os.utime(path)
+        except OSError:
+            pass
 
 
 def _convert(capture: str) -> dict[str, Any]:
@@ -245,6 +272,8 @@ def trace_profile(run_dir: str) -> TraceProfile | None:
     if blob is None:
         blob = _read_cache(path)
         cached = path if blob is not None else None
+        if cached:
+            _touch(cached)  # used: the last to be pruned
     if blob is None:
         try:
             blob = contract.encode_payload(_convert(capture))

@@ -11,7 +11,8 @@ Exit codes of ``mpwatch diagnose`` (also in ``mpwatch diagnose --help``), for CI
   read, or a report that cannot be written.
 - 3 (:data:`EXIT_NO_DATA`): the logdir exists but holds no mpwatch data: no event file, or event
   files without any ``mpwatch/`` scalar or ``mpwatch/record/`` record (a run recorded without
-  mpwatch's callbacks, or the wrong directory). The report still says so (on stdout, or in ``-o``),
+  mpwatch's callbacks, or the wrong directory), and no profiler trace that could be read (a
+  trace alone, ``plugins/profile/<capture>/*.xplane.pb``, is data: its profile is judged). The report still says so (on stdout, or in ``-o``),
   and stderr names what was looked for and where. A CI job that expects a run fails on it instead
   of passing on a diagnosis of nothing.
 
@@ -53,8 +54,9 @@ exit codes:
   {EXIT_FINDINGS}  a finding reached --fail-on
   {EXIT_USAGE}  usage error, a LOGDIR (or --run) that is missing or cannot be read, or a report
      that cannot be written
-  {EXIT_NO_DATA}  LOGDIR exists but holds no mpwatch data: no event file, or no event file with an
-     mpwatch/ scalar or record (the report still says so; stderr says what was looked for)
+  {EXIT_NO_DATA}  LOGDIR exists but holds no mpwatch data: no event file with an mpwatch/ scalar
+     or record, and no readable profiler trace (the report still says so; stderr says what was
+     looked for)
 """
 
 
@@ -137,13 +139,14 @@ def _no_data_message(logdir: str, runs: dict[str, Run], run_option: str | None) 
     where = os.path.join(logdir, run_option) if run_option else logdir
     looked = (
         "looked for TensorFlow event files (events.out.tfevents.*) holding an 'mpwatch/' scalar "
-        "or an 'mpwatch/record/' record"
+        "or an 'mpwatch/record/' record, and for profiler traces (plugins/profile/<capture>/"
+        "*.xplane.pb)"
     )
     if not runs:
-        found = "found no event file"
+        found = "found no event file and no profiler trace"
     else:
         other = sorted({str(t) for r in runs.values() for t in r.scalars.columns})
-        found = f"found event files in {len(runs)} run(s) ({', '.join(sorted(runs)[:5])}"
+        found = f"found {len(runs)} run(s) ({', '.join(sorted(runs)[:5])}"
         found += ", ..." if len(runs) > 5 else ""
         found += "), none with mpwatch data"
         if other:
@@ -153,6 +156,9 @@ def _no_data_message(logdir: str, runs: dict[str, Run], run_option: str | None) 
         skipped = sum(len(r.warnings) for r in runs.values())
         if skipped:
             found += f"; the reader skipped {skipped} damaged record(s) or file(s)"
+        traces = [w for r in runs.values() for w in r.warnings if "profiler trace" in w]
+        if traces:
+            found += f"; {traces[0]}"
     return (
         f"mpwatch diagnose: no mpwatch data in {where!r}: {looked} in it and its subdirectories; "
         f"{found}. Record a run with mpwatch.MixedPrecisionMonitor(log_dir=...) in model.fit's "

@@ -181,6 +181,33 @@ def test_a_damaged_trace_is_a_warning_not_a_crash(tmp_path, monkeypatch):
     assert any("profiler trace was not read" in w for w in run.warnings), run.warnings
     proc = _diagnose(tmp_path / "logs", cache=tmp_path / "cache")
     assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "the profiler trace was not read" in proc.stderr  # says why, not only "no data"
+    assert "the profiler trace was not read" in proc.stdout  # and the report too
+
+
+def test_a_trace_beside_a_recorded_run_is_a_run_of_its_own(h100_logdir, tmp_path, monkeypatch):
+    """``jax.profiler.trace(LOGDIR)`` beside ``MixedPrecisionMonitor(LOGDIR/run1)``: two runs;
+    ``load_run(LOGDIR)`` no longer guesses, and names them."""
+    from builders import write_mixed_run
+
+    monkeypatch.setenv("MPWATCH_CACHE_DIR", str(tmp_path / "cache"))
+    write_mixed_run(str(h100_logdir / "run1"), steps=3)
+    assert list(find_runs(h100_logdir)) == [".", "run1"]
+    with pytest.raises(ValueError, match=r"2 runs \(\., run1\)"):
+        load_run(h100_logdir)
+    assert load_run(h100_logdir, ".").profile_trace is not None
+    assert load_run(h100_logdir, "run1").profile_trace is None
+
+
+def test_the_cache_keeps_the_most_recently_used_entries(tmp_path, monkeypatch):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"{i}.json.zlib").write_bytes(b"x")
+        os.utime(folder / f"{i}.json.zlib", ns=(10**18 + i, 10**18 + i))
+    raw._touch(str(folder / "0.json.zlib"))  # a hit: used now
+    raw._prune(str(folder), keep=3)
+    assert sorted(p.name for p in folder.iterdir()) == ["0.json.zlib", "3.json.zlib", "4.json.zlib"]
 
 
 def _can_mount_read_only() -> bool:
