@@ -35,6 +35,7 @@ import re
 __all__ = [
     "NO_FINDINGS",
     "NO_FINDINGS_TRACE_ONLY",
+    "TRACE_ONLY",
     "amount",
     "duration_ms",
     "duration_us",
@@ -54,6 +55,9 @@ NO_FINDINGS_TRACE_ONLY = (
     "no findings in the profile (a profiler trace alone: no loss scale, gradients or layer "
     "dtypes were recorded, so none were judged)"
 )
+
+#: what a run is that holds only a profiler trace
+TRACE_ONLY = "a profiler trace only (no mpwatch record: the policy and layers are unknown)"
 
 
 def raw_trace(trace_dir: str) -> str:

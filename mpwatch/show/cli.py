@@ -12,9 +12,9 @@ Exit codes of ``mpwatch diagnose`` (also in ``mpwatch diagnose --help``), for CI
 - 3 (:data:`EXIT_NO_DATA`): the logdir exists but holds no mpwatch data: no event file, or event
   files without any ``mpwatch/`` scalar or ``mpwatch/record/`` record (a run recorded without
   mpwatch's callbacks, or the wrong directory), and no profiler trace that could be read (a
-  trace alone, ``plugins/profile/<capture>/*.xplane.pb``, is data: its profile is judged). The report still says so (on stdout, or in ``-o``),
-  and stderr names what was looked for and where. A CI job that expects a run fails on it instead
-  of passing on a diagnosis of nothing.
+  trace alone, ``plugins/profile/<capture>/*.xplane.pb``, is data: its profile is judged). The
+  report still says so (on stdout, or in ``-o``), and stderr names what was looked for and where.
+  A CI job that expects a run fails on it instead of passing on a diagnosis of nothing.
 
 Reading shows a progress bar on stderr when it takes more than a second and stderr is a terminal
 (``MPWATCH_PROGRESS=1`` forces it).

@@ -29,8 +29,9 @@ from mpwatch.show.summary import (
     profile_summary,
     run_summary,
     step_range,
+    trace_only,
 )
-from mpwatch.words import amount, duration_ms, loss_scale, number, percent
+from mpwatch.words import TRACE_ONLY, amount, duration_ms, loss_scale, number, percent
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;
@@ -329,6 +330,7 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
         st, sm = step_range(r), run_summary(r)
         body.append(f'<section class="run" id="run-{i}"><h2>Run {escape(r.name)}</h2>')
         facts = {
+            "recorded": TRACE_ONLY if trace_only(r) else None,
             "policy": r.info.get("policy"),
             "device": (r.info.get("device") or {}).get("name"),
             "steps": f"{st['first']}-{st['last']}" if st["count"] else None,

@@ -43,8 +43,9 @@ from mpwatch.show.summary import (
     run_summary,
     runs_list,
     step_range,
+    trace_only,
 )
-from mpwatch.words import duration_ms, loss_scale, plain
+from mpwatch.words import TRACE_ONLY, duration_ms, loss_scale, plain
 
 __all__ = [
     "FORMATS",
@@ -274,8 +275,8 @@ def _terminal(text: str, color: bool) -> str:
 def _run_header(r: Run) -> str:
     st = step_range(r)
     sm = run_summary(r)
-    if not r.info and r.profile_trace:
-        bits = ["a profiler trace only (no mpwatch record: the policy and layers are unknown)"]
+    if trace_only(r):
+        bits = [TRACE_ONLY]
     else:
         bits = [str(r.info.get("policy") or "policy unknown")]
     if st["count"]:
@@ -377,8 +378,9 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
     for r in rl:
         st, sm = step_range(r), run_summary(r)
         fls = sm["final_loss_scale"]
+        policy = r.info.get("policy") or ("profiler trace only" if trace_only(r) else "")
         out.append(
-            f"| {_md_escape(r.name)} | {_md_escape(r.info.get('policy') or '')} | "
+            f"| {_md_escape(r.name)} | {_md_escape(policy)} | "
             f"{st['first'] if st['count'] else ''}-{st['last'] if st['count'] else ''} | "
             f"{'' if fls is None else loss_scale(fls)} | "
             f"{'' if sm['skipped_steps'] is None else sm['skipped_steps']} | {sm['probes']} | "

@@ -36,6 +36,7 @@ __all__ = [
     "run_summary",
     "runs_list",
     "step_range",
+    "trace_only",
 ]
 
 NO_DATA = (
@@ -204,10 +205,15 @@ def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
     return out
 
 
+def trace_only(run: Run) -> bool:
+    """Whether the run is only a profiler trace, read as it is (no mpwatch record, no run facts)."""
+    return not run.info and bool(run.profile_trace)
+
+
 def no_findings(run: Run) -> str:
     """What the report says of a run without findings: healthy, or, for a run that is only a
     profiler trace, that the profile showed nothing (the rest was not recorded, so not judged)."""
-    return NO_FINDINGS_TRACE_ONLY if not run.info and run.profile_trace else NO_FINDINGS
+    return NO_FINDINGS_TRACE_ONLY if trace_only(run) else NO_FINDINGS
 
 
 def profile_lines(ps: dict[str, Any]) -> list[str]:
