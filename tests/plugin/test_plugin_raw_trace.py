@@ -110,3 +110,51 @@ def test_the_profile_panel_shows_a_raw_trace(browser, trace_server, truth):
         assert tab.errors == []
     finally:
         tab.close()
+
+
+def test_in_process_a_record_wins_and_a_keras_run_gains_its_trace(tmp_path, truth):
+    """Keras' layout (``train/`` with its event files and the trace) beside a run whose profile
+    is a record: the tab lists both; ``train`` shows its trace's profile, ``rec`` its record."""
+    import argparse
+    import json
+
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard_plugin_mpwatch import plugin as plugin_module
+    from tensorboard_plugin_mpwatch.loader import MpwatchLoader
+    from test_plugin import write_gpu_run
+    from werkzeug.test import Client
+
+    logdir = tmp_path / "logs"
+    with tf.summary.create_file_writer(str(logdir / "train")).as_default():
+        tf.summary.scalar("epoch_loss", 1.0, step=0)  # Keras' own scalar, no mpwatch data
+    put_h100_trace(logdir / "train")
+    write_gpu_run(str(logdir / "rec"))  # a trace and its record (written with run facts)
+    flags = argparse.Namespace(samples_per_plugin={})
+    MpwatchLoader().fix_flags(flags)
+    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance=flags.samples_per_plugin)
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(logdir))
+    tab = plugin_module.MpwatchPlugin(
+        base_plugin.TBContext(data_provider=provider, logdir=str(logdir))
+    )
+    apps = tab.get_plugin_apps()
+
+    def get(route, **params):
+        response = Client(apps[f"/{route}"]).get("/", query_string=params)
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return json.loads(response.get_data(as_text=True))
+
+    assert [r["name"] for r in get("runs")["runs"]] == ["rec", "train"]
+    train = get("profile", run="train")["summary"]
+    assert train["trace"] == str(logdir / "train" / "plugins" / "profile" / "2025_01_01_00_00_00")
+    assert train["total_us"] == pytest.approx(truth["total_us"])
+    rec = get("profile", run="rec")["summary"]
+    assert rec["trace"] is None and rec["total_us"] == pytest.approx(truth["total_us"])
+    assert get("findings", run="train")["info"] is None
+    assert get("findings", run="rec")["info"]["policy"] == "mixed_float16"
+    # the run name picks a scanned run, never a path
+    response = Client(apps["/profile"]).get("/", query_string={"run": "../logs/train"})
+    assert response.status_code == 404
