@@ -41,7 +41,19 @@ PROFILE_OP_TYPE_COLUMNS = [
 #: existed hold on a GPU)
 PROFILE_SOURCES = ("device_kernels", "host_ops", "device_ops")
 #: the precisions a GPU kernel is classified in (``mpwatch.profile.kernel_patterns.PRECISIONS``)
-PROFILE_PRECISIONS = ("float32", "tf32", "float16", "bfloat16", "float8", "int8", "unknown")
+#: (``mixed``: an XLA kernel reading or writing 16- and 32-bit data both; ``integer``: one without
+#: floating point; both from the HLO, added with issue 26: older records lack their columns)
+PROFILE_PRECISIONS = (
+    "float32",
+    "tf32",
+    "float16",
+    "bfloat16",
+    "float8",
+    "int8",
+    "mixed",
+    "integer",
+    "unknown",
+)
 PROFILE_KERNEL_LAYER_COLUMNS = [
     "layer",
     "time_us",
@@ -82,6 +94,15 @@ PROFILE_KERNEL_COLUMNS = [
     "xprof_tensor_core_eligible",
     "grid_dim",
     "block_dim",
+    # issue 26: the HLO's reading (absent in older records)
+    "part",
+    "precision_source",
+    "name_precision",
+    "precision_disagrees",
+    "tensor_core_why",
+    "is_cast",
+    "hlo_op",
+    "hlo_opcode",
 ]
 
 PROFILE_LAYER_COLUMN_TYPES: dict[str, Any] = {
@@ -123,7 +144,9 @@ PROFILE_KERNEL_LAYER_COLUMN_TYPES: dict[str, Any] = {
         )
         for p in PROFILE_PRECISIONS
     },
-    "tensor_core_us": s._num("of which on Tensor Cores (mpwatch's reading of the kernel names)"),
+    "tensor_core_us": s._num(
+        "of which on Tensor Cores (mpwatch's reading of the HLO and kernel names)"
+    ),
     "tensor_core_share": s._num("tensor_core_us / time_us"),
     "tensor_core_unknown_us": s._num("of which in kernels whose Tensor Core use is unknown"),
     "xprof_tensor_core_us": s._num("of which xprof's 'Kernel uses TensorCore' marks"),
@@ -156,7 +179,10 @@ PROFILE_KERNEL_COLUMN_TYPES: dict[str, Any] = {
     "direction": s._enum(["forward", "backward", "unknown"], "the pass it ran in"),
     "total_duration_us": s._num(_US + ", every launch"),
     "occurrences": s._int("launches"),
-    "precision": s._enum(list(PROFILE_PRECISIONS), "what its arithmetic reads, from its name"),
+    "precision": s._enum(
+        list(PROFILE_PRECISIONS),
+        "what its arithmetic reads: from the HLO instruction it runs, else from its name",
+    ),
     "tensor_core": s._enum(["yes", "no", "unknown"], "whether it ran on Tensor Cores"),
     "pattern": s._str("the kernel family that matched (docs/kernels.md; empty: none)"),
     "kind": s._str("gemm, conv, elementwise, reduction, copy, fusion, ..."),
@@ -167,6 +193,21 @@ PROFILE_KERNEL_COLUMN_TYPES: dict[str, Any] = {
     "xprof_tensor_core_eligible": s._bool("xprof's 'Op is TensorCore eligible'", nullable=True),
     "grid_dim": s._str("launch grid x,y,z"),
     "block_dim": s._str("block x,y,z"),
+    "part": s._str(
+        "outside every layer: the named part of the step it belongs to (optimizer update, loss "
+        "scaling, loss, metrics, input; None: a layer's, or no owner)",
+        nullable=True,
+    ),
+    "precision_source": s._enum(
+        ["hlo", "name", ""],
+        "what decided precision: the HLO instruction it runs, its name, or nothing (unknown)",
+    ),
+    "name_precision": s._str("the precision its name alone says (kept as corroboration)"),
+    "precision_disagrees": s._bool("the name says another precision than the HLO"),
+    "tensor_core_why": s._str("why it runs on Tensor Cores or not (operands, device, helper)"),
+    "is_cast": s._bool("it only converts between floating-point types (and moves data)"),
+    "hlo_op": s._str("the HLO instruction it runs (empty: not found)"),
+    "hlo_opcode": s._str("that instruction's opcode (fusion, custom-call, ...)"),
 }
 _BY_PRECISION = s._obj(
     {p: s._num() for p in PROFILE_PRECISIONS}, "one value per precision", required=[]
@@ -180,7 +221,9 @@ _PROFILE_KERNEL_SUMMARY = s._obj(
         "tensor_core_by_precision_us": _BY_PRECISION,
         "share_16bit": s._num("share of device time in float16 and bfloat16 kernels"),
         "unknown_share": s._num("share in kernels of unknown precision"),
-        "tensor_core_us": s._num("time on Tensor Cores (mpwatch's reading of the kernel names)"),
+        "tensor_core_us": s._num(
+            "time on Tensor Cores (mpwatch's reading of the HLO and kernel names)"
+        ),
         "tensor_core_share": s._num("tensor_core_us / total_us"),
         "tensor_core_unknown_share": s._num("share in kernels whose Tensor Core use is unknown"),
         "xprof_tensor_core_us": s._num("time xprof's 'Kernel uses TensorCore' marks"),
@@ -198,7 +241,10 @@ _PROFILE_KERNEL_SUMMARY = s._obj(
         "eligible_not_tensor_core_share": s._num("eligible_not_tensor_core_us / total_us"),
         "eligible_tensor_core_unknown_us": s._num("eligible time whose Tensor Core use is unknown"),
         "attributed_us": s._num("time of kernels joined to a layer"),
-        "unattributed_us": s._num("time of kernels outside every layer (optimizer, loss, XLA)"),
+        "unattributed_us": s._num(
+            "time of kernels with no owner: outside every layer and every named part (before "
+            "issue 26: outside every layer)"
+        ),
         "forward_us": s._num("time in the forward pass"),
         "backward_us": s._num("time in the backward pass"),
         "direction_unknown_us": s._num("time whose pass is unknown"),
@@ -206,6 +252,39 @@ _PROFILE_KERNEL_SUMMARY = s._obj(
         "unknown_kernels": s._t(
             "array", "the longest kernels no pattern knows (up to 10)", items=s._str()
         ),
+        "part_us": s._num("time outside every layer in a named part of the step"),
+        "by_part_us": s._t(
+            "object",
+            "that time by part (optimizer update, loss scaling, loss, metrics, input)",
+            additionalProperties=s._num(),
+        ),
+        "owned_us": s._num("time owned by a layer or a named part"),
+        "owned_share": s._num("owned_us / total_us"),
+        "unowned_ops": s._t(
+            "array",
+            "the time with no owner, by op (or kernel), longest first (up to 10)",
+            items=s._obj({"op": s._str(), "us": s._num()}, "one op", required=["op", "us"]),
+        ),
+        "precision_from_hlo_share": s._num("share whose precision the HLO decided"),
+        "precision_from_name_share": s._num("share whose precision the kernel name decided"),
+        "precision_disagreements": s._t(
+            "array",
+            "kernels whose name says another precision than their HLO (up to 10)",
+            items=s._obj(
+                {
+                    "kernel": s._str(),
+                    "name_precision": s._str(),
+                    "hlo_precision": s._str(),
+                    "us": s._num(),
+                },
+                "one kernel",
+                required=["kernel", "name_precision", "hlo_precision", "us"],
+            ),
+        ),
+        "cast_us": s._num("time in kernels that only convert between float types"),
+        "cast_share": s._num("cast_us / total_us"),
+        "compute_capability": s._str('the GPU\'s compute capability ("9.0"; "" unknown)'),
+        "compute_capability_from": s._str('"trace" (the GPU plane) or "kernel names" (smXY)'),
     },
     "device_kernels: the run's kernel figures (mpwatch/profile/kernel_time.py: kernel_time)",
     required=[
@@ -225,8 +304,9 @@ SCHEMA = s._record_schema(
     KIND_PROFILE,
     "The profiler summary: per-layer time by precision and per-op-type time "
     "(mpwatch/profile/summary.py: summarize; record/profile_capture.py writes it). On a trace with "
-    "GPU kernels (source device_kernels) also each kernel's precision and Tensor Core use from its "
-    "name, per layer and for the run, beside xprof's own Tensor Core flag.",
+    "GPU kernels (source device_kernels) also each kernel's precision and Tensor Core use from the "
+    "HLO instruction it runs (else its name) and its owner (a layer or a named part of the step), "
+    "per layer and for the run, beside xprof's own Tensor Core flag.",
     {
         "steps": s._t(
             ["array", "null"],

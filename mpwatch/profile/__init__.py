@@ -7,6 +7,12 @@ The path of a trace (``<logdir>/plugins/profile/<run>/<host>.xplane.pb``, writte
   (:func:`op_table`; XLA's CPU ops: ``xla_op_table``) and the GPU kernel table
   (:func:`kernel_table`), op names from the trace's HLO metadata (``HloIndex``);
 - ``xplane``: the XSpace protobuf read without TensorFlow (planes, events, HLO metadata);
+- ``hlo``: a compiled program's HLO (instructions, operands, fused computations, op names);
+- ``hlo_kernels``: a GPU kernel → the HLO instruction it runs → its precision, Tensor Core use
+  (with the GPU's compute capability), casts and op names (:data:`HLO_COLUMNS`);
+- ``step_parts``: op name → a named part of the step (optimizer update, loss scaling, loss,
+  metrics, input);
+- ``kernel_truth``: the HLO's word over the name's, and every kernel's owner (a layer or a part);
 - ``kernel_patterns``: the catalogue of GPU kernel name families and type tokens;
 - ``kernel_classes``: a kernel's precision and Tensor Core use from its name (the rules,
   ``docs/kernels.md``);
@@ -37,6 +43,7 @@ from mpwatch.profile.attribution import (
     op_name_direction,
     scope_candidates,
 )
+from mpwatch.profile.hlo_kernels import HLO_COLUMNS
 from mpwatch.profile.kernel_time import (
     LAYER_KERNEL_COLUMNS,
     KernelProfile,
@@ -55,6 +62,7 @@ from mpwatch.profile.traces import (
 
 __all__ = [
     "AMP_FLOAT32_OPS",
+    "HLO_COLUMNS",
     "KERNEL_COLUMNS",
     "LAYER_KERNEL_COLUMNS",
     "KernelProfile",

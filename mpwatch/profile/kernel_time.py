@@ -25,14 +25,11 @@ from typing import Any
 import pandas as pd
 
 from mpwatch import contract
-from mpwatch.profile.attribution import (
-    attribute_kernels,
-    iter_layers,
-    layer_resolver,
-    split_op_name,
-)
+from mpwatch.profile.attribution import iter_layers, layer_resolver, split_op_name
 from mpwatch.profile.kernel_classes import classify
 from mpwatch.profile.kernel_patterns import PRECISIONS, SIXTEEN_BIT_PRECISIONS
+from mpwatch.profile.kernel_truth import kernel_owners, merge_hlo
+from mpwatch.profile.step_parts import PARTS
 from mpwatch.profile.traces import KERNEL_TOOL, xprof_flag
 
 # Op names of matrix multiplications and convolutions (the last op name component): TensorFlow op
@@ -67,6 +64,11 @@ def classify_kernels(kernels: pd.DataFrame, model: Any = None) -> pd.DataFrame:
     TensorCore-eligible, or its name is a matmul/convolution), ``eligible_not_tensor_core``
     (eligible, and the kernel is a float32 or CUDA-core matmul/convolution kernel:
     ``tensor_core == "no"`` and precision float32 or kind gemm/conv), ``layer, path, direction``.
+    Where the table has the ``hlo_*`` columns (:func:`mpwatch.profile.hlo_kernels.hlo_columns`)
+    the HLO decides precision and Tensor Core use (:func:`mpwatch.profile.kernel_truth.merge_hlo`:
+    ``precision_source``, ``name_precision``, ``precision_disagrees``, ``tensor_core_why``,
+    ``is_cast``) and the owner (:func:`mpwatch.profile.kernel_truth.kernel_owners`: ``part``, the
+    named part of the step of a kernel outside every layer).
     """
     df = kernels.copy()
     flags = df["xprof_tensor_core"] if "xprof_tensor_core" in df else [None] * len(df)
@@ -89,11 +91,17 @@ def classify_kernels(kernels: pd.DataFrame, model: Any = None) -> pd.DataFrame:
         & df["tensor_core"].eq("no")
         & (df["precision"].eq("float32") | df["kind"].isin(["gemm", "conv"]))
     )
-    owners = attribute_kernels(df["op_name"], model)
-    df["layer"] = df["op_name"].map(lambda n: owners[str(n)][0])
-    df["path"] = df["op_name"].map(lambda n: owners[str(n)][1])
-    df["direction"] = df["op_name"].map(lambda n: owners[str(n)][2])
-    return df
+    df = merge_hlo(df)
+    df["is_16bit"] = df["precision"].isin(SIXTEEN_BIT_PRECISIONS)
+    hlo_math = df["hlo_math"] if "hlo_math" in df else pd.Series("", index=df.index)
+    df["eligible"] = df["eligible"] | hlo_math.fillna("").astype(str).ne("")
+    df["eligible_not_tensor_core"] = (
+        df["eligible"]
+        & df["tensor_core"].eq("no")
+        & (df["precision"].isin(["float32", "tf32"]) | df["kind"].isin(["gemm", "conv"]))
+        & ~df["tensor_core_why"].astype(str).str.startswith("helper kernel")
+    )
+    return kernel_owners(df, model)
 
 
 def _share(part: float, total: float) -> float:
@@ -128,9 +136,13 @@ LAYER_KERNEL_COLUMNS = list(contract.PROFILE_KERNEL_LAYER_COLUMNS)
 RECORD_KERNEL_COLUMNS = list(contract.PROFILE_KERNEL_COLUMNS)
 
 KERNEL_RULES = (
-    "precision and tensor_core from the kernel name (mpwatch.profile.kernel_classes; unknown when "
-    "the name says nothing); xprof's 'uses TensorCore' True counts as yes, False overrides "
-    "nothing; eligible = xprof's 'Op is TensorCore eligible' or a matmul/convolution op name; "
+    "precision and tensor_core from the HLO instruction the kernel runs where the trace has it "
+    "(mpwatch.profile.hlo_kernels: dot/convolution operand types and the GPU's compute "
+    "capability; other work by the types it reads and writes), else from the kernel name "
+    "(mpwatch.profile.kernel_classes; unknown when the name says nothing); owner: a layer or a "
+    "named part of the step (mpwatch.profile.kernel_truth); xprof's 'uses TensorCore' True "
+    "counts as yes, False overrides nothing; eligible = xprof's 'Op is TensorCore eligible' or a "
+    "matmul/convolution op name; "
     "eligible_not_tensor_core = eligible kernels that are float32 or CUDA-core "
     "matmul/convolution kernels; op names xprof lacks (XlaModule) from the trace's HLO metadata"
 )
@@ -222,10 +234,16 @@ def kernel_time(
     ``tensor_core_unknown_share``, ``xprof_tensor_core_share`` (xprof's "Kernel uses TensorCore"),
     ``tensor_core_missed_by_xprof_share`` (mpwatch yes, xprof no: why the two differ),
     ``xprof_eligible_share``, ``eligible_share``, ``eligible_not_tensor_core_us`` and ``_share``,
-    ``eligible_tensor_core_unknown_us``, ``attributed_us``, ``unattributed_us``, ``forward_us``,
-    ``backward_us``, ``direction_unknown_us``, ``op_name_from_hlo_us`` (time of kernels whose op
-    name came from the HLO metadata), ``unknown_kernels`` (names of the longest kernels no pattern
-    knows, up to 10).
+    ``eligible_tensor_core_unknown_us``, ``attributed_us`` (in layers), ``part_us`` and
+    ``by_part_us`` (outside every layer, in a named part of the step:
+    :data:`mpwatch.profile.step_parts.PARTS`), ``unattributed_us`` (no owner at all),
+    ``owned_us``/``owned_share`` (a layer's or a part's), ``unowned_ops`` (the time without owner,
+    by op, up to 10), ``forward_us``, ``backward_us``, ``direction_unknown_us``,
+    ``op_name_from_hlo_us`` (time of kernels whose op name came from the HLO metadata),
+    ``unknown_kernels`` (names of the longest kernels no pattern knows, up to 10),
+    ``precision_from_hlo_share``/``precision_from_name_share``, ``precision_disagreements`` (name
+    and HLO disagree, up to 10), ``cast_us``/``cast_share`` (kernels that only cast),
+    ``compute_capability`` (``"9.0"``; ``""`` unknown) and ``compute_capability_from``.
     """
     df = classify_kernels(kernels, model)
     root, by_name, _ = layer_resolver(model)
@@ -288,7 +306,8 @@ def kernel_time(
         "eligible_not_tensor_core_share": _share(run["eligible_not_tensor_core_us"], total),
         "eligible_tensor_core_unknown_us": run["eligible_tensor_core_unknown_us"],
         "attributed_us": float(t[df["layer"].notna()].sum()),
-        "unattributed_us": float(t[df["layer"].isna()].sum()),
+        "unattributed_us": float(t[df["layer"].isna() & df["part"].isna()].sum()),
+        **_owner_summary(df, total),
         "forward_us": run["forward_us"],
         "backward_us": run["backward_us"],
         "direction_unknown_us": float(t[df["direction"].eq("unknown")].sum()),
@@ -296,8 +315,55 @@ def kernel_time(
         if "op_name_from" in df
         else 0.0,
         "unknown_kernels": [str(n) for n in no_pattern["kernel_name"].head(10)],
+        **_hlo_summary(df, total, kernels.attrs),
     }
     return KernelProfile(kernels=df, layers=layers, summary=summary)
+
+
+def _owner_summary(df: pd.DataFrame, total: float) -> dict[str, Any]:
+    """Who owns the device time: layers, the named parts of the step, nobody (listed by op)."""
+    t = df["total_duration_us"]
+    in_part = df["layer"].isna() & df["part"].notna()
+    nobody = df[df["layer"].isna() & df["part"].isna()]
+    by_op: dict[str, float] = {}
+    for o, k, us in zip(nobody["op_name"], nobody["kernel_name"], nobody["total_duration_us"]):
+        key = str(o) if str(o) not in ("", "XlaModule", "XlaModule:") else f"kernel {k}"
+        by_op[key] = by_op.get(key, 0.0) + float(us)
+    longest = sorted(by_op.items(), key=lambda kv: -kv[1])[:10]
+    owned = float(t[df["layer"].notna() | in_part].sum())
+    return {
+        "part_us": float(t[in_part].sum()),
+        "by_part_us": {p: float(t[in_part & df["part"].eq(p)].sum()) for p in PARTS},
+        "owned_us": owned,
+        "owned_share": _share(owned, total),
+        "unowned_ops": [{"op": k, "us": v} for k, v in longest],
+    }
+
+
+def _hlo_summary(df: pd.DataFrame, total: float, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Where precision came from (HLO or name), where the two disagree, casts, the GPU."""
+    t = df["total_duration_us"]
+    src = df["precision_source"]
+    odd = df[df["precision_disagrees"].astype(bool)].sort_values(
+        "total_duration_us", ascending=False
+    )
+    return {
+        "precision_from_hlo_share": _share(float(t[src.eq("hlo")].sum()), total),
+        "precision_from_name_share": _share(float(t[src.eq("name")].sum()), total),
+        "precision_disagreements": [
+            {
+                "kernel": str(r["kernel_name"]),
+                "name_precision": str(r["name_precision"]),
+                "hlo_precision": str(r["precision"]),
+                "us": float(r["total_duration_us"]),
+            }
+            for _, r in odd.head(10).iterrows()
+        ],
+        "cast_us": float(t[df["is_cast"].astype(bool)].sum()),
+        "cast_share": _share(float(t[df["is_cast"].astype(bool)].sum()), total),
+        "compute_capability": str(attrs.get("compute_capability", "")),
+        "compute_capability_from": str(attrs.get("compute_capability_from", "")),
+    }
 
 
 def trim_kernels(payload: dict[str, Any], kernels: KernelProfile) -> None:

@@ -37,6 +37,7 @@ import pandas as pd
 
 from mpwatch.profile import xplane
 from mpwatch.profile.attribution import split_op_name
+from mpwatch.profile.hlo_kernels import hlo_columns
 
 TOOL = "framework_op_stats"
 
@@ -279,8 +280,10 @@ def kernel_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
     Columns xprof does not give are empty. ``op_name_from``: ``"xprof"``; ``"hlo"`` for kernels
     xprof gave no op (``XlaModule``: XLA launched them from a CUDA graph) whose HLO instruction in
     the trace's metadata names one (:class:`HloIndex`); ``""`` where neither does. A trace without
-    GPU kernels gives an empty table. Like :func:`op_table` the converter runs on a copy of the
-    trace (it writes cache files beside its input).
+    GPU kernels gives an empty table. The HLO instruction each kernel runs, and what it says of
+    its precision, Tensor Core use and owner, are added by
+    :func:`mpwatch.profile.hlo_kernels.hlo_columns` (``hlo_*`` columns). Like :func:`op_table`
+    the converter runs on a copy of the trace (it writes cache files beside its input).
     """
     traces = list(path) if isinstance(path, (list, tuple)) else find_traces(path)
     data = convert(traces, KERNEL_TOOL)
@@ -310,6 +313,8 @@ def kernel_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
     if len(out) and out["op_name_from"].eq("").any():
         _op_names_from_hlo(out, traces)
     out = out[KERNEL_COLUMNS]
+    if len(out):
+        out = hlo_columns(out, traces)
     out.attrs["tool"] = KERNEL_TOOL
     out.attrs["trace"] = traces[0]
     return out

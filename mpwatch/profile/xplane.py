@@ -164,12 +164,14 @@ class XPlane:
     """A plane: ``/host:CPU``, ``/device:GPU:0``, ``/host:metadata``, ...
 
     ``metadata_stats``: event metadata name -> its stats (the metadata plane keeps each compiled
-    program's ``Hlo Proto`` there).
+    program's ``Hlo Proto`` there). ``stats``: the plane's own (a GPU plane's
+    ``compute_cap_major``/``compute_cap_minor``, ``gpu_device_name``, ...).
     """
 
     name: str
     lines: list[XLine] = field(default_factory=list)
     metadata_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -221,6 +223,7 @@ def _map_entry(buf: bytes) -> tuple[int, bytes]:
 def _plane(buf: memoryview, with_events: bool) -> XPlane:
     name = ""
     line_bufs: list[bytes] = []
+    plane_stats: list[bytes] = []
     event_meta: dict[int, tuple[str, list[bytes]]] = {}
     stat_names: dict[int, str] = {}
     for num, _, v in _fields(buf):
@@ -241,7 +244,10 @@ def _plane(buf: memoryview, with_events: bool) -> XPlane:
             key, value = _map_entry(v)
             sname = next((_text(v2) for n2, _, v2 in _fields(value) if n2 == 2), "")
             stat_names[key] = sname
+        elif num == 6:
+            plane_stats.append(v)
     plane = XPlane(name=name)
+    plane.stats = dict(_stat(s, stat_names) for s in plane_stats)
     for ename, stats in event_meta.values():
         if stats:
             plane.metadata_stats[ename] = dict(_stat(s, stat_names) for s in stats)

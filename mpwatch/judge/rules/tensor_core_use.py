@@ -180,9 +180,7 @@ def _not_tc_split(kernels: pd.DataFrame, row: Mapping[str, Any]) -> tuple[float,
     return f32, b16, ""
 
 
-def _summary_finding(
-    run: Run, s: Mapping[str, Any], layers: pd.DataFrame, mixed: bool
-) -> Finding:
+def _summary_finding(run: Run, s: Mapping[str, Any], layers: pd.DataFrame, mixed: bool) -> Finding:
     total = _num(s, "total_us")
     tc = finite(s.get("tensor_core_share"))
     xtc = finite(s.get("xprof_tensor_core_share"))
@@ -223,7 +221,15 @@ def _summary_finding(
     shown = [f"{name} {_us(off)} ({why})" for off, name, why, *_ in not_tc[:NOT_TC_LAYERS_SHOWN]]
     if len(not_tc) > NOT_TC_LAYERS_SHOWN:
         shown.append(f"{len(not_tc) - NOT_TC_LAYERS_SHOWN} more layers")
-    if outside > 0:
+    by_part = s.get("by_part_us") if isinstance(s.get("by_part_us"), Mapping) else None
+    if by_part is not None:  # issue 26: the time outside layers owned by named parts of the step
+        owned = [f"{p} {_us(us)}" for p, us in by_part.items() if (finite(us) or 0) > 0]
+        if owned:
+            shown.append("outside layers: " + ", ".join(owned))
+        if outside > 0:
+            ops = [str(d.get("op")) for d in (s.get("unowned_ops") or []) if isinstance(d, Mapping)]
+            shown.append(f"no owner {_us(outside)}" + (f" ({names_list(ops, 3)})" if ops else ""))
+    elif outside > 0:
         shown.append(f"outside every layer {_us(outside)} (optimizer, loss, XLA's own)")
     unknown_names = [str(n) for n in (s.get("unknown_kernels") or [])]
     evidence = (
@@ -239,9 +245,9 @@ def _summary_finding(
         "counted as 16-bit)"
         + (f"; kernels no pattern knows: {names_list(unknown_names, 3)}" if unknown_names else "")
         + f"; xprof marks {pct(xtc or 0.0)} 'Kernel uses TensorCore', and "
-        f"{pct(missed)} more runs in kernels whose names say Tensor Core (its name list predates "
-        "Ampere and Hopper kernel names); no matrix math = element-wise kernels, reductions and "
-        "copies, which Tensor Cores do not run"
+        f"{pct(missed)} more runs in Tensor Core kernels (by their HLO or names: its name list "
+        "predates Ampere and Hopper kernel names); no matrix math = element-wise kernels, "
+        "reductions and copies, which Tensor Cores do not run"
     )
     low = mixed and elig_on is not None and elig_on < TENSOR_CORE_LOW
     title = f"{pct(tc or 0.0)} of GPU time ran on Tensor Cores (xprof's flag: {pct(xtc or 0.0)})"
@@ -444,7 +450,8 @@ def _padding_finding(
     elif bad:
         evidence += "; " + ", ".join(f"{k}={v}" for k, v in bad.items()) + " not a multiple of 8"
         fix = (
-            f"# {cls} {name!r}: " + ", ".join(f"{k}={v}" for k, v in bad.items())
+            f"# {cls} {name!r}: "
+            + ", ".join(f"{k}={v}" for k, v in bad.items())
             + " comes from its input (the data or the layer before); the padding is cuDNN's: "
             "pad the input yourself only where that is cheaper"
         )
