@@ -84,14 +84,16 @@ class HloInstruction:
 
 @dataclass
 class HloModule:
-    """A program's instructions by id and by name, its computations (id -> instruction ids) and
-    its entry computation's id."""
+    """A program's instructions by id and by name, its computations (id -> instruction ids), its
+    entry computation's id and, for a scheduled program, each computation's instructions in the
+    order they run (``schedule``)."""
 
     name: str
     instructions: dict[int, HloInstruction] = field(default_factory=dict)
     computations: dict[int, list[int]] = field(default_factory=dict)
     computation_names: dict[int, str] = field(default_factory=dict)
     entry: int = -1
+    schedule: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.by_name: dict[str, HloInstruction] = {}
@@ -206,6 +208,19 @@ def parse_module(blob: bytes | memoryview, name: str = "") -> HloModule:
             entry_name = _text(v)
         elif num == 6:
             module.entry = v
+        elif num == 7:  # HloScheduleProto: computation id -> instruction ids in run order
+            for n2, _, v2 in _fields(v):
+                if n2 != 1:
+                    continue
+                key, ids = 0, []
+                for n3, _, v3 in _fields(v2):
+                    if n3 == 1:
+                        key = v3
+                    elif n3 == 2:
+                        for n4, _, v4 in _fields(v3):
+                            if n4 == 1:
+                                ids.extend(_packed_ints(v4))
+                module.schedule[key] = ids
         elif num == 3:
             cid, cname, bufs = None, "", []
             for n2, _, v2 in _fields(v):

@@ -39,6 +39,7 @@ import pandas as pd
 
 from mpwatch.profile import xplane
 from mpwatch.profile.hlo import FLOAT_TYPES, HloInstruction, HloModule, hlo_modules
+from mpwatch.profile.hlo_events import kernel_instructions
 from mpwatch.profile.kernel_classes import classify
 from mpwatch.profile.step_parts import part_of_state
 
@@ -49,7 +50,6 @@ __all__ = [
     "compute_capability",
     "instruction_precision",
     "read_instruction",
-    "kernel_instructions",
     "hlo_columns",
 ]
 
@@ -189,6 +189,10 @@ def read_instruction(module: HloModule, instr: HloInstruction) -> HloReading:
     work = {i.opcode for i in inner if i.opcode not in _DATA_MOVES and i.opcode != "fusion"}
     is_cast = converts > 0 and work <= {"convert"}
     names = [instr.op_name] + [i.op_name for i in module.inside(instr)]
+    if not any(names) and instr.opcode in ("copy", "transpose", "bitcast"):
+        # a copy XLA added (no op name): it belongs to what it copies
+        src = module.source(instr)
+        names = [src.op_name] + [i.op_name for i in module.inside(src)]
     op_names = tuple(dict.fromkeys(n for n in names if n))
     state = ""
     for o in module.operands(instr):
@@ -233,55 +237,13 @@ def _tensor_core(reading: HloReading, cc: tuple[int, int] | None, kernel: str) -
     return p, "no", f"{p} operands need compute capability {need[0]}.{need[1]}+"
 
 
-def _sanitized(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", name)
-
-
-def kernel_instructions(
-    spaces: Sequence[Any], modules: dict[str, HloModule]
-) -> dict[str, dict[tuple[str, str], float]]:
-    """GPU kernel name -> {(program, instruction name): device time in us} from the device
-    planes' events: the event's ``hlo_op`` where it names an instruction of its program, else the
-    instruction the kernel is named after."""
-    by_base: dict[str, list[str]] = {}
-    for key in modules:
-        by_base.setdefault(xplane.module_base(key), []).append(key)
-    sanitized: dict[str, dict[str, str]] = {}
-    out: dict[str, dict[tuple[str, str], float]] = {}
-    for space in spaces:
-        for plane in space.device_planes:
-            for line in plane.lines:
-                for ev in line.events:
-                    module = ev.stats.get("hlo_module")
-                    if not module:
-                        continue
-                    pid = ev.stats.get("program_id")
-                    key = f"{module}({pid})"
-                    keys = [key] if key in modules else by_base.get(str(module), [])
-                    for k in keys:
-                        mod = modules[k]
-                        hop = str(ev.stats.get("hlo_op") or "")
-                        instr = mod.by_name.get(hop)
-                        if instr is None:
-                            table = sanitized.get(k)
-                            if table is None:
-                                table = {_sanitized(n): n for n in mod.by_name}
-                                sanitized[k] = table
-                            name = table.get(_sanitized(ev.name))
-                            instr = mod.by_name.get(name) if name else None
-                        if instr is not None:
-                            per = out.setdefault(ev.name, {})
-                            per[(k, instr.name)] = per.get((k, instr.name), 0.0) + (
-                                ev.duration_ps / 1e6
-                            )
-                            break
-    return out
-
-
 def hlo_columns(table: pd.DataFrame, traces: Sequence[str]) -> pd.DataFrame:
     """``table`` (a kernel table) with :data:`HLO_COLUMNS`: each kernel's HLO instruction and
     what it says (empty where the trace has no HLO or the kernel no instruction). A row whose
-    kernel ran several instructions takes the one whose op name is the row's, else the longest.
+    kernel ran several instructions (a fusion kernel XLA reuses for identical fusions, a memcpy
+    kernel for several copies) is split, one row per instruction with its share of the time; a
+    row whose op name is xprof's keeps the instructions of that op name (else the longest). The
+    op name of a row xprof named no op (``XlaModule``) becomes its instruction's.
     ``attrs["compute_capability"]``: ``"9.0"`` (``""`` unknown);
     ``attrs["compute_capability_from"]``: where it came from."""
     out = table.copy()
@@ -303,29 +265,71 @@ def hlo_columns(table: pd.DataFrame, traces: Sequence[str]) -> pd.DataFrame:
         return out
     found = kernel_instructions(spaces, modules)
     readings: dict[tuple[str, str], HloReading] = {}
-    for i in out.index:
-        kernel = str(out.at[i, "kernel_name"])
-        cands = found.get(kernel)
+    rows: list[dict[str, Any]] = []
+    for _, row in out.iterrows():
+        kernel = str(row["kernel_name"])
+        launches = found.get(kernel) or {}
+        # the launches of this row's grid and block (xprof's rows are kernel, op and launch shape)
+        shape = (str(row.get("grid_dim", "")), str(row.get("block_dim", "")))
+        fitting = {k: us for k, us in launches.items() if (k[2], k[3]) == shape} or launches
+        cands: dict[tuple[str, str], float] = {}
+        for k, us in fitting.items():
+            cands[(k[0], k[1])] = cands.get((k[0], k[1]), 0.0) + us
         if not cands:
+            rows.append(row.to_dict())
             continue
-        row_op = str(out.at[i, "op_name"])
-        same = {k: us for k, us in cands.items() if modules[k[0]].by_name[k[1]].op_name == row_op}
-        prog, name = max((same or cands).items(), key=lambda kv: kv[1])[0]
-        instr = modules[prog].by_name[name]
-        reading = readings.get((prog, name))
-        if reading is None:
-            reading = read_instruction(modules[prog], instr)
-            readings[(prog, name)] = reading
-        precision, tc, why = _tensor_core(reading, cc, kernel)
-        out.at[i, "hlo_program"] = prog
-        out.at[i, "hlo_op"] = name
-        out.at[i, "hlo_opcode"] = instr.opcode
-        out.at[i, "hlo_precision"] = precision
-        out.at[i, "hlo_math"] = reading.math
-        out.at[i, "hlo_tensor_core"] = tc
-        out.at[i, "hlo_tensor_core_why"] = why
-        out.at[i, "hlo_is_cast"] = reading.is_cast
-        out.at[i, "hlo_converts"] = reading.converts
-        out.at[i, "hlo_op_names"] = reading.op_names
-        out.at[i, "hlo_state_part"] = reading.state_part
+        if row.get("op_name_from") == "xprof":  # xprof's op name picks the instruction(s)
+            op = str(row["op_name"])
+            same = {k: us for k, us in cands.items() if _own(modules[k[0]].by_name[k[1]]) == op}
+            cands = same or {max(cands.items(), key=lambda kv: kv[1])[0]: 1.0}
+        weight = sum(cands.values())
+        for (prog, name), us in sorted(cands.items(), key=lambda kv: -kv[1]):
+            instr = modules[prog].by_name[name]
+            reading = readings.get((prog, name))
+            if reading is None:
+                reading = read_instruction(modules[prog], instr)
+                readings[(prog, name)] = reading
+            rows.append(_with_instruction(row, prog, instr, reading, cc, us / weight))
+    frame = pd.DataFrame(rows, columns=list(out.columns))
+    frame.attrs.update(out.attrs)
+    return frame
+
+
+def _own(instr: HloInstruction) -> str:
+    return instr.op_name
+
+
+def _with_instruction(
+    row: pd.Series,
+    prog: str,
+    instr: HloInstruction,
+    reading: HloReading,
+    cc: tuple[int, int] | None,
+    share: float,
+) -> dict[str, Any]:
+    """A kernel table row for the part of its kernel's time ``instr`` ran (``share`` of it)."""
+    out = row.to_dict()
+    if share < 1.0:  # a kernel several instructions ran (a reused fusion kernel, copies)
+        for col in ("total_duration_us",):
+            out[col] = float(out[col]) * share
+        out["occurrences"] = max(1, int(round(int(out["occurrences"]) * share)))
+    if out.get("op_name_from") != "xprof" and reading.op_names:
+        fused = set(reading.op_names)
+        own = instr.op_name or (next(iter(fused)) if len(fused) == 1 else "")
+        if own:
+            out["op_name"], out["op_name_from"] = own, "hlo"
+    precision, tc, why = _tensor_core(reading, cc, str(row["kernel_name"]))
+    out.update(
+        hlo_program=prog,
+        hlo_op=instr.name,
+        hlo_opcode=instr.opcode,
+        hlo_precision=precision,
+        hlo_math=reading.math,
+        hlo_tensor_core=tc,
+        hlo_tensor_core_why=why,
+        hlo_is_cast=reading.is_cast,
+        hlo_converts=reading.converts,
+        hlo_op_names=reading.op_names,
+        hlo_state_part=reading.state_part,
+    )
     return out

@@ -721,19 +721,20 @@ def test_a_gpu_trace_shows_both_tensor_core_shares_and_device_time(tab, server):
     # (the server's words, as the CLI writes them: two significant digits under 1%)
     assert frame.locator(".mpw-unknown").inner_text().endswith(words.percent(k["unknown_share"]))
     assert "xprof's name list" in frame.locator(".mpw-tc-why").inner_text()
-    # the precision bar: each segment's rendered width is its share of the bar
+    # the precision bar: each segment's rendered width is its share of the bar, its legend the
+    # tab's pct (three significant digits). Issue 26: every kernel's precision from its HLO (the
+    # XLA fusions float16, float32 or mixed), none unknown where the kernel names left 20.5%
     bar = frame.locator(".mpw-precision-bar").bounding_box()
-    for precision in ("float16", "unknown"):
+    legend = frame.inner_text(".mpw-precision-legend")
+    assert k["unknown_share"] == 0
+    assert frame.locator('.mpw-precision-bar .mpw-seg[data-precision="unknown"]').count() == 0
+    for precision in ("float16", "mixed"):
         seg = frame.locator(f'.mpw-precision-bar .mpw-seg[data-precision="{precision}"]')
         box = seg.bounding_box()
         share = k["by_precision_share"][precision]
         assert box["width"] / bar["width"] == pytest.approx(share, abs=0.01), precision
-    # the legend's percents by the tab's pct (three significant digits); issue 26: 0.37% unknown
-    # (the CUDA graph's memcpy kernels) where the kernel names alone left 20.5%
-    unknown = "{:g}%".format(float("{:.3g}".format(100 * k["unknown_share"])))
-    assert f"unknown {unknown} (never counted as 16-bit)" in frame.inner_text(
-        ".mpw-precision-legend"
-    )
+        label = f"{float(f'{100 * share:.3g}'):g}%"
+        assert f"{precision} {label}" in legend, precision
     # the layer table's time column is the device time, with each layer's Tensor Core share
     head = frame.locator("#mpw-layer-table thead th")
     labels = [head.nth(i).get_attribute("data-key") for i in range(head.count())]

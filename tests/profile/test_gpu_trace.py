@@ -117,15 +117,16 @@ def test_nothing_unknown_is_counted_as_16bit(result):
     sixteen = k.loc[k["precision"].isin(["float16", "bfloat16"]), "total_duration_us"].sum()
     assert s["share_16bit"] == pytest.approx(sixteen / s["total_us"])
     # XLA's fusions and copies name no type: by their names unknown, and never 16-bit; the HLO
-    # instruction each fusion runs gives its precision (issue 26); the CUDA graph's memcpy kernels
-    # run none, and stay unknown
+    # instruction each runs gives its precision (issue 26); the CUDA graph's memcpy kernels are
+    # its float32 copies
     xla = k[k["pattern"].isin(["xla_loop_fusion", "xla_gemm_fusion", "xla_fusion", "copy"])]
     assert len(xla) > 30
     assert (xla["name_precision"] == "unknown").all()
-    fusions = xla[~xla["kernel_name"].str.startswith("memcpy")]
-    assert (fusions["precision_source"] == "hlo").all()
-    assert not fusions["precision"].eq("unknown").any()
-    assert (xla.loc[xla["kernel_name"].str.startswith("memcpy"), "precision"] == "unknown").all()
+    assert (xla["precision_source"] == "hlo").all()
+    assert not xla["precision"].eq("unknown").any()
+    copies = xla[xla["kernel_name"].str.startswith("memcpy")]
+    assert len(copies) and (copies["hlo_opcode"] == "copy").all()
+    assert (copies["precision"] == "float32").all()
 
 
 def test_the_unknown_share_is_reported(result):
@@ -133,7 +134,7 @@ def test_the_unknown_share_is_reported(result):
     k = result.kernels
     unknown = k.loc[k["precision"] == "unknown", "total_duration_us"].sum()
     assert s["unknown_share"] == pytest.approx(unknown / s["total_us"])
-    assert 0 < s["unknown_share"] <= 0.03  # 20.5% by the names alone, before issue 26
+    assert s["unknown_share"] == 0.0  # 20.5% by the names alone, before issue 26
     assert sum(s["by_precision_share"].values()) == pytest.approx(1.0)
     assert s["unknown_kernels"] == []  # every kernel of this trace belongs to a known family
 
