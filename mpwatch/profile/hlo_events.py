@@ -56,10 +56,10 @@ def _sanitized(name: str) -> str:
 def _kind(event_name: str) -> str:
     """Which instruction an unnamed kernel stands for: ``copy``, ``helper`` or ``call``."""
     c = classify(event_name, None, "")
+    if event_name.lower().startswith("memset") or c.kind in _HELPERS:
+        return "helper"
     if c.kind in ("copy", "memcpy") or event_name.lower().startswith("memcpy"):
         return "copy"
-    if c.kind in _HELPERS or event_name.startswith("Memset"):
-        return "helper"
     return "call"
 
 

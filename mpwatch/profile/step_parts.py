@@ -35,18 +35,20 @@ _OPTIMIZERS = (
     r"adam|adamw|sgd|rmsprop|adagrad|adadelta|adamax|nadam|ftrl|lion|lamb|adafactor|muon|"
     r"optimizer|apply_gradients|resourceapply\w*"
 )
-_OPTIMIZER = re.compile(rf"(?:^|/)(?:{_OPTIMIZERS})(?:_\d+)?(?:/|$)", re.I)
+_OPTIMIZER = re.compile(rf"(?:^|[/(])(?:{_OPTIMIZERS})(?:_\d+)?(?:[/)]|$)", re.I)
 _LOSS_SCALING = re.compile(
-    r"(?:^|/)(?:loss_scale_optimizer(?:_\d+)?|is_finite|isfinite|reduce_and|all_finite|"
-    r"cond(?:_\d+)?)(?:/|$)",
+    r"(?:^|[/(])(?:loss_scale_optimizer(?:_\d+)?|is_finite|isfinite|reduce_and|all_finite|"
+    r"cond(?:_\d+)?)(?:[/)]|$)",
     re.I,
 )
 _LOSS = re.compile(
-    r"(?:^|/)(?:compile_loss|loss|\w*_loss|\w*crossentropy\w*)(?:_\d+)?(?:/|$)", re.I
+    r"(?:^|[/(])(?:compile_loss|loss|\w*_loss|\w*crossentropy\w*)(?:_\d+)?(?:[/)]|$)", re.I
 )
-_METRICS = re.compile(r"(?:^|/)(?:compile_metrics|metrics|\w*_metric\w*)(?:_\d+)?(?:/|$)", re.I)
+_METRICS = re.compile(
+    r"(?:^|[/(])(?:compile_metrics|metrics|\w*_metric\w*)(?:_\d+)?(?:[/)]|$)", re.I
+)
 _INPUT = re.compile(
-    r"(?:^|/)(?:IteratorGetNext|iterator_get_next|data_adapter|input_pipeline)(?:/|$)|"
+    r"(?:^|[/(])(?:IteratorGetNext|iterator_get_next|data_adapter|input_pipeline)(?:/|$)|"
     r"^jit\(\w+\)/jvp\(\)/convert_element_type$",
     re.I,
 )
