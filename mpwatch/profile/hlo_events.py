@@ -75,16 +75,24 @@ def align_run(
     names: Sequence[str], module: HloModule, by_sanitized: dict[str, HloInstruction]
 ) -> list[HloInstruction | None]:
     """The instruction each kernel of one command buffer run ran (None: not found), ``names`` in
-    the order they ran. Needs the program's schedule; without it only named kernels are found."""
+    the order they ran. Needs the program's schedule (of the computation the run's first named
+    kernel is in: the entry, a loop's body); without it only named kernels are found."""
     named = [by_sanitized.get(_sanitized(n)) for n in names]
-    order = module.schedule.get(module.entry) or []
-    if not order:
+    # the schedule of the computation the run's first named kernel is in (the entry, or a while
+    # loop's body)
+    first = next(
+        (
+            i
+            for i, ins in enumerate(named)
+            if ins is not None and module.schedule.get(ins.computation)
+        ),
+        None,
+    )
+    if first is None:
         return named
+    order = module.schedule[named[first].computation]
     pos = {iid: i for i, iid in enumerate(order)}
     launching = [module.instructions[i].opcode not in _NO_KERNEL for i in order]
-    first = next((i for i, ins in enumerate(named) if ins is not None and ins.id in pos), None)
-    if first is None:
-        return [None] * len(names)
     out: list[HloInstruction | None] = [None] * len(names)
 
     def want_of(i: int) -> str:

@@ -236,3 +236,15 @@ def test_the_hlo_decides_and_the_name_corroborates():
     assert got["precision_disagrees"].tolist() == [False, False, True]
     assert got["is_cast"].tolist() == [False, True, False]
     assert agree("float32", "tf32") and not agree("bfloat16", "float16")
+
+
+def test_a_loop_bodys_kernels_along_its_own_schedule():
+    body = [
+        _i(20, "loop_mul_fusion", "fusion", "f16"),
+        _i(21, "cublas-gemm.7", "custom-call", "f16", custom_call_target="__cublas$gemm"),
+    ]
+    m = _module([_i(1, "while", "while", "f16")], schedule=[1], fused={2: body})
+    m.schedule[2] = [20, 21]
+    table = {"loop_mul_fusion": body[0]}
+    got = align_run(["loop_mul_fusion", "nvjet_hsh_64x8"], m, table)
+    assert [i.name for i in got] == ["loop_mul_fusion", "cublas-gemm.7"]
