@@ -171,7 +171,7 @@ JSON_SCHEMA: dict[str, Any] = {
                             "tensor_core_share": {
                                 "type": ["number", "null"],
                                 "description": "device_kernels: share of GPU time on Tensor "
-                                "Cores by the kernel names (mpwatch)",
+                                "Cores by the kernels' HLO and names (mpwatch)",
                             },
                             "xprof_tensor_core_share": {
                                 "type": ["number", "null"],

@@ -238,7 +238,7 @@ def profile_lines(ps: dict[str, Any]) -> list[str]:
     if gpu:
         tc, xtc = ps.get("tensor_core_share"), ps.get("xprof_tensor_core_share")
         if tc is not None:
-            line = f"Tensor Cores: {percent(tc)} of GPU time by the kernel names (mpwatch)"
+            line = f"Tensor Cores: {percent(tc)} of GPU time by their HLO and names (mpwatch)"
             if xtc is not None:
                 line += f", {percent(xtc)} by xprof's 'Kernel uses TensorCore' flag"
             lines.append(line)

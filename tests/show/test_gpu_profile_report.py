@@ -100,8 +100,9 @@ def test_text_and_markdown_show_both_figures(gpu_run):
         out = report.render(run, findings, fmt, logdir=logdir)
         # issue 26: the XLA fusions' precision from their HLO (float16, float32, or mixed where
         # they read float16 and keep float32 statistics), the Triton GEMMs on Tensor Cores
-        assert "Tensor Cores: 76.3% of GPU time by the kernel names (mpwatch), 12.5% by xprof" in (
-            out
+        assert (
+            "Tensor Cores: 76.3% of GPU time by their HLO and names (mpwatch), 12.5% by xprof"
+            in (out)
         ), fmt
         assert "by precision: float32 1.55%, float16 80.9%, mixed 17.5%, integer 0.092%" in out, fmt
         assert "0% of unknown precision (never counted 16-bit)" in out, fmt
@@ -141,7 +142,7 @@ class _Table(HTMLParser):
 def test_html_layer_table_time_is_the_device_time(gpu_run, xprof_table):
     logdir, run, findings = gpu_run
     html = report.render(run, findings, "html", logdir=logdir)
-    assert "Tensor Cores: 76.3% of GPU time by the kernel names (mpwatch)" in html
+    assert "Tensor Cores: 76.3% of GPU time by their HLO and names (mpwatch)" in html
     parser = _Table()
     parser.feed(html)
     head, *rows = parser.rows

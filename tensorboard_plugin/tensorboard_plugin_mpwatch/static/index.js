@@ -274,8 +274,8 @@ function renderProfile(view) {
   }
   // mpwatch's reading of the kernel names beside xprof's own flag, and why they differ
   facts.append(
-    fact('mpw-tc-mpwatch', 'Tensor Cores (kernel names, mpwatch)', share('tensor_core_share'),
-      'share of GPU time in kernels whose names are Tensor Core kernels (docs/kernels.md)'),
+    fact('mpw-tc-mpwatch', 'Tensor Cores (HLO and kernel names, mpwatch)', share('tensor_core_share'),
+      'share of GPU time in Tensor Core kernels: by the HLO each runs (operand types, the GPU), else by its name (docs/kernels.md)'),
     fact('mpw-tc-xprof', 'Tensor Cores (xprof\'s "Kernel uses TensorCore")', share('xprof_tensor_core_share'),
       'the Profile tab\'s kernel_stats column: a substring match against a list of Volta/Turing-era names'),
     fact('mpw-unknown', 'unknown precision', share('unknown_share'), 'never counted as 16-bit'),

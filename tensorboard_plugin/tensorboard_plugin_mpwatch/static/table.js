@@ -15,7 +15,7 @@ const COLUMNS = [
   {key: 'max_abs_activation', label: 'max |act|', num: true, format: fmt},
   {key: 'time_share', label: 'time share', num: true, format: pct, profiled: true},
   {key: 'tensor_core_share', label: 'Tensor Cores', num: true, format: pct, gpu: true,
-    title: 'share of the layer\'s GPU time in Tensor Core kernels (by the kernel names)'},
+    title: 'share of the layer\'s GPU time in Tensor Core kernels (by their HLO and names)'},
   {key: 'findings', label: 'findings'},
 ];
 
