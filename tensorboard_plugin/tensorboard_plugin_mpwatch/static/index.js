@@ -243,7 +243,7 @@ function renderProbe(probe) {
 // The colour of each precision in the profile's bar (unknown: grey, never counted as 16-bit).
 const PRECISION_COLORS = {
   float16: '#1a73e8', bfloat16: '#12b5cb', float8: '#9334e6', int8: '#188038',
-  tf32: '#e8710a', float32: '#d93025', unknown: '#bdc1c6',
+  tf32: '#e8710a', float32: '#d93025', mixed: '#f9ab00', integer: '#795548', unknown: '#bdc1c6',
 };
 
 function fact(cls, label, value, title) {
