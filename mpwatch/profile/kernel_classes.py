@@ -10,6 +10,13 @@ Tensor Core while 76% runs in float16 Tensor Core kernels. :func:`classify` read
 instead, with the pattern table :data:`mpwatch.profile.kernel_patterns.PATTERNS` (rendered in
 ``docs/kernels.md`` by :func:`render_markdown`), and takes xprof's flag as one more signal.
 
+Where the trace holds the program's HLO (XLA: Keras on JAX, TensorFlow with ``jit_compile``) the
+instruction each kernel runs decides instead (:mod:`mpwatch.profile.hlo_kernels`, issue 26): a
+dot or convolution by its operand types and the GPU's compute capability, other XLA kernels by the
+floating-point types they read and write (``mixed`` where 16- and 32-bit both, ``integer`` where
+none); the name's reading is kept beside it as corroboration, and a disagreement is flagged. The
+rules below are the name's.
+
 Rules:
 
 - **precision** is one of ``float32, tf32, float16, bfloat16, float8, int8, unknown``: the data type
