@@ -302,3 +302,26 @@ def test_summary_numbers_are_the_tables_sums():
     dense = next(d for d in head.data["not_tensor_core_layers"] if d["layer"] == "dense")
     assert dense["eligible_not_tensor_core_us"] == pytest.approx(2000.0)
     assert head.data["unattributed_us"] == pytest.approx(200.0)
+
+
+def test_a_kernel_whose_name_and_hlo_disagree_is_named():
+    """Issue 26: where a kernel's name says another precision than the HLO instruction it runs,
+    the HLO counts and the finding says so."""
+    payload = kernel_profile(healthy_kernels())
+    payload["kernel_summary"]["precision_disagreements"] = [
+        {
+            "kernel": "ampere_h16816gemm",
+            "name_precision": "float16",
+            "hlo_precision": "bfloat16",
+            "us": 1500.0,
+        }
+    ]
+    found = findings_of(diagnose(make_run(profile=payload)), RULE)
+    head = next(f for f in found if f.layer is None)
+    assert "kernel name and HLO disagree (the HLO counted): ampere_h16816gemm" in head.evidence
+    assert "name: float16, HLO: bfloat16, 1.5 ms" in head.evidence
+    assert head.data["precision_disagreements"][0]["kernel"] == "ampere_h16816gemm"
+    # none: nothing said
+    clean = kernel_profile(healthy_kernels())
+    head = next(f for f in findings_of(diagnose(make_run(profile=clean)), RULE) if f.layer is None)
+    assert "disagree" not in head.evidence and head.data["precision_disagreements"] == []

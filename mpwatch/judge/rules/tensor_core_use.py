@@ -180,6 +180,20 @@ def _not_tc_split(kernels: pd.DataFrame, row: Mapping[str, Any]) -> tuple[float,
     return f32, b16, ""
 
 
+def _disagreements(s: Mapping[str, Any]) -> str:
+    """Where a kernel's name says another precision than the HLO it runs (issue 26), in words."""
+    odd = [d for d in (s.get("precision_disagreements") or []) if isinstance(d, Mapping)]
+    if not odd:
+        return ""
+    shown = [
+        f"{d.get('kernel')} (name: {d.get('name_precision')}, HLO: {d.get('hlo_precision')}, "
+        f"{_us(_num(d, 'us'))})"
+        for d in odd[:3]
+    ]
+    more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
+    return "; kernel name and HLO disagree (the HLO counted): " + ", ".join(shown) + more
+
+
 def _summary_finding(run: Run, s: Mapping[str, Any], layers: pd.DataFrame, mixed: bool) -> Finding:
     total = _num(s, "total_us")
     tc = finite(s.get("tensor_core_share"))
@@ -244,6 +258,7 @@ def _summary_finding(run: Run, s: Mapping[str, Any], layers: pd.DataFrame, mixed
         + f"device time {_us(total)}: {precision}, unknown precision {pct(unknown)} (never "
         "counted as 16-bit)"
         + (f"; kernels no pattern knows: {names_list(unknown_names, 3)}" if unknown_names else "")
+        + _disagreements(s)
         + f"; xprof marks {pct(xtc or 0.0)} 'Kernel uses TensorCore', and "
         f"{pct(missed)} more runs in Tensor Core kernels (by their HLO or names: its name list "
         "predates Ampere and Hopper kernel names); no matrix math = element-wise kernels, "
@@ -289,6 +304,9 @@ def _summary_finding(run: Run, s: Mapping[str, Any], layers: pd.DataFrame, mixed
                 for off, name, _, e_not, e_unk, helper, other in not_tc
             ],
             "unattributed_us": outside,
+            "precision_disagreements": [
+                dict(d) for d in (s.get("precision_disagreements") or []) if isinstance(d, Mapping)
+            ],
             "matrix_math_on_tensor_cores_layers": fully_on,
         },
     )
