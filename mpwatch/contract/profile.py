@@ -285,6 +285,7 @@ _PROFILE_KERNEL_SUMMARY = s._obj(
         "cast_share": s._num("cast_us / total_us"),
         "compute_capability": s._str('the GPU\'s compute capability ("9.0"; "" unknown)'),
         "compute_capability_from": s._str('"trace" (the GPU plane) or "kernel names" (smXY)'),
+        "hlo_note": s._str("why the trace's HLO was not joined to the kernels (absent: it was)"),
     },
     "device_kernels: the run's kernel figures (mpwatch/profile/kernel_time.py: kernel_time)",
     required=[

@@ -263,6 +263,16 @@ def hlo_columns(table: pd.DataFrame, traces: Sequence[str]) -> pd.DataFrame:
     out.attrs["compute_capability_from"] = cc_from
     if not modules or not len(out):
         return out
+    try:
+        return _with_hlo(out, spaces, modules, cc)
+    except (KeyError, IndexError, ValueError, TypeError) as e:  # an HLO this reader misreads
+        out.attrs["hlo_note"] = f"the HLO could not be joined to the kernels: {e!r}"
+        return out
+
+
+def _with_hlo(
+    out: pd.DataFrame, spaces: Sequence[Any], modules: dict[str, HloModule], cc: Any
+) -> pd.DataFrame:
     found = kernel_instructions(spaces, modules)
     readings: dict[tuple[str, str], HloReading] = {}
     rows: list[dict[str, Any]] = []

@@ -363,6 +363,7 @@ def _hlo_summary(df: pd.DataFrame, total: float, attrs: Mapping[str, Any]) -> di
         "cast_share": _share(float(t[df["is_cast"].astype(bool)].sum()), total),
         "compute_capability": str(attrs.get("compute_capability", "")),
         "compute_capability_from": str(attrs.get("compute_capability_from", "")),
+        **({"hlo_note": str(attrs["hlo_note"])} if attrs.get("hlo_note") else {}),
     }
 
 
