@@ -43,6 +43,9 @@ _NO_KERNEL = frozenset(
         "replica-id",
         "opt-barrier",
         "add-dependency",
+        "while",  # their bodies' instructions launch the kernels
+        "conditional",
+        "call",
     }
 )
 _HELPERS = frozenset({"helper", "reduction", "memset"})
@@ -63,12 +66,18 @@ def _kind(event_name: str) -> str:
     return "call"
 
 
-def _fits(instr: HloInstruction, want: str) -> bool:
+def _fits(instr: HloInstruction, want: str, module: HloModule, run_names: set[str]) -> bool:
     if want == "fusion":
         return instr.opcode == "fusion"
     if want == "copy":
         return instr.opcode == "copy"
-    return instr.opcode not in ("fusion", "copy")  # a custom call, a sort, a scatter...
+    if instr.opcode == "fusion":
+        # a library's fusion (cuDNN's, cuBLAS'): its kernels carry the library's names, so no
+        # kernel of the run is named after it; it holds the matrix math
+        return _sanitized(instr.name) not in run_names and any(
+            i.opcode in ("dot", "convolution", "custom-call") for i in module.inside(instr)
+        )
+    return instr.opcode != "copy"  # a custom call, a sort, a scatter...
 
 
 def align_run(
@@ -93,6 +102,11 @@ def align_run(
     order = module.schedule[named[first].computation]
     pos = {iid: i for i, iid in enumerate(order)}
     launching = [module.instructions[i].opcode not in _NO_KERNEL for i in order]
+    run_names = {_sanitized(n) for n in names}
+
+    def fits(q: int, want: str) -> bool:
+        return launching[q] and _fits(module.instructions[order[q]], want, module, run_names)
+
     out: list[HloInstruction | None] = [None] * len(names)
 
     def want_of(i: int) -> str:
@@ -104,7 +118,7 @@ def align_run(
         want = want_of(i)
         if want == "helper":
             continue  # filled below from the call after it
-        while q >= 0 and not (launching[q] and _fits(module.instructions[order[q]], want)):
+        while q >= 0 and not fits(q, want):
             q -= 1
         if q < 0:
             break
@@ -125,7 +139,7 @@ def align_run(
             out[i] = last_call
             continue
         q = p
-        while q < len(order) and not (launching[q] and _fits(module.instructions[order[q]], want)):
+        while q < len(order) and not fits(q, want):
             q += 1
         if q >= len(order):
             out[i] = ins  # a reused kernel past the schedule's end: its own instruction's kind

@@ -248,3 +248,18 @@ def test_a_loop_bodys_kernels_along_its_own_schedule():
     table = {"loop_mul_fusion": body[0]}
     got = align_run(["loop_mul_fusion", "nvjet_hsh_64x8"], m, table)
     assert [i.name for i in got] == ["loop_mul_fusion", "cublas-gemm.7"]
+
+
+def test_a_cudnn_fusion_is_a_library_call_and_loops_launch_nothing_themselves():
+    ins = [
+        _i(1, "loop_add_fusion", "fusion", "f16"),
+        _i(2, "while.3", "while", "f16"),  # its body launches the kernels, not it
+        _i(3, "cudnn-fusion.2", "fusion", "f16", called_ids=(2,)),  # cuDNN's GEMM fusion
+        _i(4, "loop_mul_fusion", "fusion", "f16"),
+    ]
+    inner = [_i(10, "p0", "parameter", "f16"), _i(11, "dot.9", "dot", "f16", (10, 10))]
+    m = _module(ins, schedule=[1, 2, 3, 4], fused={2: inner})
+    table = {"loop_add_fusion": ins[0], "loop_mul_fusion": ins[3]}
+    names = ["loop_add_fusion", "cudnn_generated_fort_native_gemm_kernel", "loop_mul_fusion"]
+    got = align_run(names, m, table)
+    assert [i.name for i in got] == ["loop_add_fusion", "cudnn-fusion.2", "loop_mul_fusion"]
