@@ -203,8 +203,11 @@ def read_instruction(module: HloModule, instr: HloInstruction) -> HloReading:
     return HloReading(precision, math, types, tf32, converts, is_cast, op_names, state)
 
 
-def _tensor_core(reading: HloReading, cc: tuple[int, int] | None, kernel: str) -> tuple[str, str]:
-    """``(precision, tensor_core, why)`` of a kernel from its instruction and the device."""
+def _tensor_core(
+    reading: HloReading, cc: tuple[int, int] | None, kernel: str
+) -> tuple[str, str, str]:
+    """``(precision, tensor_core, why)`` of a kernel from its instruction and the device; where
+    the library ran a CUDA-core kernel for the matrix math (its name says SIMT), the name's no."""
     p = reading.precision
     if not reading.math:
         return p, "no", "no matrix math"
@@ -213,6 +216,16 @@ def _tensor_core(reading: HloReading, cc: tuple[int, int] | None, kernel: str) -
         name.tensor_core == "no" and name.kind not in ("gemm", "conv") and name.pattern
     ):
         return p, "no", f"helper kernel of the {reading.math} ({name.kind or name.pattern})"
+    if name.tensor_core == "no" and name.kind in ("gemm", "conv"):
+        # the library picked a CUDA-core kernel (SIMT, sgemm): the name tells what ran
+        return (
+            p,
+            "no",
+            (
+                f"{p} operands, but a CUDA-core {name.kind} kernel ran ({name.pattern}: dimensions "
+                "or alignment the library's Tensor Core kernels did not take)"
+            ),
+        )
     if p == "float32":
         if reading.tf32_allowed and cc is not None and cc >= TENSOR_CORE_MIN_CC["tf32"]:
             return "tf32", "yes", "float32 operands at TF32 (precision config allows it)"

@@ -263,3 +263,13 @@ def test_a_cudnn_fusion_is_a_library_call_and_loops_launch_nothing_themselves():
     names = ["loop_add_fusion", "cudnn_generated_fort_native_gemm_kernel", "loop_mul_fusion"]
     got = align_run(names, m, table)
     assert [i.name for i in got] == ["loop_add_fusion", "cudnn-fusion.2", "loop_mul_fusion"]
+
+
+def test_a_cuda_core_kernel_for_16bit_operands_is_not_on_tensor_cores():
+    """The HLO says float16 matrix math a Tensor Core could run; the library ran a SIMT kernel
+    (its name says so): not on Tensor Cores, and why."""
+    a, b = _i(1, "a", "parameter", "f16"), _i(2, "b", "parameter", "f16")
+    call = _i(3, "gemm", "custom-call", "f16", (1, 2), custom_call_target="__cublas$gemm")
+    m = _module([a, b, call])
+    p, tc, why = _reading(m, "gemm", (8, 0), "cutlass_80_simt_hgemm_128x128_8x2_nn_align1")
+    assert (p, tc) == ("float16", "no") and "CUDA-core" in why
