@@ -33,6 +33,9 @@ from mpwatch.profile.step_parts import OPTIMIZER, PARTS, step_part
 
 __all__ = ["merge_hlo", "kernel_owners", "agree"]
 
+#: op names that name no op (xprof's for kernels XLA launched from a CUDA graph)
+_NO_OP = frozenset({"", "XlaModule", "XlaModule:"})
+
 
 def agree(name_precision: str, hlo_precision: str) -> bool:
     """Whether a name's precision and the HLO's are compatible: equal, either unknown, the HLO's
@@ -106,7 +109,7 @@ def _owner_of_names(
         return layer, path, direction, None
     if any(step_part(f) == OPTIMIZER for f in fused):
         return None, None, op_name_direction(own), OPTIMIZER
-    if own and (not is_jax_op_name(own) or jax_scopes(own)):
+    if own not in _NO_OP and (not is_jax_op_name(own) or jax_scopes(own)):
         # its own op name is a scope's (a layer the model does not have, a TensorFlow op): the
         # instructions fused into it do not overrule that
         return None, None, direction, None

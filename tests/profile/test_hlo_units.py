@@ -273,3 +273,12 @@ def test_a_cuda_core_kernel_for_16bit_operands_is_not_on_tensor_cores():
     m = _module([a, b, call])
     p, tc, why = _reading(m, "gemm", (8, 0), "cutlass_80_simt_hgemm_128x128_8x2_nn_align1")
     assert (p, tc) == ("float16", "no") and "CUDA-core" in why
+
+
+def test_a_kernel_xprof_names_no_op_takes_what_is_fused_into_it():
+    bn = "jit(train_step)/jvp(batch_normalization)/mul"
+    df = pd.DataFrame(
+        {"op_name": ["XlaModule"], "hlo_op_names": [(bn, bn)], "hlo_state_part": [""]}
+    )
+    got = kernel_owners(df, None)
+    assert got["layer"].tolist() == ["batch_normalization"]
