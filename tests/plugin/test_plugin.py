@@ -713,8 +713,12 @@ def test_a_gpu_trace_shows_device_time_and_both_tensor_core_shares(tmp_path, rea
     assert s["source"] == "device_kernels" and "kernel" in s["label"]
     assert s["tensor_core_share"] == pytest.approx(k["tensor_core_share"])
     assert s["xprof_tensor_core_share"] == pytest.approx(0.125, abs=0.005)
-    assert s["unknown_share"] == pytest.approx(k["by_precision_share"]["unknown"])
-    assert set(s["by_precision_share"]) == {"float16", "unknown"}
+    # the precisions the record holds (from each kernel's HLO since #26: float16 matrix math,
+    # mixed for BatchNormalization's float16 reads with float32 statistics, ...), the tab's the same
+    recorded = {p: v for p, v in k["by_precision_share"].items() if v}
+    assert s["by_precision_share"] == pytest.approx(recorded)
+    assert "float16" in recorded and recorded.get("unknown", 0.0) <= 0.03
+    assert s["unknown_share"] == pytest.approx(k.get("unknown_share", 0.0))
     assert s["total_us"] == pytest.approx(k["total_us"])
 
 
