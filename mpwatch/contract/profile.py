@@ -321,7 +321,9 @@ SCHEMA = s._record_schema(
         "unattributed_us": s._num("time of ops outside every layer"),
         "unattributed_by_category": s._t(
             "object",
-            "that time by category (input_pipeline, loss, ...)",
+            "that time by the named part of the step it belongs to (optimizer update, loss "
+            "scaling, loss, metrics, input), else by a rough category (input_pipeline, "
+            "gradients, other)",
             additionalProperties=s._num(),
         ),
         "cast_us": s._num("time in Cast ops"),
@@ -341,7 +343,8 @@ SCHEMA = s._record_schema(
         "source": s._enum(
             list(PROFILE_SOURCES),
             "where per-layer precision and time come from: device_kernels (the GPU kernels, "
-            "kernel_* keys), host_ops (ops on the host counted in their layer's dtype: a CPU), "
+            "kernel_* keys), host_ops (ops on the host: XLA's by their HLO instruction, others "
+            "in their layer's dtype; a CPU), "
             "device_ops (device ops without kernels); absent in older records: "
             "profile_source() derives it from side",
         ),

@@ -12,6 +12,10 @@ Exceptions, by op type: ``Cast`` (a conversion, not 16-bit compute), variable re
 layers (BatchNormalization, LayerNormalization, GroupNormalization, RMSNormalization) compute in
 float32 inside under a 16-bit policy, so their ops count as 32 too. Ops outside every layer (loss,
 optimizer, input pipeline, the model's input casts) are *unattributed* and count as 32.
+XLA's CPU ops (an :func:`~mpwatch.profile.traces.xla_op_table` with ``hlo_precision``) instead
+count as what their HLO instruction computes in: 16 where float16/bfloat16 only, else 32
+(casts: 32); ``unattributed_by_category`` names the step's part an unattributed op belongs to
+(:func:`owner_category`).
 
 Time is the op's *self* time (time in the op minus time in ops nested inside it), so that rows add
 up to the time of the captured steps without double counting.
@@ -32,6 +36,7 @@ import pandas as pd
 
 from mpwatch import contract
 from mpwatch.profile.attribution import LayerInfo, attribute_any_ops, describe_model, iter_layers
+from mpwatch.profile.step_parts import step_part
 from mpwatch.profile.traces import TOOL
 
 # Op types TensorFlow's automatic mixed precision graph rewrite keeps in float32 (its "deny list"
@@ -102,11 +107,11 @@ class ProfileResult:
             return contract.table(list(df.columns), df.astype(object).values.tolist())
 
         unattributed = self.ops[self.ops["layer"].isna()]
-        by_category = (
-            unattributed.groupby(unattributed["op_name"].map(op_category))["self_time_us"]
-            .sum()
-            .to_dict()
-        )
+        category = unattributed["op_name"].map(owner_category)
+        if "part" in unattributed:  # the op table knows the part (the input pipeline)
+            given = unattributed["part"].fillna("").astype(str)
+            category = category.where(given == "", given)
+        by_category = unattributed.groupby(category)["self_time_us"].sum().to_dict()
         payload = {
             "steps": [int(s) for s in steps] if steps else None,
             "device": self.device,
@@ -155,6 +160,12 @@ def op_category(op_name: str) -> str:
     return "other"
 
 
+def owner_category(op_name: str) -> str:
+    """The named part of the step an op outside every layer belongs to
+    (:data:`mpwatch.profile.step_parts.PARTS`), else its rough :func:`op_category`."""
+    return step_part(op_name) or op_category(op_name)
+
+
 def op_bits(op_type: str, layer: LayerInfo | None) -> int:
     """The precision an op ran in (see the module docstring)."""
     if layer is None or op_type in ALWAYS_32BIT_OPS:
@@ -198,6 +209,15 @@ def layer_time(
     ops["layer"] = layer_of.map(lambda li: li.path if li is not None else None)
     ops["bits"] = [op_bits(t, li) for t, li in zip(ops["op_type"], layer_of)]
     ops["is_cast"] = ops["op_type"].isin(CAST_OPS)
+    if "hlo_precision" in ops:  # XLA on a CPU: what the op's HLO instruction computes in
+        known = ops["hlo_precision"].fillna("").astype(str) != ""
+        hlo_cast = ops["hlo_is_cast"].fillna(False).astype(bool)
+        hlo_bits = [
+            16 if p in ("float16", "bfloat16") and not c else 32
+            for p, c in zip(ops["hlo_precision"], hlo_cast)
+        ]
+        ops.loc[known, "bits"] = pd.Series(hlo_bits, index=ops.index)[known]
+        ops["is_cast"] = ops["is_cast"] | (known & hlo_cast)
     total = float(ops["self_time_us"].sum())
 
     # the ``layer`` column is the layer's name (the join key of mpwatch's layers and probe tables);

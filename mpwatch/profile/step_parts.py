@@ -13,6 +13,8 @@ Example:
     'optimizer update'
     >>> step_part("jit(train_step)/reduce_and"), step_part("jit(train_step)/jvp(compile_loss)/mul")
     ('loss scaling', 'loss')
+    >>> step_part("IsFinite_5"), step_part("Iterator::Root::Prefetch")
+    ('loss scaling', 'input')
     >>> step_part("jit(train_step)/jvp(conv2d)/add") is None
     True
 """
@@ -37,8 +39,8 @@ _OPTIMIZERS = (
 )
 _OPTIMIZER = re.compile(rf"(?:^|[/(])(?:{_OPTIMIZERS})(?:_\d+)?(?:[/)]|$)", re.I)
 _LOSS_SCALING = re.compile(
-    r"(?:^|[/(])(?:loss_scale_optimizer(?:_\d+)?|is_finite|isfinite|reduce_and|all_finite|"
-    r"cond(?:_\d+)?)(?:[/)]|$)",
+    r"(?:^|[/(])(?:loss_scale_optimizer|is_finite|isfinite|reduce_and|all_finite|cond)(?:_\d+)?"
+    r"(?:[/)]|$)",
     re.I,
 )
 _LOSS = re.compile(
@@ -49,6 +51,7 @@ _METRICS = re.compile(
 )
 _INPUT = re.compile(
     r"(?:^|[/(])(?:IteratorGetNext|iterator_get_next|data_adapter|input_pipeline)(?:/|$)|"
+    r"^Iterator::|"
     r"^jit\(\w+\)/jvp\(\)/convert_element_type$",
     re.I,
 )

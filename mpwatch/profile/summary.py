@@ -66,16 +66,22 @@ def summarize(
     try:
         result = layer_time(trace_ops(traces, ops), model, dtype_overrides)
         payload = result.payload(steps=steps, trace_dir=trace_dir)
-        if result.ops.attrs.get("source") == "xla_host":
+        hlo_bits = result.ops.attrs.get("source") == "xla_host"
+        if hlo_bits:
             payload["tool"] = "xla_host_events"
-            payload["bits_rule"] += (
-                "; ops from the XLA CPU runtime's events (op names from the trace's HLO metadata)"
+            payload["bits_rule"] = (
+                "XLA ops from the XLA CPU runtime's events: each op's precision from the HLO "
+                "instruction it runs (dot/convolution by their operand types, other work by the "
+                "float types it reads and writes: 16 where all are float16/bfloat16; converts "
+                "are casts, 32), its owner from the instruction's op name (or those fused into "
+                "it); other ops: " + payload["bits_rule"]
             )
     except ProfileError:
         if kernels is None:
             raise
+        hlo_bits = False
         payload = _ops_part_from_kernels(kernels, steps, trace_dir)
-    if model is None:
+    if model is None and not hlo_bits:
         payload["share_16bit"] = float("nan")
         payload["bits_rule"] += "; no model given: the ops' precision is unknown"
     if kernels is not None:

@@ -37,7 +37,9 @@ import pandas as pd
 
 from mpwatch.profile import xplane
 from mpwatch.profile.attribution import split_op_name
+from mpwatch.profile.hlo_cpu import CpuHlo
 from mpwatch.profile.hlo_kernels import hlo_columns
+from mpwatch.profile.step_parts import INPUT
 
 TOOL = "framework_op_stats"
 
@@ -437,7 +439,10 @@ def xla_op_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
     that carry ``hlo_module``/``hlo_op`` stats, their op names from the trace's HLO metadata
     (:class:`HloIndex`).
 
-    Columns as :func:`op_table` (:data:`OP_COLUMNS`); ``op_type`` is the op name's last component
+    Columns as :func:`op_table` (:data:`OP_COLUMNS`) and, from the instruction each op runs
+    (:mod:`mpwatch.profile.hlo_cpu`), ``hlo_precision`` (``float16``, ``mixed``, ``float32``,
+    ...; ``""`` where the HLO lacks it) and ``hlo_is_cast``; a fusion without an op name of its
+    own is named after those fused into it. ``op_type`` is the op name's last component
     (the JAX primitive: ``conv_general_dilated``, ``dot_general``, ``convert_element_type``), or
     the HLO opcode where the metadata names no op (then ``op_name`` is ``<program>/<instruction>``).
     ``self_time_us`` leaves out HLO events nested inside (a conditional's branches).
@@ -449,16 +454,23 @@ def xla_op_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
         index, spaces = HloIndex.of_traces(traces, xplane.metadata_and_host)
     except (xplane.XSpaceError, OSError) as e:
         raise ProfileError(f"{traces[0]} is not a readable profiler trace (XSpace): {e}") from e
-    rows: dict[tuple[str, str], list[float]] = {}
+    hlo = CpuHlo(spaces)
+    rows: dict[tuple[str, str, str, bool], list[float]] = {}
     for space in spaces:
         for ev in xplane.xla_host_events(space):
             op_name, opcode = index.op_name(ev.module, ev.hlo_op)
+            found = hlo.reading(ev.module, ev.hlo_op)
+            precision, is_cast = "", False
+            if found is not None:
+                reading, owner, opcode = found[0], found[1] or op_name, found[2] or opcode
+                precision, is_cast = reading.precision, reading.is_cast
+                op_name = owner or op_name
             if op_name:
                 op_type = split_op_name(op_name)[-1] or opcode or ev.hlo_op
             else:
                 op_name = f"{xplane.module_base(ev.module)}/{ev.hlo_op}"
                 op_type = opcode or ev.hlo_op
-            row = rows.setdefault((op_name, op_type), [0, 0.0, 0.0])
+            row = rows.setdefault((op_name, op_type, precision, is_cast), [0, 0.0, 0.0])
             row[0] += 1
             row[1] += ev.duration_ps / 1e6
             row[2] += ev.self_ps / 1e6
@@ -469,10 +481,10 @@ def xla_op_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
         )
     df = pd.DataFrame(
         [
-            ("Host", op_type, op_name, int(n), total, own, "XLA")
-            for (op_name, op_type), (n, total, own) in rows.items()
+            ("Host", op_type, op_name, int(n), total, own, "XLA", precision, is_cast)
+            for (op_name, op_type, precision, is_cast), (n, total, own) in rows.items()
         ],
-        columns=OP_COLUMNS,
+        columns=[*OP_COLUMNS, "hlo_precision", "hlo_is_cast"],
     )
     df = df.sort_values("self_time_us", ascending=False, kind="stable").reset_index(drop=True)
     df.attrs["side"] = "host"
@@ -487,19 +499,43 @@ OP_SOURCES = ("framework", "xla", "auto")
 
 def trace_ops(traces: Sequence[str], ops: str = "framework") -> pd.DataFrame:
     """The op table of a trace: ``"framework"`` xprof's (:func:`op_table`: TensorFlow's ops),
-    ``"xla"`` XLA's host ops (:func:`xla_op_table`: JAX on a CPU), ``"auto"`` xprof's, else XLA's
-    when xprof's has none (the first error is raised when neither has ops)."""
+    ``"xla"`` XLA's host ops (:func:`xla_op_table`: JAX on a CPU), ``"auto"`` XLA's (with the
+    framework ops outside XLA's programs, e.g. the input pipeline) where they hold more time than
+    xprof's (TensorFlow's ``jit_compile`` on a CPU), else xprof's (the first error is raised when
+    neither has ops)."""
     if ops not in OP_SOURCES:
         raise ValueError(f"ops must be one of {OP_SOURCES}, not {ops!r}")
     if ops == "xla":
         return xla_op_table(traces)
     try:
-        return op_table(traces)
+        framework = op_table(traces)
     except ProfileError:
         if ops == "framework":
             raise
         first = sys.exc_info()[1]
+        try:
+            return xla_op_table(traces)
+        except ProfileError:
+            raise first from None
+    if ops == "framework":
+        return framework
     try:
-        return xla_op_table(traces)
+        xla = xla_op_table(traces)
     except ProfileError:
-        raise first from None
+        return framework
+    if xla["self_time_us"].sum() <= framework["self_time_us"].sum():
+        return framework
+    # XLA ran the step (TensorFlow's jit_compile on a CPU): its ops, with the framework's ops
+    # that ran outside it (the input pipeline, ``part`` "input") but not the launch of the XLA
+    # program itself
+    outside = framework[
+        ~framework["op_type"].astype(str).str.contains(r"^_?Xla|PartitionedCall", regex=True)
+        & ~framework["op_name"].astype(str).str.contains("__inference", regex=False)
+    ]
+    # what TensorFlow ran on the host beside the XLA step: the tf.data pipeline feeding it
+    outside = outside.assign(part=INPUT)
+    merged = pd.concat([xla.assign(part=""), outside], ignore_index=True)
+    merged = merged.sort_values("self_time_us", ascending=False, kind="stable")
+    merged = merged.reset_index(drop=True)
+    merged.attrs.update(xla.attrs)
+    return merged

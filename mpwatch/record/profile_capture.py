@@ -344,8 +344,9 @@ class ProfileMonitor(RecordingCallback):
                 self.model,
                 steps=pending["steps"],
                 dtype_overrides=self.dtype_overrides or None,
-                # JAX on a CPU: xprof's op table is empty, XLA's own op events are not
-                ops="auto" if self._backend == JAX else "framework",
+                # XLA on a CPU (JAX, TensorFlow's jit_compile): xprof's op table is empty or
+                # holds only the input pipeline; XLA's own op events hold the step
+                ops="auto",
                 dims=layer_dims(self.model),
             )
         except Exception as e:  # noqa: BLE001 - never lose training to the conversion

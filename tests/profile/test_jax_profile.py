@@ -74,7 +74,8 @@ def test_the_record_follows_the_contract(record):
     step, payload = record
     jsonschema.validate(payload, contract.PAYLOAD_SCHEMAS[contract.KIND_PROFILE])
     assert step == 5 and payload["steps"] == [3, 5]
-    assert payload["source"] == "host_ops"  # a CPU: no kernels, precision from the layer dtypes
+    # a CPU: no kernels; precision from each op's HLO (issue 26)
+    assert payload["source"] == "host_ops"
     assert payload["device"] == "CPU" and payload["side"] == "host"
     assert payload["tool"] == "xla_host_events"
     assert "kernel_summary" not in payload
@@ -139,22 +140,30 @@ def test_xla_ops_are_joined_to_the_layers_by_their_jax_names(fitted, record):
     per_layer = truth.dropna().groupby("layer")["us"].sum()
     for name in ("conv2d", "batch_normalization", "dense", "dense_1"):
         assert per_layer[name] > 0, name
-        assert layers.loc[name, "time_us"] == pytest.approx(per_layer[name], rel=1e-6), name
+        # issue 26: at least the ops whose own op name (or whose fused ops' one op name) names the
+        # layer; also fusions whose fused ops name several scopes (the one most of them name) and
+        # instructions XLA made without an op name (those they feed or read), which this truth
+        # leaves out (the record had exactly this truth before, those ops outside every layer)
+        assert layers.loc[name, "time_us"] >= per_layer[name] * (1 - 1e-6), name
     # every XLA op event is in the record's total once (no nesting under a layer)
     assert payload["total_us"] <= truth["us"].sum() + 1e-6
     assert layers["time_us"].sum() + payload["unattributed_us"] == pytest.approx(
         payload["total_us"]
     )
-    # precision from the layer's compute dtype: the float16 convolution's own ops are 16-bit,
+    # issue 26: precision from the HLO instruction each op runs, no longer from the layer's
+    # compute dtype (which made the float16 convolution's ops 16-bit): XLA's CPU backend converts
+    # the float16 operands of convolutions and dots to float32 and computes in float32, so the
+    # convolution's math is 32-bit (tests/profile/test_hlo_cpu_truth.py checks the HLO truth);
     # BatchNormalization computes in float32 inside, the output Dense is float32
-    assert layers.loc["conv2d", "time_16bit_us"] > 0
+    assert layers.loc["conv2d", "time_32bit_us"] > 0
     assert layers.loc["batch_normalization", "time_16bit_us"] == 0
     assert layers.loc["dense_1", "time_16bit_us"] == 0
     assert layers.loc["dense_1", "compute_dtype"] == "float32"
-    # JAX's casts (convert_element_type) count as casts
+    # JAX's casts (convert_element_type) count as casts; since issue 26 so do the fusions whose
+    # HLO only converts (XLA named them after another op, or after none)
     op_types = pd.DataFrame(payload["op_types"]["data"], columns=payload["op_types"]["columns"])
     casts = op_types.loc[op_types["op_type"] == "convert_element_type", "time_us"].sum()
-    assert payload["cast_us"] == pytest.approx(casts) and casts > 0
+    assert payload["cast_us"] >= casts * (1 - 1e-6) and casts > 0
 
 
 def test_load_run_and_the_diagnosis_read_it(fitted):
