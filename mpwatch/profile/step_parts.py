@@ -2,7 +2,9 @@
 
 Besides the layers' forward and backward passes a training step runs the optimizer's update, the
 loss scaling of a ``LossScaleOptimizer`` (the finite check of the gradients, the scale's update,
-the apply-or-skip ``cond``), the loss, the metrics and the input's cast or transfer.
+the apply-or-skip ``cond``), the loss, the metrics and the input's cast or transfer
+(TensorFlow's ``Iterator::`` input pipeline, the ``XLA_Args`` a jit_compile'd step's arguments
+are handed in by).
 :func:`step_part` names the part an op name belongs to (JAX names of Keras 3 on JAX,
 ``jit(train_step)/cond/branch_1_fun/adam/...``, and TensorFlow scopes); :func:`part_of_state`
 the part a Keras-on-JAX train step's state argument belongs to (``state[2][k]`` optimizer
@@ -13,8 +15,8 @@ Example:
     'optimizer update'
     >>> step_part("jit(train_step)/reduce_and"), step_part("jit(train_step)/jvp(compile_loss)/mul")
     ('loss scaling', 'loss')
-    >>> step_part("IsFinite_5"), step_part("Iterator::Root::Prefetch")
-    ('loss scaling', 'input')
+    >>> step_part("IsFinite_5"), step_part("Iterator::Root::Prefetch"), step_part("XLA_Args")
+    ('loss scaling', 'input', 'input')
     >>> step_part("jit(train_step)/jvp(conv2d)/add") is None
     True
 """
@@ -51,7 +53,7 @@ _METRICS = re.compile(
 )
 _INPUT = re.compile(
     r"(?:^|[/(])(?:IteratorGetNext|iterator_get_next|data_adapter|input_pipeline)(?:/|$)|"
-    r"^Iterator::|"
+    r"^Iterator::|^XLA_Args$|"
     r"^jit\(\w+\)/jvp\(\)/convert_element_type$",
     re.I,
 )
