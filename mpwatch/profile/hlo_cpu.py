@@ -49,12 +49,10 @@ def owner_op_name(own: str, fused: Iterable[str]) -> str:
 
 
 class CpuHlo:
-    """The HLO programs of traces, read per (program, instruction) on demand."""
+    """HLO programs (``name(id) -> HloModule``), read per (program, instruction) on demand."""
 
-    def __init__(self, spaces: Sequence[Any]) -> None:
-        self.modules: dict[str, HloModule] = {}
-        for space in spaces:
-            self.modules.update(hlo_modules(space))
+    def __init__(self, modules: dict[str, HloModule]) -> None:
+        self.modules = dict(modules)
         self._by_base: dict[str, list[str]] = {}
         for key in self.modules:
             self._by_base.setdefault(xplane.module_base(key), []).append(key)
@@ -111,4 +109,7 @@ class CpuHlo:
 
 def cpu_readings(spaces: Sequence[Any]) -> CpuHlo:
     """The traces' programs, for :meth:`CpuHlo.reading`."""
-    return CpuHlo(spaces)
+    modules: dict[str, HloModule] = {}
+    for space in spaces:
+        modules.update(hlo_modules(space))
+    return CpuHlo(modules)

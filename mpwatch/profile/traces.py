@@ -37,7 +37,7 @@ import pandas as pd
 
 from mpwatch.profile import xplane
 from mpwatch.profile.attribution import split_op_name
-from mpwatch.profile.hlo_cpu import CpuHlo
+from mpwatch.profile.hlo_cpu import cpu_readings
 from mpwatch.profile.hlo_kernels import hlo_columns
 from mpwatch.profile.step_parts import INPUT
 
@@ -454,7 +454,7 @@ def xla_op_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
         index, spaces = HloIndex.of_traces(traces, xplane.metadata_and_host)
     except (xplane.XSpaceError, OSError) as e:
         raise ProfileError(f"{traces[0]} is not a readable profiler trace (XSpace): {e}") from e
-    hlo = CpuHlo(spaces)
+    hlo = cpu_readings(spaces)
     rows: dict[tuple[str, str, str, bool], list[float]] = {}
     for space in spaces:
         for ev in xplane.xla_host_events(space):
