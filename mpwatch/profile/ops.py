@@ -35,7 +35,13 @@ from typing import Any
 import pandas as pd
 
 from mpwatch import contract
-from mpwatch.profile.attribution import LayerInfo, attribute_any_ops, describe_model, iter_layers
+from mpwatch.profile.attribution import (
+    LayerInfo,
+    attribute_any_ops,
+    attribute_kernels,
+    describe_model,
+    iter_layers,
+)
 from mpwatch.profile.step_parts import step_part
 from mpwatch.profile.traces import TOOL
 
@@ -166,6 +172,15 @@ def owner_category(op_name: str) -> str:
     return step_part(op_name) or op_category(op_name)
 
 
+def _layers_by_jax_scope(op_names: Any) -> list[LayerInfo]:
+    """Without a model, the layers JAX op names say (the innermost scope inside ``jvp`` or
+    ``transpose``: :func:`mpwatch.profile.attribution.attribute_kernels`), dtype unknown (an
+    op's precision is then its HLO's)."""
+    found = attribute_kernels([str(n) for n in op_names], None)
+    names = sorted({layer for layer, _, _ in found.values() if layer})
+    return [LayerInfo(name=n, path=n, cls="", compute_dtype="unknown") for n in names]
+
+
 def op_bits(op_type: str, layer: LayerInfo | None) -> int:
     """The precision an op ran in (see the module docstring)."""
     if layer is None or op_type in ALWAYS_32BIT_OPS:
@@ -196,6 +211,8 @@ def layer_time(
     """
     if model is None:  # no model: no layer to join to (every op unattributed)
         root = LayerInfo(name="", path="", cls="", compute_dtype="unknown")
+        if ops.attrs.get("source") == "xla_host":  # XLA's CPU ops: layers by their JAX scopes
+            root.children = _layers_by_jax_scope(ops["op_name"])
     else:
         root = model if isinstance(model, LayerInfo) else describe_model(model)
     if dtype_overrides:

@@ -130,7 +130,7 @@ def run_summary(run: Run) -> dict[str, Any]:
 #: what a profile's figures are, by ``source`` (the reports' label)
 PROFILE_SOURCE_LABELS = {
     "device_kernels": "GPU kernels (precision and Tensor Cores from each kernel's name)",
-    "host_ops": "host ops (precision from each layer's dtype)",
+    "host_ops": "host ops (precision from each XLA op's HLO, else from its layer's dtype)",
     "device_ops": "device ops (precision from each layer's dtype)",
 }
 

@@ -222,6 +222,8 @@ def test_the_raw_trace_read_without_a_model_has_the_same_precision(fitted):
     share = float(truth.loc[truth["is16"], "us"].sum()) / payload["total_us"]
     assert payload["share_16bit"] == payload["share_16bit"]  # not NaN
     assert abs(payload["share_16bit"] - share) <= 0.05
+    if fitted["facts"]["backend"] == "jax":  # JAX names say their layers without a model
+        assert _owned(payload) >= 0.90, payload["unattributed_by_category"]
 
 
 def test_per_program_truth_is_consistent(fitted):
