@@ -22,19 +22,11 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
+from mpwatch.contract import PROFILE_PRECISIONS
+
 #: ``mixed`` (16- and 32-bit data both) and ``integer`` (no floating point) come from the HLO of
 #: XLA's own kernels (:mod:`mpwatch.profile.hlo_kernels`), never from a name
-PRECISIONS = (
-    "float32",
-    "tf32",
-    "float16",
-    "bfloat16",
-    "float8",
-    "int8",
-    "mixed",
-    "integer",
-    "unknown",
-)
+PRECISIONS = PROFILE_PRECISIONS  # the profile record's own list (one list, in the contract)
 TENSOR_CORE = ("yes", "no", "unknown")
 #: precisions that count as 16-bit compute (float8 and int8 are narrower, not "16-bit")
 SIXTEEN_BIT_PRECISIONS = frozenset({"float16", "bfloat16"})
