@@ -13,7 +13,7 @@ import os
 import pytest
 from builders import H100_TRACE, put_h100_trace, xprof_kernel_stats
 from tensorboard_process import running_tensorboard
-from test_plugin_server import BOOT_TIMEOUT, CHROMIUM, CHROMIUM_ARGS, Server, Tab, _strict_json
+from test_plugin_server import BOOT_TIMEOUT, Server, Tab, _strict_json
 
 from mpwatch.words import percent
 
@@ -76,17 +76,6 @@ def test_the_tab_is_enabled_and_serves_the_traces_profile(trace_server, truth):
         "tensor-core-alignment",
     }
     assert found["findings"] and found["info"] is None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing: browser tests need Debian's chromium")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.mark.browser

@@ -406,17 +406,6 @@ def test_a_run_still_being_written_is_followed(server, logdir):
 
 
 # --- the browser --------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing: browser tests need Debian's chromium")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 class Tab:
     """TensorBoard's page with the mpwatch tab open; ``frame`` is the plugin's iframe."""
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 from builders import LAYER_COLUMNS, layer_rows, run_info
 from tensorboard_process import running_tensorboard
-from test_plugin_server import BOOT_TIMEOUT, CHROMIUM, CHROMIUM_ARGS, Server, Tab
+from test_plugin_server import BOOT_TIMEOUT, Server, Tab
 
 from mpwatch import contract
 from mpwatch.record.writer import RunWriter
@@ -141,17 +141,6 @@ def server(logdir):
     log_path = os.path.join(logdir, "..", "tensorboard-tab-vs-cli.log")
     with running_tensorboard(logdir, log_path, ready, BOOT_TIMEOUT) as (_, port, proc):
         yield Server(port, logdir, proc)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing: browser tests need Debian's chromium")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.mark.browser

@@ -19,16 +19,14 @@ the old "outside layers" share (100%, 94%) was wrong: every op now has its owner
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from repo_scripts import run_fit_script
 
 from mpwatch import contract, profile
 from mpwatch.profile.step_parts import PARTS
@@ -36,29 +34,13 @@ from mpwatch.profile.step_parts import PARTS
 pytest.importorskip("xprof.convert.raw_to_tool_data")
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 SIXTEEN = {10, 16}  # F16, BF16
 FLOATS = {10, 11, 12, 16}  # F16, F32, F64, BF16
 CONV_OR_DOT = ("dot", "convolution")
 
 
 def _fit(tmp: Path, backend: str) -> dict:
-    env = {
-        **os.environ,
-        "KERAS_BACKEND": backend,
-        "JAX_PLATFORMS": "cpu",
-        "CUDA_VISIBLE_DEVICES": "-1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "xla_cpu_fit.py"), str(tmp)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    facts = json.loads((tmp / "facts.json").read_text())
+    facts = run_fit_script(HERE / "xla_cpu_fit.py", tmp, backend, CUDA_VISIBLE_DEVICES="-1")
     assert facts["error"] is None and facts["backend"] == backend
     logdir = tmp / "logs"
     traces = glob.glob(str(logdir / "plugins" / "profile" / "*" / "*.xplane.pb"))

@@ -13,15 +13,13 @@ HLO instructions' op names matched to layer names with a regular expression, sum
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from repo_scripts import run_fit_script
 
 from mpwatch import contract, load_run
 
@@ -29,27 +27,12 @@ pytest.importorskip("jax")
 pytest.importorskip("xprof.convert.raw_to_tool_data")
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     out = tmp_path_factory.mktemp("jax_profile")
-    env = {
-        **os.environ,
-        "KERAS_BACKEND": "jax",
-        "JAX_PLATFORMS": "cpu",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "jax_profile_fit.py"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    facts = json.loads((out / "facts.json").read_text())
+    facts = run_fit_script(HERE / "jax_profile_fit.py", out, "jax")
     return {"logdir": str(out / "logs"), "facts": facts}
 
 
