@@ -21,6 +21,7 @@ from typing import Any
 from mpwatch.judge.finding import Finding, most_severe_first, severity_rank
 from mpwatch.judge.rule import policy
 from mpwatch.judge.rules import PAIR_RULES, RUN_RULES
+from mpwatch.judge.rules.skipped_steps import WARMUP_SKIP_ALLOWANCE
 from mpwatch.read import Run, load_run, load_runs
 
 __all__ = [
@@ -279,8 +280,6 @@ def fold_skips_into_their_layer(findings: list[Finding]) -> list[Finding]:
         layers = f.data.get("overflow_layers") or [] if f.rule == "skipped-steps" else []
         causes = f.data.get("by_cause") or {}
         head = heads.get((f.run, layers[0])) if len(layers) == 1 else None
-        from mpwatch.judge.rules.skipped_steps import WARMUP_SKIP_ALLOWANCE
-
         raised_by_descent = len(causes.get("descent") or []) > WARMUP_SKIP_ALLOWANCE
         if (
             head is not None
