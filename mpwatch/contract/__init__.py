@@ -25,7 +25,8 @@ The package, one module per job:
 - ``schema``: the payload schemas' machinery (typed fields, split tables, a kind's schema; the
   record size limit a split record keeps to);
 - one module per record kind: ``run_info``, ``layers``, ``grad_variables``, ``probe``,
-  ``profile``, ``notice``, ``train_step`` (its table columns, their types, its payload schema);
+  ``profile``, ``notice``, ``train_step``, ``budget`` (its table columns, their types, its
+  payload schema);
 - ``payloads``: ``PAYLOAD_SCHEMAS`` by kind and ``required_keys``;
 - ``encoding``: a record's bytes (metadata, JSON + zlib, tables, plain-Python values);
 - ``events``: event files and the order of writes ("later writes win").
@@ -107,6 +108,7 @@ from mpwatch.contract.tags import (
     GRAD_ZERO_FRACTION,
     INPUT_MAX_ABS,
     INPUT_NONFINITE_COUNT,
+    KIND_BUDGET,
     KIND_GRAD_VARIABLES,
     KIND_LAYERS,
     KIND_NOTICE,
@@ -148,6 +150,7 @@ __all__ = [
     "INPUT_MAX_ABS",
     "INPUT_NONFINITE_COUNT",
     "JSON_SCHEMA_DIALECT",
+    "KIND_BUDGET",
     "KIND_GRAD_VARIABLES",
     "KIND_LAYERS",
     "KIND_NOTICE",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpwatch.contract import (
+    budget,
     grad_variables,
     layers,
     notice,
@@ -24,6 +25,7 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     tags.KIND_PROFILE: profile.SCHEMA,
     tags.KIND_NOTICE: notice.SCHEMA,
     tags.KIND_TRAIN_STEP: train_step.SCHEMA,
+    tags.KIND_BUDGET: budget.SCHEMA,
 }
 
 

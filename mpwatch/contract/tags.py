@@ -100,6 +100,7 @@ KIND_PROBE = "probe"  # probe results at one step (dict of tables, histogram, sw
 KIND_PROFILE = "profile"  # profiler summary: per-layer time by dtype, op types (dict)
 KIND_NOTICE = "notice"  # a recording part that stopped or is unavailable, and why (dict)
 KIND_TRAIN_STEP = "train_step"  # the train step's contract: who steps, who scales (dict)
+KIND_BUDGET = "budget"  # mpwatch's own cost in a fit, the budget's decisions (dict)
 
 RECORD_KINDS = (
     KIND_RUN_INFO,
@@ -109,6 +110,7 @@ RECORD_KINDS = (
     KIND_PROFILE,
     KIND_NOTICE,
     KIND_TRAIN_STEP,
+    KIND_BUDGET,
 )
 RECORD_PREFIX = "mpwatch/record/"
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,51 @@ def describe_model(model: Any) -> LayerInfo:
         return info
 
     return visit(model, "")
+
+
+def tree_from_layers_table(
+    table: Mapping[str, Any],
+) -> tuple[LayerInfo | None, dict[str, dict[str, int]]]:
+    """The model as :func:`describe_model` gives it, and each layer's Tensor Core dimensions,
+    from a run's ``layers`` record table (``{"columns": [...], "data": [...]}``, rows with
+    ``path``, ``class``, ``compute_dtype``, ``trainable_params``, ``tc_dims``): how a trace is
+    joined to the model's layers after the fit, without the model. ``(None, {})`` when the table
+    has no paths.
+
+    >>> root, dims = tree_from_layers_table({"columns": ["name", "path", "class",
+    ...     "compute_dtype", "trainable_params", "tc_dims"], "data": [
+    ...     ["dense", "net/dense", "Dense", "float16", 40, {"in": 8, "out": 4}]]})
+    >>> root.name, [c.path for c in root.children], root.children[0].bits, dims
+    ('net', ['net/dense'], 16, {'net/dense': {'in': 8, 'out': 4}})
+    """
+    cols = list(table.get("columns") or [])
+    if "path" not in cols:
+        return None, {}
+    rows = [dict(zip(cols, r)) for r in table.get("data") or []]
+    paths = [str(r.get("path") or "") for r in rows if r.get("path")]
+    if not paths:
+        return None, {}
+    root_name = paths[0].split("/")[0]
+    root = LayerInfo(name=root_name, path=root_name, cls="Model", compute_dtype="float32")
+    nodes: dict[str, LayerInfo] = {root_name: root}
+    dims: dict[str, dict[str, int]] = {}
+    for r in sorted(rows, key=lambda r: str(r.get("path") or "").count("/")):
+        path = str(r.get("path") or "")
+        if not path or path in nodes:
+            continue
+        info = LayerInfo(
+            name=str(r.get("name") or path.rsplit("/", 1)[-1]),
+            path=path,
+            cls=str(r.get("class") or ""),
+            compute_dtype=str(r.get("compute_dtype") or "float32"),
+            trainable_params=int(r.get("trainable_params") or 0),
+        )
+        parent = nodes.get(path.rsplit("/", 1)[0] if "/" in path else "", root)
+        parent.children.append(info)
+        nodes[path] = info
+        if isinstance(r.get("tc_dims"), dict) and r["tc_dims"]:
+            dims[path] = {str(k): int(v) for k, v in r["tc_dims"].items()}
+    return root, dims
 
 
 def iter_layers(root: LayerInfo) -> Iterable[LayerInfo]:

@@ -233,6 +233,7 @@ def build_run(name: str, path: str, events: Events) -> Run:
     run.notices = [{"step": s, **p} for s, p in recs.get(contract.KIND_NOTICE, [])]
     ts = recs.get(contract.KIND_TRAIN_STEP, [])
     run.train_step = dict(ts[-1][1]) if ts else {}
+    run.budgets = [{"step": s, **p} for s, p in recs.get(contract.KIND_BUDGET, [])]
     return run
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 
 from mpwatch import contract
 from mpwatch.read import traces as _traces
-from mpwatch.read.assemble import build_run
+from mpwatch.read.assemble import _records, build_run
 from mpwatch.read.run import Run
 from mpwatch.read.tfrecord import Events, read_events
 
@@ -100,7 +100,7 @@ def _trace_profile(path: str, events: Events) -> _traces.TraceProfile | None:
     if any(kind == contract.KIND_PROFILE for _, _, kind, _ in events.records):
         return None  # a record wins over its trace: it was made with the model
     try:
-        found = _traces.trace_profile(path)
+        found = _traces.trace_profile(path, *_traces.deferred_context(_records(events)))
     except _traces.TraceError as e:
         events.warnings.append(f"the profiler trace was not read: {e}")
         return None

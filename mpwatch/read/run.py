@@ -63,6 +63,9 @@ class Run:
         train_step: the latest ``train_step`` record (the train step's contract: who defines
             ``train_step``, every optimizer, whether it stepped and scales the loss), ``{}``
             when none.
+        budgets: every ``budget`` record, one per fit, each with its ``step``: mpwatch's own
+            time in that fit, per part, and the cost budget's decisions (what ran, what was
+            skipped or deferred, and why); ``[]`` for runs recorded without one.
         warnings: what the reader skipped, and why.
     """
 
@@ -83,6 +86,7 @@ class Run:
     profile_trace: str | None = None
     notices: list[dict[str, Any]] = field(default_factory=list)
     train_step: dict[str, Any] = field(default_factory=dict)
+    budgets: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     #: every structured record read, by kind: list of (step, payload) in step order
     records: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)

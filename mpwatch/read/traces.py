@@ -53,6 +53,7 @@ __all__ = [
     "TraceError",
     "TraceProfile",
     "cache_dir",
+    "deferred_context",
     "newest_capture",
     "trace_key",
     "trace_profile",
@@ -234,14 +235,39 @@ def _touch(path: str | None) -> None:
             pass
 
 
-def _convert(capture: str) -> dict[str, Any]:
+def _convert(
+    capture: str, layers: dict[str, Any] | None = None, steps: list[int] | None = None
+) -> dict[str, Any]:
     from mpwatch import profile  # the converter (xprof): imported only for a trace to convert
+    from mpwatch.profile.attribution import tree_from_layers_table
 
+    model, dims = tree_from_layers_table(layers) if layers else (None, {})
     try:
-        payload = profile.summarize(capture, None, ops="auto")
+        payload = profile.summarize(capture, model, steps=steps, ops="auto", dims=dims or None)
     except profile.ProfileError as e:
         raise TraceError(str(e)) from e
     return payload
+
+
+def deferred_context(
+    records: Any,
+) -> tuple[dict[str, Any] | None, list[int] | None]:
+    """(the run's latest ``layers`` table, the profiled steps) from its records (kind ->
+    [(step, payload)], parts merged): what a trace whose conversion the budget deferred is
+    joined with (the steps from the ``budget`` record's deferred decision, if any)."""
+    layers = None
+    for _, payload in reversed(list(records.get(contract.KIND_LAYERS) or [])):
+        table = payload.get("layers") if isinstance(payload, dict) else None
+        if isinstance(table, dict) and table.get("data"):
+            layers = table
+            break
+    steps = None
+    for _, payload in records.get(contract.KIND_BUDGET) or []:
+        for d in (payload or {}).get("decisions") or []:
+            got = (d.get("detail") or {}).get("steps") if isinstance(d, dict) else None
+            if d.get("part") == "profile_conversion" and isinstance(got, list) and len(got) == 2:
+                steps = [int(got[0]), int(got[1])]
+    return layers, steps
 
 
 def _step_of(payload: dict[str, Any]) -> int:
@@ -251,10 +277,15 @@ def _step_of(payload: dict[str, Any]) -> int:
     return 0
 
 
-def trace_profile(run_dir: str) -> TraceProfile | None:
+def trace_profile(
+    run_dir: str, layers: dict[str, Any] | None = None, steps: list[int] | None = None
+) -> TraceProfile | None:
     """The run's profile from the newest capture under ``run_dir/plugins/profile/``: from the
     cache when the trace is unchanged, else converted (and cached when the cache can be
     written); None when the run holds no trace. Nothing is written into ``run_dir``.
+    ``layers``: the run's ``layers`` record table (an mpwatch run: the ops are joined to its
+    layers, with their dtypes and Tensor Core dimensions, as in the fit); ``steps``: the
+    profiled steps (:func:`deferred_context` gives both).
 
     Raises :class:`TraceError` when the trace cannot be converted (no xprof, a damaged file).
     """
@@ -266,6 +297,9 @@ def trace_profile(run_dir: str) -> TraceProfile | None:
         key = trace_key(files)
     except OSError as e:
         raise TraceError(f"profiler trace in {capture} cannot be read: {e}") from e
+    if layers or steps:  # the join is part of the result: another key
+        extra = contract.encode_payload({"layers": layers, "steps": steps})
+        key = hashlib.blake2b(key.encode() + extra, digest_size=20).hexdigest()
     path = _cache_path(key)
     blob = _memory.get(key)
     cached = path if blob is not None and path is not None and os.path.isfile(path) else None
@@ -276,7 +310,7 @@ def trace_profile(run_dir: str) -> TraceProfile | None:
             _touch(cached)  # used: the last to be pruned
     if blob is None:
         try:
-            blob = contract.encode_payload(_convert(capture))
+            blob = contract.encode_payload(_convert(capture, layers, steps))
         except TraceError:
             raise
         except Exception as e:  # noqa: BLE001 - the converter's C++ layer raises anything

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -11,6 +13,7 @@ from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
 from mpwatch.record import backend
 from mpwatch.record.backend import device_info  # noqa: F401  (old import path)
 from mpwatch.record.base import RecordingCallback, check_positive_int
+from mpwatch.record.budget import CostBudget, check_budget, default_budget
 from mpwatch.record.gradient_health import GradientHealthMonitor
 from mpwatch.record.input_health import InputHealthMonitor
 from mpwatch.record.layer_dtypes import LayerDtypeMonitor
@@ -21,6 +24,8 @@ from mpwatch.record.step_time import StepTimeMonitor
 from mpwatch.record.tap_common import loss_scale_optimizer
 from mpwatch.record.train_step import TrainStepMonitor
 from mpwatch.record.twin import model_kind
+
+DEFAULT_PROBE_EVERY = 500  # steps between probes the budget may run (and each epoch's end)
 
 
 class MixedPrecisionMonitor(RecordingCallback):
@@ -42,14 +47,23 @@ class MixedPrecisionMonitor(RecordingCallback):
             so a bad batch is named by its step.
         probe, probe_every, probe_data: the float32-reference probe (:class:`ProbeMonitor`), every
             ``probe_every`` batch steps and at each epoch's end, on ``probe_data`` (default: the
-            first training batch); ``probe=False`` switches it off.
+            first training batch); ``probe=False`` switches it off. Without ``probe_every`` the
+            budget decides (every 500 steps and each epoch's end, when it fits); with it, the
+            probe runs at those steps whatever it costs.
         loss_fn: the probe's loss, ``loss_fn(y_true, y_pred) -> scalar`` (default: the model's
             compiled loss; a model trained by a custom loop need not be compiled).
-        profile: the profiler trace (:class:`ProfileMonitor`): ``True`` captures batches 3-5 of
-            the first ``fit`` (after warm-up) once, converts a copy into per-layer time by dtype
-            and writes it where TensorBoard's Profile tab finds it too; a pair ``(first, last)``
-            chooses the batches; ``False`` switches it off. It runs last, so its conversion pause
-            (about a second) falls outside the step times.
+        profile: the profiler trace (:class:`ProfileMonitor`) of batches 3-5 of the first ``fit``
+            (after warm-up), written where TensorBoard's Profile tab finds it too, and its copy
+            converted into per-layer time by dtype. Default (None): the budget decides whether to
+            capture, and whether to convert in the fit or leave the conversion to the first read
+            of the run; ``True`` (or a pair ``(first, last)`` choosing the batches) captures and
+            converts whatever it costs; ``False`` switches it off. It runs last, so its pauses
+            fall outside the step times.
+        budget: the share of the fit's wall time mpwatch may spend on itself (default 0.05, or
+            ``$MPWATCH_BUDGET``); its optional work (probes, the profile, its conversion) runs
+            only when it fits, and what did not is recorded (the ``budget`` record) and named by
+            the diagnosis. ``None`` (or ``MPWATCH_BUDGET=off``): no budget. An explicit
+            ``probe_every`` or ``profile`` always wins over it (:mod:`mpwatch.record.budget`).
 
     Sub-callbacks live in ``self.parts`` (built by :meth:`_build_parts`, called in order for every
     Keras hook); adding a part is one ``parts.append(...)`` line there.
@@ -76,10 +90,11 @@ class MixedPrecisionMonitor(RecordingCallback):
         per_variable_gradients: bool = True,
         input_health: bool = True,
         probe: bool = True,
-        probe_every: int = 500,
+        probe_every: int | None = None,
         probe_data: Any = None,
         loss_fn: Any = None,
-        profile: bool | tuple[int, int] = True,
+        profile: bool | tuple[int, int] | None = None,
+        budget: float | None | str = "default",
     ) -> None:
         super().__init__(log_dir, log_every)
         check_positive_int("log_every", log_every)
@@ -93,7 +108,13 @@ class MixedPrecisionMonitor(RecordingCallback):
             "probe": bool(probe),
         }
         self.profile = profile
-        self.probe_every = check_positive_int("probe_every", probe_every)
+        self.probe_every = check_positive_int("probe_every", probe_every, allow_none=True)
+        self.budget = CostBudget(default_budget() if budget == "default" else check_budget(budget))
+        self.explicit = {
+            k: v
+            for k, v in (("probe_every", probe_every), ("profile", profile))
+            if v is not None and v is not False
+        }
         self.probe_data = probe_data
         self.loss_fn = loss_fn
         self.parts: list[keras.callbacks.Callback] = self._build_parts()
@@ -113,11 +134,27 @@ class MixedPrecisionMonitor(RecordingCallback):
         if o["step_time"]:
             parts.append(StepTimeMonitor(d, n))
         if o["probe"]:
-            parts.append(ProbeMonitor(d, self.probe_every, self.probe_data, self.loss_fn))
-        if self.profile is not False and self.profile is not None:
-            steps = DEFAULT_STEPS if self.profile is True else self.profile
-            parts.append(ProfileMonitor(d, profile_steps=steps))
+            every = self.probe_every or DEFAULT_PROBE_EVERY
+            probe = ProbeMonitor(d, every, self.probe_data, self.loss_fn)
+            probe.budget, probe.explicit = self.budget, self.probe_every is not None
+            parts.append(probe)
+        if self.profile is not False:
+            steps = DEFAULT_STEPS if self.profile in (None, True) else self.profile
+            profile = ProfileMonitor(d, profile_steps=steps)
+            profile.budget, profile.explicit = self.budget, self.profile is not None
+            parts.append(profile)
         return parts
+
+    @contextlib.contextmanager
+    def _charged(self, part: Any) -> Iterator[None]:
+        """A part's hook, its wall time charged to the part in the budget's ledger."""
+        with self.budget.spend(getattr(part, "part", type(part).__name__)):
+            yield
+
+    def _each(self, hook: str, *args: Any) -> None:
+        for p in self.parts:
+            with self._charged(p):
+                getattr(p, hook)(*args)
 
     # --- delegation ----------------------------------------------------------------------------
     def set_model(self, model: Any) -> None:
@@ -131,33 +168,33 @@ class MixedPrecisionMonitor(RecordingCallback):
             p.set_params(params)
 
     def on_train_begin(self, logs: Any = None) -> None:
-        super().on_train_begin(logs)
-        for p in self.parts:
-            p.on_train_begin(logs)
+        self.budget.begin_fit(self.params)
+        with self._charged(self):
+            super().on_train_begin(logs)
+        self._each("on_train_begin", logs)
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        super().on_train_batch_begin(batch, logs)
-        for p in self.parts:
-            p.on_train_batch_begin(batch, logs)
+        with self._charged(self):
+            super().on_train_batch_begin(batch, logs)
+        self._each("on_train_batch_begin", batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        first = getattr(self, "_call_begin", batch)
         with self._writes_held():  # the parts share the writer: one write for all of them
-            super().on_train_batch_end(batch, logs)
-            for p in self.parts:
-                p.on_train_batch_end(batch, logs)
+            with self._charged(self):
+                super().on_train_batch_end(batch, logs)
+            self._each("on_train_batch_end", batch, logs)
+        self.budget.batch_end(batch - first + 1 if batch >= first else 1)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        for p in self.parts:
-            p.on_epoch_begin(epoch, logs)
+        self._each("on_epoch_begin", epoch, logs)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        for p in self.parts:
-            p.on_epoch_end(epoch, logs)
+        self._each("on_epoch_end", epoch, logs)
 
     def on_train_end(self, logs: Any = None) -> None:
         try:
-            for p in self.parts:
-                p.on_train_end(logs)
+            self._each("on_train_end", logs)
         finally:
             super().on_train_end(logs)
 
@@ -231,3 +268,6 @@ class MixedPrecisionMonitor(RecordingCallback):
     def _end(self) -> None:
         if getattr(self, "_losses", None):
             self._flush_loss()
+        self.budget.end_fit()
+        explicit = {k: list(v) if isinstance(v, tuple) else v for k, v in self.explicit.items()}
+        self.writer.record(contract.KIND_BUDGET, self.state.step, self.budget.payload(explicit))

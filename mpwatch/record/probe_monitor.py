@@ -11,6 +11,7 @@ probe's record (``contract.KIND_PROBE``) at its batch step. What a probe measure
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,10 @@ class ProbeMonitor(RecordingCallback):
         self._wrapped_train_function = None
         self.payloads: list[tuple[int, dict]] = []  # the last few, for inspection
         self.keep = 3
+        # set by MixedPrecisionMonitor: its cost budget (None: every probe runs), and whether
+        # the user asked for this schedule (then it runs whatever it costs)
+        self.budget: Any = None
+        self.explicit = True
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
@@ -181,8 +186,14 @@ class ProbeMonitor(RecordingCallback):
         if getattr(self, "_off", False):
             return
         self._last_probe_step = step
+        budget = self.budget
+        if budget is not None and not budget.decide("probe", step, explicit=self.explicit):
+            return  # the decision is kept: the diagnosis says it was skipped, and why
+        t0 = time.perf_counter()
         source = "probe_data" if self.probe_data is not None else "training"
         payload = self.probe.run(self._data, batch_source=source)
+        if budget is not None:
+            budget.ran("probe", time.perf_counter() - t0)
         if self.probe.reference == "none" and not getattr(self, "_noted", False):
             self._noted = True
             self._notice(self.part, "info", self.probe.note or "no float32 reference")

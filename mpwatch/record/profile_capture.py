@@ -180,6 +180,11 @@ class ProfileMonitor(RecordingCallback):
         self.trace_dir: str | None = None
         self.result: dict[str, Any] | None = None
         self.error: str | None = None
+        # set by MixedPrecisionMonitor: its cost budget (None: capture and convert as asked), and
+        # whether the user asked for the profile (then it runs whatever it costs)
+        self.budget: Any = None
+        self.explicit = True
+        self.deferred = False  # the conversion was left to the first read of the run
 
     # --- failure handling: log once, write a notice, go on ---------------------------------------
     def _fail(self, what: str, err: BaseException | str) -> None:
@@ -229,7 +234,21 @@ class ProfileMonitor(RecordingCallback):
             return
         first_here, last_here = self._batch + 1, self._batch + self._spe()
         if last_here >= self._range[0] and first_here <= self._range[1]:
+            if not self._affordable():
+                return
             self._start()
+
+    def _affordable(self) -> bool:
+        """Whether the budget (if any) lets the capture run; a "no" ends this fit's profile."""
+        if self.budget is None:
+            return True
+        first, last = self._range
+        step = self._step() + 1
+        if self.budget.decide("profile", step, explicit=self.explicit, steps=last - first + 1):
+            return True
+        self._range = None
+        self._done = True
+        return False
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self._active:
@@ -241,9 +260,49 @@ class ProfileMonitor(RecordingCallback):
             return
         self._captured.extend(got.steps)
         if self._batch >= self._range[1]:
+            wall = time.perf_counter() - self._t0
             self._stop()
-            if self.convert == "end":
-                self._convert()
+            self._charge_capture(wall)
+            if self.convert == "end" and self._conversion_affordable():
+                self._convert_timed()
+
+    def _charge_capture(self, wall: float) -> None:
+        """The profiled steps' slowdown (the tracer's), beyond the hooks the ledger already
+        timed: their wall time less as many steady steps."""
+        if self.budget is None:
+            return
+        step = self.budget.step_seconds() or 0.0
+        extra = max(0.0, wall - step * max(1, len(self._captured)))
+        self.budget.charge(self.part, extra)
+        self.budget.ran(self.part, extra)
+
+    def _conversion_affordable(self) -> bool:
+        """Whether the budget (if any) lets the conversion run in the fit; a "no" defers it to
+        the first read of the run (the trace stays; the reader converts it with the run's
+        ``layers`` record)."""
+        if self.budget is None or self._pending is None:
+            return True
+        files = glob.glob(os.path.join(glob.escape(self._pending["trace_dir"]), "*.xplane.pb"))
+        mb = sum(os.path.getsize(f) for f in files) / 1e6
+        detail = {"steps": self._pending["steps"], "megabytes": round(mb, 3)}
+        if self.budget.decide(
+            "profile_conversion",
+            self._step(),
+            explicit=self.explicit,
+            defer=True,
+            detail=detail,
+            megabytes=mb,
+        ):
+            return True
+        self._pending = None
+        self.deferred = True
+        return False
+
+    def _convert_timed(self) -> None:
+        t0 = time.perf_counter()
+        self._convert()
+        if self.budget is not None:
+            self.budget.ran("profile_conversion", time.perf_counter() - t0)
 
     def on_train_end(self, logs: Any = None) -> None:
         try:
@@ -266,8 +325,12 @@ class ProfileMonitor(RecordingCallback):
     def _end(self) -> None:
         if self._profiling:  # fit ended inside the range
             self._stop()
-        if self._pending is not None and self.convert is not None:
-            self._convert()
+        if (
+            self._pending is not None
+            and self.convert is not None
+            and self._conversion_affordable()
+        ):
+            self._convert_timed()
         self._range = None
 
     # --- capture ----------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
         "mixed_vs_float32",
         "profile",
         "recording",
+        "budget",
     )
 )
 

@@ -1,0 +1,154 @@
+"""Rule `budget`: optional recording that mpwatch's cost budget skipped.
+
+## What it finds
+The probe or the profile that did not run because its estimated cost did not fit mpwatch's cost
+budget (the `budget` record of each fit: `MixedPrecisionMonitor(budget=0.05)` keeps mpwatch's
+own time within 5% of the fit's wall time), with how often it was skipped, its estimate, what was
+left of the budget, and mpwatch's own share of the fit.
+
+## Why it matters
+What did not run cannot be judged: without a probe there is no float32 reference, so nothing is
+said of gradient underflow, the loss scale the gradients need, the layers to keep in float32 or
+the fixes checked on the batch; without a profile nothing is said of time by dtype or Tensor
+Cores. A short fit is where this happens (the fixed costs of a probe, its trace, do not shrink
+with the fit): the silence of those findings is not a clean bill of health.
+
+## Threshold
+Any skipped decision on the probe or the profile: info. A profile whose conversion was only
+deferred is no finding (the trace is in the logdir and is converted when the run is read).
+
+## Example evidence
+```text
+the probe was skipped at 2 of 2 chances (steps 20, 40): estimated 0.67 s each, 0.00 s of the
+budget left (5% of this 1.00 s fit); mpwatch's own recording took 0.26 s (26%)
+```
+
+## Fix
+Ask for it explicitly, which runs whatever it costs: `MixedPrecisionMonitor(log_dir,
+probe_every=N)` (a probe every N steps and at each epoch's end) or `profile=True`; or give mpwatch
+a larger share (the finding names the share that would have fit, `budget=0.3`), or `budget=None`
+(no budget); or train longer.
+
+## References
+- `mpwatch.record.budget`: the ledger, the estimates and the decisions
+- `mpwatch.contract`: the `budget` record
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.rule import Rule, fmt, pct
+from mpwatch.read.run import Run
+
+RULE = Rule(
+    id="budget",
+    title="Optional recording skipped by mpwatch's cost budget",
+    severities=("info",),
+    doc=__doc__,
+    thresholds={},
+)
+
+#: part -> (what it is, what is missing without it, the explicit setting that gets it)
+PARTS = {
+    "probe": (
+        "the float32-reference probe",
+        "no finding on gradient underflow, the loss scale the gradients need, layers to keep "
+        "in float32 or fixes checked on the batch rests on a probe of this run",
+        "probe_every=N",
+    ),
+    "profile": (
+        "the profiler trace",
+        "no finding on time by dtype, casts or Tensor Cores rests on a profile of this run",
+        "profile=True",
+    ),
+}
+
+
+def _steps(decisions: list[dict[str, Any]]) -> str:
+    steps = [str(d.get("step")) for d in decisions]
+    return ", ".join(steps[:8]) + (" ..." if len(steps) > 8 else "")
+
+
+def _seconds(x: Any) -> str:
+    return f"{fmt(float(x))} s" if isinstance(x, (int, float)) else "n/a"
+
+
+def _larger_budget(budget: dict[str, Any], estimate: float) -> str | None:
+    """The budget share that would have let the cheapest skipped run fit (mpwatch's own time so
+    far plus its estimate, over the fit's time), rounded up to 2 digits; None when it is 1 or
+    more (no share fits it: ask explicitly)."""
+    fit, own = budget.get("fit_seconds"), budget.get("own_seconds")
+    if not isinstance(fit, (int, float)) or not isinstance(own, (int, float)) or fit <= 0:
+        return None
+    need = (own + estimate) / fit
+    if need >= 1.0:
+        return None
+    return f"{math.ceil(need * 100) / 100:g}"
+
+
+def check(run: Run) -> list[Finding]:
+    """One info finding per optional part the budget skipped in any fit of the run."""
+    budgets = [b for b in run.budgets if isinstance(b, dict)]
+    out: list[Finding] = []
+    for part, (what, missing, setting) in PARTS.items():
+        mine = [
+            (b, d)
+            for b in budgets
+            for d in b.get("decisions") or []
+            if isinstance(d, dict) and d.get("part") == part
+        ]
+        skipped = [(b, d) for b, d in mine if d.get("action") == "skipped"]
+        if not skipped:
+            continue
+        ran = len(mine) - len(skipped)
+        b, d = skipped[-1]
+        fraction = b.get("fraction")
+        share = pct(fraction) if isinstance(fraction, (int, float)) else "n/a"
+        fit, own = b.get("fit_seconds"), b.get("own_seconds")
+        costs = [float(x.get("estimate_s") or 0.0) for _, x in skipped]
+        lo, hi = _seconds(min(costs)), _seconds(max(costs))
+        estimate = f"{lo} each" if lo == hi else f"{lo} to {hi}"
+        left = _seconds(max(0.0, float(d.get("allowance_s") or 0.0)))
+        evidence = (
+            f"{what} was skipped at {len(skipped)} of {len(mine)} chances (steps "
+            f"{_steps([x for _, x in skipped])}): estimated {estimate}, {left} of the budget "
+            f"left ({share} of this {_seconds(fit)} fit)"
+        )
+        if isinstance(own, (int, float)) and isinstance(fit, (int, float)) and fit > 0:
+            evidence += f"; mpwatch's own recording took {_seconds(own)} ({pct(own / fit)})"
+        name = what[0].upper() + what[1:]
+        larger = _larger_budget(b, min(costs))
+        if ran:
+            title = f"{name} ran at {ran} of {len(mine)} chances: the rest did not fit the budget"
+        else:
+            title = f"{name} did not run: it did not fit mpwatch's cost budget ({share} of the fit)"
+            evidence += f"; {missing}"
+        out.append(
+            RULE.finding(
+                "info",
+                title,
+                evidence,
+                fix=(
+                    f"MixedPrecisionMonitor(log_dir, {setting})  # runs whatever it costs\n"
+                    + (
+                        f"# or: MixedPrecisionMonitor(log_dir, budget={larger})  # "
+                        if larger
+                        else "# or: MixedPrecisionMonitor(log_dir, "
+                    )
+                    + "budget=None: no budget; or train longer"
+                ),
+                data={
+                    "part": part,
+                    "skipped": len(skipped),
+                    "chances": len(mine),
+                    "ran": ran,
+                    "estimate_s": d.get("estimate_s"),
+                    "allowance_s": d.get("allowance_s"),
+                    "fraction": fraction,
+                },
+            )
+        )
+    return out

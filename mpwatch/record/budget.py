@@ -1,0 +1,341 @@
+"""CostBudget: mpwatch's own time against the fit's, and the optional work it may still do.
+
+``MixedPrecisionMonitor(budget=0.05)`` (the default) keeps mpwatch's own wall time within that share
+of the fit's. The ledger counts, per part, the host time of every mpwatch hook (the tap's reads,
+the writes, the probe's trace and passes, the profiler's start, stop and conversion) between
+``on_train_begin`` and ``on_train_end``; the fit's time is its wall time so far plus the steps
+still to come at the fit's steady step time (Keras' ``params``: epochs x steps per epoch; a fit of
+unknown length counts only the time so far). Before each piece of *optional* work it is asked
+(:meth:`CostBudget.decide`) with an estimate of that work's cost:
+
+- the probe (``probe``): the first probe traces its functions, so it is estimated from the fit's
+  own first step (Keras' trace of the train step: :data:`PROBE_TRACE_FACTOR` of it) plus
+  :data:`PROBE_PASS_STEPS` steady steps; later probes by the last probe's measured cost;
+- the profile capture (``profile``): :data:`PROFILE_STEPS_COST` steady steps per profiled step
+  (the tracer's slowdown) plus the profiler's start and stop (:data:`PROFILE_FIXED_S`, by
+  backend);
+- its conversion (``profile_conversion``): by the size of the trace it wrote
+  (:data:`CONVERT_S_PER_MB`); conversion that does not fit is *deferred*, not lost: the trace
+  stays in the logdir and ``mpwatch.load_run``, ``mpwatch diagnose`` and the tab convert it when
+  they first read the run (joined to the run's ``layers`` record, cached outside the logdir).
+
+Work that fits runs and is charged what it really cost (measured, not estimated); work that does
+not is skipped (or deferred) and says so: each decision is kept, with its estimate and the
+allowance left, in the ``budget`` record (``contract.KIND_BUDGET``) written when the fit ends,
+and the diagnosis (rule ``budget``) names what was skipped and how to get it. An explicit user
+setting always wins: ``probe_every=N`` probes every N steps whatever it costs, ``profile=True``
+(or a batch range) captures and converts; those decisions are kept as ``explicit``.
+``budget=None`` switches the budget off (everything at its defaults runs, as before issue 27).
+
+What the ledger does not see: the tap's ops inside Keras' traced train step (their trace is part of
+Keras' first step; their per-step cost is in the step time, measured by
+``benchmarks/real_models.py``), and work on other threads.
+
+Example:
+    >>> b = CostBudget(0.05)
+    >>> b.begin_fit({"epochs": 1, "steps": 100}, now=0.0)
+    >>> for i in range(1, 4):
+    ...     b.batch_end(1, now=float(i))  # 1 s a step (the first includes Keras' trace)
+    >>> round(b.projected_fit_seconds(now=3.0), 1)
+    100.0
+    >>> b.decide("probe", 3, estimate=10.0, now=3.0)  # 5% of 100 s is 5 s: a 10 s probe waits
+    False
+    >>> b.decide("probe", 3, estimate=2.0, now=3.0)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "BUDGET_ENV",
+    "CONVERT_S_PER_MB",
+    "CostBudget",
+    "DEFAULT_BUDGET",
+    "Decision",
+    "PROBE_PASS_STEPS",
+    "PROBE_TRACE_FACTOR",
+    "PROFILE_FIXED_S",
+    "PROFILE_STEPS_COST",
+    "check_budget",
+    "default_budget",
+]
+
+#: the default share of the fit's wall time mpwatch may spend on itself
+DEFAULT_BUDGET = 0.05
+#: the first probe traces (and on JAX compiles) a forward and backward pass in two policies and a
+#: forward check: about as much as Keras' own first step (measured, MobileNetV2, EfficientNetB0,
+#: the Transformer of benchmarks/real_models.py: 0.6-1.4x on TensorFlow and JAX)
+PROBE_TRACE_FACTOR = 1.0
+#: a probe's passes, in steady training steps (two forward-backward passes and a forward pass)
+PROBE_PASS_STEPS = 3.0
+#: the profiler's start and stop, seconds, by Keras backend (measured on a CPU: TensorFlow's
+#: 0.06-0.13 s, JAX's 1.3-1.6 s for MobileNetV2; the larger, rounded up)
+PROFILE_FIXED_S = {"tensorflow": 0.3, "jax": 2.0}
+#: a profiled step costs this many steady steps (the tracer records every op)
+PROFILE_STEPS_COST = 1.5
+#: converting a trace, seconds per MB of trace files (xprof's converter and the HLO join on a
+#: CPU: 0.3-1.5 s/MB measured; the larger)
+CONVERT_S_PER_MB = 1.5
+
+OPTIONAL = ("probe", "profile", "profile_conversion")
+ACTIONS = ("ran", "skipped", "deferred", "explicit")
+
+
+#: the environment variable that sets the default budget: a share ("0.2") or "off"
+BUDGET_ENV = "MPWATCH_BUDGET"
+
+
+def default_budget() -> float | None:
+    """The budget a monitor gets when none is passed: ``$MPWATCH_BUDGET`` (a share, or ``off``)
+    when set, else :data:`DEFAULT_BUDGET`. A bad value is a ValueError naming the variable."""
+    import os
+
+    raw = os.environ.get(BUDGET_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BUDGET
+    if raw.lower() in ("off", "none"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (0.0 < value <= 1.0):
+        raise ValueError(f"mpwatch: ${BUDGET_ENV} must be a share in (0, 1] or 'off', not {raw!r}")
+    return value
+
+
+def check_budget(budget: Any) -> float | None:
+    """``budget`` as a share of the fit's time in (0, 1], or None (no budget); else ValueError.
+
+    >>> check_budget(0.05), check_budget(None), check_budget(1)
+    (0.05, None, 1.0)
+    """
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        raise ValueError(f"mpwatch: budget must be a share of the fit's time, got {budget!r}")
+    value = float(budget)
+    if not (0.0 < value <= 1.0) or math.isnan(value):
+        raise ValueError(
+            f"mpwatch: budget must be in (0, 1] (0.05: 5% of the fit's time), or None for no "
+            f"budget; got {budget!r}"
+        )
+    return value
+
+
+@dataclass
+class Decision:
+    """One decision: at batch ``step``, ``part`` was ``action`` (ran, skipped, deferred, or
+    explicit: the user asked for it); ``estimate_s`` its estimated cost, ``allowance_s`` what the
+    budget had left then, ``cost_s`` what it really cost (None when it did not run)."""
+
+    step: int
+    part: str
+    action: str
+    estimate_s: float
+    allowance_s: float | None
+    cost_s: float | None = None
+    reason: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class CostBudget:
+    """mpwatch's own time against the fit's wall time, and the decisions on optional work.
+
+    Args:
+        fraction: the share of the fit's wall time mpwatch may spend (0.05: 5%); None: no budget
+            (every decision runs, and is still recorded with its cost).
+    """
+
+    def __init__(self, fraction: float | None = DEFAULT_BUDGET) -> None:
+        self.fraction = check_budget(fraction)
+        self.spent: dict[str, float] = {}
+        self.decisions: list[Decision] = []
+        self.costs: dict[str, list[float]] = {}  # part -> measured costs of its runs
+        self._t0: float | None = None
+        self._ends: list[float] = []  # wall clock at each batch end
+        self._own_at: list[float] = []  # own seconds at each batch end
+        self._steps_done = 0
+        self._total_steps: int | None = None
+        self._fit_end: float | None = None
+
+    # --- the fit's clock --------------------------------------------------------------------
+    def begin_fit(self, params: dict[str, Any] | None, now: float | None = None) -> None:
+        """A fit starts (``on_train_begin``): its clock, and its length from Keras' params."""
+        self._t0 = time.perf_counter() if now is None else now
+        self.spent, self.decisions, self._ends, self._own_at = {}, [], [], []
+        self._steps_done, self._fit_end = 0, None
+        params = params or {}
+        epochs, steps = params.get("epochs"), params.get("steps")
+        ok = all(isinstance(v, int) and v > 0 for v in (epochs, steps))
+        self._total_steps = int(epochs) * int(steps) if ok else None
+
+    def batch_end(self, n_steps: int, now: float | None = None) -> None:
+        """``n_steps`` batches ran (one Keras call)."""
+        self._steps_done += max(1, int(n_steps))
+        self._ends.append(time.perf_counter() if now is None else now)
+        self._own_at.append(self.own_seconds())
+
+    def end_fit(self, now: float | None = None) -> None:
+        self._fit_end = time.perf_counter() if now is None else now
+
+    @contextlib.contextmanager
+    def spend(self, part: str) -> Iterator[None]:
+        """Charge the block's wall time to ``part``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.charge(part, time.perf_counter() - t0)
+
+    def charge(self, part: str, seconds: float) -> None:
+        self.spent[part] = self.spent.get(part, 0.0) + max(0.0, float(seconds))
+
+    def own_seconds(self) -> float:
+        return sum(self.spent.values())
+
+    def elapsed(self, now: float | None = None) -> float:
+        if self._t0 is None:
+            return 0.0
+        end = self._fit_end
+        if end is None:
+            end = time.perf_counter() if now is None else now
+        return max(0.0, end - self._t0)
+
+    def first_step_seconds(self) -> float | None:
+        """The fit's first Keras call, mpwatch's own time taken out (Keras' trace of the step)."""
+        if self._t0 is None or not self._ends:
+            return None
+        return max(0.0, self._ends[0] - self._t0 - self._own_at[0])
+
+    def step_seconds(self) -> float | None:
+        """The fit's steady time per step: the median of its calls after the first, mpwatch's own
+        time taken out (None before the second call)."""
+        if len(self._ends) < 2:
+            return None
+        per = []
+        for i in range(1, len(self._ends)):
+            wall = self._ends[i] - self._ends[i - 1]
+            per.append(max(0.0, wall - (self._own_at[i] - self._own_at[i - 1])))
+        n = self._steps_done / max(1, len(self._ends))  # steps per call (steps_per_execution)
+        return statistics.median(per[-50:]) / max(1.0, n)
+
+    def projected_fit_seconds(self, now: float | None = None) -> float:
+        """The fit's wall time: so far, plus the steps to come at the steady step time (only so
+        far when the fit's length or its step time is not known yet)."""
+        so_far = self.elapsed(now)
+        step = self.step_seconds()
+        if self._total_steps is None or step is None:
+            return so_far
+        return so_far + max(0, self._total_steps - self._steps_done) * step
+
+    def allowance(self, now: float | None = None) -> float | None:
+        """Seconds mpwatch may still spend in this fit (None without a budget)."""
+        if self.fraction is None:
+            return None
+        return self.fraction * self.projected_fit_seconds(now) - self.own_seconds()
+
+    # --- estimates -------------------------------------------------------------------------
+    def estimate(self, part: str, **facts: float) -> float:
+        """The cost of ``part`` before it runs, from what this fit measured (see the module)."""
+        step = self.step_seconds() or self.first_step_seconds() or 0.0
+        done = self.costs.get(part) or []
+        if part == "probe":
+            if done:  # the trace is paid: a later probe costs what the last one did
+                return done[-1] if len(done) > 1 else min(done[-1], PROBE_PASS_STEPS * step)
+            first = self.first_step_seconds() or 0.0
+            return PROBE_TRACE_FACTOR * first + PROBE_PASS_STEPS * step
+        if part == "profile":
+            fixed = PROFILE_FIXED_S.get(_backend(), max(PROFILE_FIXED_S.values()))
+            return fixed + PROFILE_STEPS_COST * step * facts.get("steps", 3.0)
+        if part == "profile_conversion":
+            return CONVERT_S_PER_MB * facts.get("megabytes", 0.0)
+        raise ValueError(f"mpwatch: no estimate for {part!r}; one of {OPTIONAL}")
+
+    # --- decisions -------------------------------------------------------------------------
+    def decide(
+        self,
+        part: str,
+        step: int,
+        estimate: float | None = None,
+        explicit: bool = False,
+        now: float | None = None,
+        defer: bool = False,
+        detail: dict[str, Any] | None = None,
+        **facts: float,
+    ) -> bool:
+        """Whether ``part`` runs now at batch ``step``; the decision is kept. ``explicit``: the
+        user asked for it (it runs); ``defer``: a "no" is a deferral (the work is done later, by
+        the reader), not a skip."""
+        cost = self.estimate(part, **facts) if estimate is None else float(estimate)
+        left = self.allowance(now)
+        if explicit:
+            action, why = "explicit", "asked for explicitly: runs whatever it costs"
+        elif left is None:
+            action, why = "ran", "no budget"
+        elif cost <= left:
+            action, why = "ran", "fits the budget"
+        else:
+            action = "deferred" if defer else "skipped"
+            why = f"estimated {cost:.2f} s, {max(left, 0.0):.2f} s of the budget left"
+        self.decisions.append(
+            Decision(
+                int(step),
+                part,
+                action,
+                round(cost, 4),
+                _round(left),
+                reason=why,
+                detail=dict(detail or {}),
+            )
+        )
+        return action in ("ran", "explicit")
+
+    def ran(self, part: str, seconds: float) -> None:
+        """What the last decision on ``part`` that ran really cost (already charged by
+        :meth:`spend`)."""
+        self.costs.setdefault(part, []).append(float(seconds))
+        for d in reversed(self.decisions):
+            if d.part == part and d.action in ("ran", "explicit"):
+                if d.cost_s is None:
+                    d.cost_s = round(float(seconds), 4)
+                break
+
+    # --- the record ------------------------------------------------------------------------
+    def payload(self, explicit: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``budget`` record's payload (``contract.KIND_BUDGET``)."""
+        fit = self.elapsed()
+        own = self.own_seconds()
+        return {
+            "fraction": self.fraction,
+            "fit_seconds": round(fit, 4),
+            "own_seconds": round(own, 4),
+            "own_share": (own / fit) if fit > 0 else None,
+            "first_step_seconds": _round(self.first_step_seconds()),
+            "step_seconds": _round(self.step_seconds()),
+            "steps": self._steps_done,
+            "spent": {k: round(v, 4) for k, v in sorted(self.spent.items())},
+            "explicit": dict(explicit or {}),
+            "decisions": [asdict(d) for d in self.decisions],
+        }
+
+
+def _backend() -> str:
+    try:
+        import keras
+
+        return str(keras.backend.backend())
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 4)
