@@ -62,6 +62,19 @@ class TraceRuns:
         return out
 
 
+def _merged(records: RunRecords) -> dict[str, list[tuple[int, Any]]]:
+    """The layers and budget records, each step's parts merged (a split ``layers`` table)."""
+    from mpwatch.read.assemble import _merge_parts
+
+    out: dict[str, list[tuple[int, Any]]] = {}
+    for kind in (contract.KIND_LAYERS, contract.KIND_BUDGET):
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for step, payload in records.records.get(kind) or []:
+            by_step.setdefault(int(step), []).append(dict(payload))
+        out[kind] = [(s, _merge_parts(ps)[0]) for s, ps in sorted(by_step.items())]
+    return out
+
+
 def add_trace_profile(records: RunRecords, run_dir: str, version: str) -> None:
     """Give ``records`` the profile of the run's raw trace when they hold no ``profile`` record
     (a record wins: it was made with the model); a trace that cannot be converted is an error of
@@ -69,7 +82,7 @@ def add_trace_profile(records: RunRecords, run_dir: str, version: str) -> None:
     if records.records.get(contract.KIND_PROFILE):
         return
     try:
-        found = traces.trace_profile(run_dir)
+        found = traces.trace_profile(run_dir, *traces.deferred_context(_merged(records)))
     except traces.TraceError as e:
         records.errors.append(f"the profiler trace was not read: {e}")
         return
