@@ -249,6 +249,8 @@ class CostBudget:
         step = self.step_seconds() or self.first_step_seconds() or 0.0
         done = self.costs.get(part) or []
         if part == "probe":
+            if facts.get("ahead") and not done:  # compiled ahead, beside training
+                return PROBE_PASS_STEPS * step
             if done:  # the trace is paid: a later probe costs what the last one did
                 return done[-1] if len(done) > 1 else min(done[-1], PROBE_PASS_STEPS * step)
             first = self.first_step_seconds() or 0.0
@@ -259,6 +261,12 @@ class CostBudget:
         if part == "profile_conversion":
             return CONVERT_S_PER_MB * facts.get("megabytes", 0.0)
         raise ValueError(f"mpwatch: no estimate for {part!r}; one of {OPTIONAL}")
+
+    def fits(self, part: str, **facts: float) -> bool:
+        """Whether ``part``'s estimate fits what is left now (no decision kept); True without a
+        budget."""
+        left = self.allowance()
+        return left is None or self.estimate(part, **facts) <= left
 
     # --- decisions -------------------------------------------------------------------------
     def decide(

@@ -337,6 +337,22 @@ class Probe:
             return JaxProbeFunction(self)
         return probe_tf.probe_function(self)
 
+    def precompile(self, data: Any) -> bool:
+        """On JAX, trace the probe for this batch now and compile it on a background thread
+        (:meth:`mpwatch.record.probe_jax.JaxProbeFunction.precompile`): the first probe then
+        costs its passes, not its compile. False (nothing done) on TensorFlow, whose trace and
+        graph optimization cannot leave the training thread."""
+        from mpwatch.record import backend
+
+        if backend.name() != backend.JAX:
+            return False
+        x, y, sw = split_data(first_batch(data))
+        if not self._prepared:
+            self._prepare()
+            self._fn = self._build_fn()
+        self._fn.precompile(x, y, sw)
+        return True
+
     # --- one probe -------------------------------------------------------------------------------
     def current_scale(self) -> float:
         """The scale a probe uses when none is given (see the class doc)."""

@@ -320,6 +320,18 @@ def cast_through(x: Any, dtype: str, scale: float = 1.0) -> Any:
 
 
 # --- the jitted probe -----------------------------------------------------------------------------
+def _signature(*data: Any) -> tuple:
+    """Shapes and dtypes of a batch's arrays, and its structure: what a compiled program
+    takes."""
+    import keras
+
+    leaves = keras.tree.flatten(list(data))
+    return (
+        str(keras.tree.map_structure(lambda _: 0, list(data))),
+        tuple((tuple(np.shape(v)), str(getattr(v, "dtype", type(v).__name__))) for v in leaves),
+    )
+
+
 class JaxProbeFunction:
     """The probe's computation on JAX: ``fn(x, y, sw, scale)`` returns the same host tables as
     the TensorFlow function (see the module doc). Traced once per probe batch shape."""
@@ -329,13 +341,36 @@ class JaxProbeFunction:
 
         self.probe = probe
         self._jit = jax.jit(self._device)
+        self._ahead: Any = None  # (the batch's signature, the future of its compiled program)
+
+    def precompile(self, x: Any, y: Any, sw: Any) -> None:
+        """Trace the probe for this batch now (on the calling thread, between training steps:
+        tracing reads the model's layers and policies) and compile it on a background thread
+        (XLA's compile holds no Python state): JAX's ahead-of-time ``lower().compile()``. The
+        compile runs beside training (on a GPU machine the host's cores are mostly idle; on a
+        CPU it shares the cores with training); the first probe waits for what is left of it."""
+        import concurrent.futures
+
+        import jax.numpy as jnp
+
+        tv, ntv = model_values(self.probe.model)
+        lowered = self._jit.lower(tv, ntv, x, y, sw, jnp.float32(1.0), jnp.int32(0))
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mpwatch-probe")
+        self._ahead = (_signature(x, y, sw), pool.submit(lowered.compile))
+        pool.shutdown(wait=False)
 
     def __call__(self, x: Any, y: Any, sw: Any, scale: float) -> dict[str, np.ndarray]:
         import jax
         import jax.numpy as jnp
 
         tv, ntv = model_values(self.probe.model)
-        raw = self._jit(tv, ntv, x, y, sw, jnp.float32(scale), jnp.int32(0))
+        fn = self._jit
+        if self._ahead is not None and self._ahead[0] == _signature(x, y, sw):
+            try:
+                fn = self._ahead[1].result()  # compiled ahead: waits for what is left
+            except Exception:  # noqa: BLE001 - compiled again below, on this thread
+                self._ahead = None
+        raw = fn(tv, ntv, x, y, sw, jnp.float32(scale), jnp.int32(0))
         return host_tables(jax.device_get(raw))
 
     def _device(self, tv: list, ntv: list, x: Any, y: Any, sw: Any, scale: Any, zero: Any) -> dict:

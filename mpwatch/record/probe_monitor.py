@@ -11,6 +11,7 @@ probe's record (``contract.KIND_PROBE``) at its batch step. What a probe measure
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ import numpy as np
 from mpwatch.record import underflow
 from mpwatch.record.base import RecordingCallback, check_positive_int
 from mpwatch.record.probe import Probe, first_batch
+
+logger = logging.getLogger("mpwatch")
 
 
 class ProbeMonitor(RecordingCallback):
@@ -69,6 +72,8 @@ class ProbeMonitor(RecordingCallback):
         # the user asked for this schedule (then it runs whatever it costs)
         self.budget: Any = None
         self.explicit = True
+        self._ahead_decided = False  # whether to compile the probe ahead was decided
+        self._ahead = False  # it was (JAX): the first probe's estimate is its passes
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
@@ -90,6 +95,7 @@ class ProbeMonitor(RecordingCallback):
             return
         if self.probe is None or self.probe.model is not self.model:
             self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
+            self._ahead_decided = self._ahead = False
         if self._data is None and self.probe_data is not None:
             self._data = first_batch(self.probe_data)
 
@@ -166,8 +172,33 @@ class ProbeMonitor(RecordingCallback):
         model.train_function = capture
 
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
+        if not self._ahead_decided and self._data is not None and self.probe is not None:
+            self._compile_ahead()
         if any(s % self.every == 0 for s in got.steps):
             self._probe(got.last_step)
+
+    def _compile_ahead(self) -> None:
+        """On JAX, once the probe batch is known: trace the probe and compile it beside training
+        (:meth:`Probe.precompile`) when a probe is going to run (asked for explicitly, no
+        budget, or the budget's estimate of a first probe fits now that the step time is
+        known)."""
+        from mpwatch.record import backend
+
+        if backend.name() != backend.JAX:
+            self._ahead_decided = True
+            return
+        budget = self.budget
+        if budget is not None and not self.explicit:
+            if budget.step_seconds() is None:
+                return  # decided when the fit's step time is known
+            if not budget.fits("probe"):
+                self._ahead_decided = True
+                return
+        self._ahead_decided = True
+        try:
+            self._ahead = self.probe.precompile(self._data)
+        except Exception:  # noqa: BLE001 - the probe itself traces (and says why) when it runs
+            logger.debug("mpwatch: probe: compiling ahead failed", exc_info=True)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._active and self._begun and self.on_epoch_end_probe:
@@ -187,7 +218,10 @@ class ProbeMonitor(RecordingCallback):
             return
         self._last_probe_step = step
         budget = self.budget
-        if budget is not None and not budget.decide("probe", step, explicit=self.explicit):
+        ahead = 1.0 if self._ahead else 0.0
+        if budget is not None and not budget.decide(
+            "probe", step, explicit=self.explicit, ahead=ahead
+        ):
             return  # the decision is kept: the diagnosis says it was skipped, and why
         t0 = time.perf_counter()
         source = "probe_data" if self.probe_data is not None else "training"
