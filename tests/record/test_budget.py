@@ -1,0 +1,244 @@
+"""The cost budget (issue 27): mpwatch's optional work runs only when its estimate fits the share
+of the fit's time it was given, what did not run is recorded and named by the diagnosis, an
+explicit setting wins, and training is untouched either way.
+
+Ground truth: the budget's arithmetic on a clock the test drives; the event files parsed
+independently of mpwatch (``read_events``); the training's result against a plain fit of the same
+model (``tests/invisible_fit.py``: History, every variable, optimizer state and random streams,
+bit for bit); a deferred profile against the same trace converted by hand with the model.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import invisible_fit as experiment  # noqa: E402
+
+import mpwatch  # noqa: E402
+from mpwatch import contract  # noqa: E402
+from mpwatch.record import budget as budget_mod  # noqa: E402
+from mpwatch.record.budget import CostBudget  # noqa: E402
+
+
+# --- the arithmetic, on a clock the test drives -----------------------------------------------
+def test_the_allowance_is_the_share_of_the_projected_fit_less_what_mpwatch_spent():
+    b = CostBudget(0.1)
+    b.begin_fit({"epochs": 2, "steps": 50}, now=100.0)
+    b.batch_end(1, now=104.0)  # the first call: Keras' trace, 4 s
+    assert b.step_seconds() is None
+    assert b.projected_fit_seconds(now=104.0) == pytest.approx(4.0)  # length unknown yet
+    b.batch_end(1, now=104.5)
+    b.charge("loss_scale", 0.25)
+    b.batch_end(1, now=105.25)  # 0.75 s of wall, 0.25 s of it mpwatch's: a 0.5 s step
+    assert b.step_seconds() == pytest.approx(0.5)
+    assert b.first_step_seconds() == pytest.approx(4.0)
+    # 5.25 s so far + 97 steps to come at 0.5 s
+    assert b.projected_fit_seconds(now=105.25) == pytest.approx(5.25 + 97 * 0.5)
+    left = 0.1 * (5.25 + 97 * 0.5) - 0.25
+    assert b.allowance(now=105.25) == pytest.approx(left)
+    # the first probe: Keras' first step (its trace) + 3 steps of passes
+    assert b.estimate("probe") == pytest.approx(4.0 + 3 * 0.5)
+    assert left == pytest.approx(5.125)
+    assert b.decide("probe", 3, now=105.25) is False  # 5.5 s > 5.125 s
+    d = b.decisions[-1]
+    assert (d.action, d.estimate_s, d.allowance_s) == ("skipped", 5.5, pytest.approx(5.125))
+    assert b.decide("probe", 3, now=105.25, ahead=1.0)  # compiled ahead: its passes, 1.5 s
+
+
+def test_decisions_skip_what_does_not_fit_defer_a_conversion_and_let_explicit_work_run():
+    b = CostBudget(0.05)
+    b.begin_fit({"epochs": 1, "steps": 100}, now=0.0)
+    for i in range(1, 4):
+        b.batch_end(1, now=float(i))  # 1 s a step: a 100 s fit, 5 s of budget
+    assert not b.decide("probe", 3, estimate=6.0, now=3.0)
+    assert b.decide("probe", 3, estimate=4.0, now=3.0)
+    b.charge("probe", 4.0)
+    b.ran("probe", 4.0)
+    assert b.decisions[-1].cost_s == 4.0
+    assert not b.decide("profile_conversion", 4, estimate=2.0, now=3.0, defer=True)
+    assert b.decide("profile", 5, estimate=50.0, explicit=True, now=3.0)
+    actions = [(d.part, d.action) for d in b.decisions]
+    assert actions == [
+        ("probe", "skipped"),
+        ("probe", "ran"),
+        ("profile_conversion", "deferred"),
+        ("profile", "explicit"),
+    ]
+    # every skip was estimated above what was left, every run within it
+    for d in b.decisions:
+        if d.action == "skipped" or d.action == "deferred":
+            assert d.estimate_s > d.allowance_s
+        elif d.action == "ran":
+            assert d.estimate_s <= d.allowance_s
+    # after a probe has run, the next one is estimated from what it really cost
+    assert b.estimate("probe") == pytest.approx(min(4.0, 3 * 1.0))
+
+
+def test_no_budget_runs_everything_and_still_keeps_the_decisions():
+    b = CostBudget(None)
+    b.begin_fit({"epochs": 1, "steps": 10}, now=0.0)
+    assert b.allowance() is None and b.fits("probe")
+    assert b.decide("probe", 1, estimate=1e9)
+    assert b.decisions[-1].action == "ran" and b.decisions[-1].reason == "no budget"
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, 1.5, float("nan"), "5%", True, [0.1]])
+def test_a_bad_budget_is_a_clear_error_at_construction(tmp_path, bad):
+    with pytest.raises(ValueError, match="budget"):
+        mpwatch.MixedPrecisionMonitor(tmp_path, budget=bad)
+
+
+def test_the_default_budget_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPWATCH_BUDGET", "0.2")
+    assert mpwatch.MixedPrecisionMonitor(tmp_path).budget.fraction == 0.2
+    monkeypatch.setenv("MPWATCH_BUDGET", "off")
+    assert mpwatch.MixedPrecisionMonitor(tmp_path).budget.fraction is None
+    assert mpwatch.MixedPrecisionMonitor(tmp_path, budget=0.3).budget.fraction == 0.3
+    monkeypatch.delenv("MPWATCH_BUDGET")
+    assert mpwatch.MixedPrecisionMonitor(tmp_path).budget.fraction == budget_mod.DEFAULT_BUDGET
+    monkeypatch.setenv("MPWATCH_BUDGET", "lots")
+    with pytest.raises(ValueError, match="MPWATCH_BUDGET"):
+        mpwatch.MixedPrecisionMonitor(tmp_path)
+
+
+# --- a real fit whose probe is expensive ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory):
+    """A plain fit, a fit under the default budget (its probe's trace costs far more than 5% of
+    a fit of 24 small steps), and one with an explicit probe_every under the same budget."""
+    old = keras.mixed_precision.global_policy()
+    root = tmp_path_factory.mktemp("budget")
+    try:
+        plain = experiment.fit([])
+        skipped = root / "skipped"
+        mon = mpwatch.MixedPrecisionMonitor(skipped, log_every=4, budget=0.05)
+        watched = experiment.fit([mon])
+        explicit = root / "explicit"
+        mon2 = mpwatch.MixedPrecisionMonitor(
+            explicit, log_every=4, budget=0.05, probe_every=experiment.PROBE_EVERY
+        )
+        watched2 = experiment.fit([mon2])
+    finally:
+        keras.mixed_precision.set_global_policy(old)
+    return {
+        "plain": plain,
+        "skipped": (skipped, watched),
+        "explicit": (explicit, watched2),
+    }
+
+
+def test_the_budget_skips_the_expensive_probe_and_training_is_bit_identical(fits, read_events):
+    logdir, watched = fits["skipped"]
+    assert experiment.compare(fits["plain"], watched) == []
+    _, records = read_events(logdir)
+    assert contract.KIND_PROBE not in records  # no probe ran
+    assert contract.KIND_PROFILE not in records
+    ((step, b),) = records[contract.KIND_BUDGET]
+    assert step == experiment.EPOCHS * experiment.SAMPLES // experiment.BATCH
+    assert b["fraction"] == 0.05
+    probes = [d for d in b["decisions"] if d["part"] == "probe"]
+    assert [d["step"] for d in probes] == [12, 24]  # each epoch's end
+    assert all(d["action"] == "skipped" for d in probes)
+    for d in b["decisions"]:
+        assert d["action"] in ("skipped", "deferred")
+        assert d["estimate_s"] > d["allowance_s"]  # estimated over what was left
+        assert d["cost_s"] is None
+    # the ledger: mpwatch's own time is the sum of its parts, within the fit
+    assert sum(b["spent"].values()) == pytest.approx(b["own_seconds"], abs=1e-3)
+    assert 0 < b["own_seconds"] < b["fit_seconds"]
+
+
+def test_the_diagnosis_says_what_the_budget_skipped_and_nothing_rests_on_it(fits):
+    logdir, _ = fits["skipped"]
+    findings = mpwatch.diagnose(str(logdir))
+    by_rule = {}
+    for f in findings:
+        by_rule.setdefault(f.rule, []).append(f)
+    titles = [f.title for f in by_rule.get("budget", [])]
+    assert any("probe did not run" in t for t in titles), titles
+    probe = next(f for f in by_rule["budget"] if f.data["part"] == "probe")
+    assert probe.data["skipped"] == 2 and probe.data["ran"] == 0
+    assert "probe_every=N" in probe.fix
+    assert "underflow" in probe.evidence  # what is missing, said
+    # no finding that needs a probe was made without one
+    for rule in ("gradient-underflow", "gradient-error", "output-rel-error", "loss-scale"):
+        for f in by_rule.get(rule, []):
+            assert "probe" not in (f.evidence + f.title).lower(), (rule, f.title)
+
+
+def test_an_explicit_probe_every_wins_over_the_budget(fits, read_events):
+    logdir, watched = fits["explicit"]
+    assert experiment.compare(fits["plain"], watched) == []
+    _, records = read_events(logdir)
+    probe_steps = sorted({s for s, _ in records[contract.KIND_PROBE]})
+    assert probe_steps == [5, 10, 12, 15, 20, 24]
+    ((_, b),) = records[contract.KIND_BUDGET]
+    assert b["explicit"] == {"probe_every": experiment.PROBE_EVERY}
+    probes = [d for d in b["decisions"] if d["part"] == "probe"]
+    assert [d["action"] for d in probes] == ["explicit"] * 6
+    assert all(d["cost_s"] is not None and d["cost_s"] > 0 for d in probes)
+    # the first probe paid the trace: it cost more than the later ones
+    assert probes[0]["cost_s"] > max(d["cost_s"] for d in probes[1:])
+    assert not [f for f in mpwatch.diagnose(str(logdir)) if f.rule == "budget" and
+                f.data.get("part") == "probe"]  # fmt: skip
+
+
+# --- a profile whose conversion is deferred to the first read ------------------------------------
+def test_a_deferred_conversion_is_read_joined_to_the_runs_layers(
+    tmp_path, monkeypatch, read_events
+):
+    """The capture fits, the conversion does not (its estimate made huge): the trace stays, the
+    fit writes no profile record, and load_run converts it joined to the run's layers record, as
+    the conversion with the model itself does."""
+    from mpwatch import profile
+
+    monkeypatch.setattr(budget_mod, "CONVERT_S_PER_MB", 1e9)
+    old = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential(
+            [
+                keras.Input((32,)),
+                keras.layers.Dense(64, activation="relu", name="wide"),
+                keras.layers.Dense(64, activation="relu", name="deep"),
+                keras.layers.Dense(4, dtype="float32", name="out"),
+            ],
+            name="net",
+        )
+        model.compile(keras.optimizers.Adam(1e-3), "mse")
+        x = np.random.default_rng(0).normal(size=(4096, 32)).astype("float32")
+        y = np.random.default_rng(1).normal(size=(4096, 4)).astype("float32")
+        mon = mpwatch.MixedPrecisionMonitor(tmp_path, budget=1.0, probe=False)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[mon])
+    finally:
+        keras.mixed_precision.set_global_policy(old)
+    _, records = read_events(tmp_path)
+    assert contract.KIND_PROFILE not in records
+    ((_, b),) = records[contract.KIND_BUDGET]
+    actions = {d["part"]: d["action"] for d in b["decisions"]}
+    assert actions == {"profile": "ran", "profile_conversion": "deferred"}, b["decisions"]
+    conv = next(d for d in b["decisions"] if d["part"] == "profile_conversion")
+    traces = glob.glob(os.path.join(tmp_path, "plugins", "profile", "*", "*.xplane.pb"))
+    assert len(traces) == 1
+    assert conv["detail"]["megabytes"] == pytest.approx(os.path.getsize(traces[0]) / 1e6, rel=1e-2)
+
+    run = mpwatch.load_run(str(tmp_path))
+    assert run.profile is not None and run.profile_trace is not None
+    assert run.profile["steps"] == conv["detail"]["steps"]
+    by_hand = profile.summarize(os.path.dirname(traces[0]), model, ops="auto")
+    read = {r[0]: r for r in run.profile["layers"]["data"]}
+    hand = {r[0]: r for r in by_hand["layers"]["data"]}
+    assert {"wide", "deep", "out"} <= set(read)
+    assert read == hand  # every layer row: time, dtype, bits, as the model itself gives them
+    assert run.profile["share_16bit"] == pytest.approx(by_hand["share_16bit"])
+    assert not np.isnan(run.profile["share_16bit"])
+    # and the diagnosis does not call a deferred conversion a skip
+    assert not [f for f in mpwatch.diagnose(str(tmp_path)) if f.rule == "budget"]
