@@ -44,6 +44,8 @@ Then a summary table, one row per model.
     python benchmarks/real_models.py --models transformer --steps 30 --reps 1  # ~40 s
     python benchmarks/real_models.py --models mobilenetv2 --steps 12 --reps 1 --batch-size 8
     python benchmarks/real_models.py --model huge --steps 60                   # 1,000 layers
+    python benchmarks/real_models.py --whole-fit 10,60,300 --models mobilenetv2 --batch-size 8
+        # whole fits at the monitor's defaults, its cost budget on (benchmarks/whole_fit.py)
 
 On 2 CPU cores float16 is emulated: a MobileNetV2 step at batch 8 takes ~4 s, a ResNet50 step at
 batch 4 ~7 s (the MobileNetV2 line above, or resnet50 with ``--steps 7 --reps 1 --batch-size 4``:
@@ -546,7 +548,24 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--logdir", default=None, help="kept when given (default: a temporary dir)")
     ap.add_argument("--huge-layers", type=int, default=1000, help="layers of --models huge")
+    ap.add_argument(
+        "--whole-fit",
+        default=None,
+        metavar="SECONDS",
+        help="instead: whole-fit ratios at the monitor's defaults (its cost budget) for plain "
+        "fits of these lengths, e.g. 10,60,300 (benchmarks/whole_fit.py; KERAS_BACKEND picks "
+        "the backend)",
+    )
     args = ap.parse_args(argv)
+    if args.whole_fit:
+        spec = importlib.util.spec_from_file_location("mpwatch_whole_fit", f"{HERE}/whole_fit.py")
+        whole = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(whole)
+        whole.main(
+            ["--models", args.models, "--seconds", args.whole_fit, "--reps", str(args.reps),
+             "--batch-size", str(args.batch_size)]
+        )  # fmt: skip
+        return {}
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     if not names or set(names) - set(MODELS):
         ap.error(f"--models: choose from {', '.join(MODELS)}")

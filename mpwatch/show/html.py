@@ -350,6 +350,12 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
         facts |= {
             "median step time": _words(duration_ms, sm["step_time_ms"]),
             "peak memory (MiB)": sm["peak_memory_mb"],
+            "mpwatch's own time": (
+                None
+                if sm["mpwatch_seconds"] is None
+                else f"{duration_ms(1000 * sm['mpwatch_seconds'])} "
+                f"({percent(sm['mpwatch_share'])} of the fit)"
+            ),
         }
         body.append('<table class="facts"><tbody>')
         for k, v in facts.items():

@@ -45,7 +45,7 @@ from mpwatch.show.summary import (
     step_range,
     trace_only,
 )
-from mpwatch.words import TRACE_ONLY, duration_ms, loss_scale, plain
+from mpwatch.words import TRACE_ONLY, duration_ms, loss_scale, percent, plain
 
 __all__ = [
     "FORMATS",
@@ -141,6 +141,15 @@ JSON_SCHEMA: dict[str, Any] = {
                             "recommended_scale": {"type": ["number", "null"]},
                             "step_time_ms": {"type": ["number", "null"]},
                             "peak_memory_mb": {"type": ["number", "null"]},
+                            "mpwatch_seconds": {
+                                "type": ["number", "null"],
+                                "description": "mpwatch's own time in the run's fits (budget "
+                                "records); null when recorded without one",
+                            },
+                            "mpwatch_share": {
+                                "type": ["number", "null"],
+                                "description": "mpwatch_seconds / the fits' wall time",
+                            },
                         },
                     },
                     "profile": {
@@ -289,6 +298,11 @@ def _run_header(r: Run) -> str:
         bits.append(f"{sm['probes']} probes")
     if sm["step_time_ms"] is not None:
         bits.append(f"{duration_ms(sm['step_time_ms'])}/step")
+    if sm["mpwatch_seconds"] is not None:
+        bits.append(
+            f"mpwatch's own time {duration_ms(1000 * sm['mpwatch_seconds'])} "
+            f"({percent(sm['mpwatch_share'])} of the fit)"
+        )
     return ", ".join(bits)
 
 

@@ -124,7 +124,18 @@ def run_summary(run: Run) -> dict[str, Any]:
         "recommended_scale": finite_float(model.get("recommended_scale")),
         "step_time_ms": float(st.median()) if len(st) else None,
         "peak_memory_mb": float(mem.max()) if len(mem) else None,
+        **own_cost(run),
     }
+
+
+def own_cost(run: Run) -> dict[str, float | None]:
+    """mpwatch's own time over all the fits of the run with a ``budget`` record, and its share of
+    their wall time (``None`` for runs recorded without one)."""
+    own = [b.get("own_seconds") for b in run.budgets]
+    fit = [b.get("fit_seconds") for b in run.budgets]
+    if not own or not all(isinstance(v, (int, float)) for v in own + fit) or sum(fit) <= 0:
+        return {"mpwatch_seconds": None, "mpwatch_share": None}
+    return {"mpwatch_seconds": float(sum(own)), "mpwatch_share": float(sum(own) / sum(fit))}
 
 
 #: what a profile's figures are, by ``source`` (the reports' label)

@@ -1,0 +1,276 @@
+"""Whole-fit cost of MixedPrecisionMonitor at its defaults (the cost budget on), by fit length.
+
+For each model and each target plain fit length T (seconds: ``--seconds 10,60,300``), on the
+Keras backend this process runs (``KERAS_BACKEND``; ``--backends tensorflow,jax`` runs one process
+per backend):
+
+1. a calibration fit of a fresh plain model (``--calib`` steps) gives Keras' first step (its
+   trace) and the steady step time; the fit length is then ``N`` steps, so that a plain fit of
+   ``N`` steps takes about T seconds (at least 8 steps);
+2. ``--reps`` interleaved pairs (plain first in odd pairs, monitored first in even ones), each on
+   a fresh model built the same way (build not timed): one ``fit`` of ``N`` steps, wall time from
+   the call to its return, the monitored one with ``MixedPrecisionMonitor(log_dir)`` and nothing
+   else (its defaults: ``budget=0.05``, no explicit probe or profile; ``--monitor-args`` adds
+   keyword arguments, e.g. ``"probe_every=10"`` for the fixed costs a user who asks for probes
+   pays);
+3. per pair the whole-fit ratio monitored / plain, the steady step ratio (median step times over
+   the steps after the first 5, from a timing callback placed last), and the budget's ledger of
+   the monitored fit: mpwatch's own seconds per part and each decision (what ran, what was
+   skipped or deferred, its estimate and real cost).
+
+Goals (issue 27): whole fit <= 1.10x for plain fits of 60 s or more, <= 1.25x for 10-60 s, steady
+steps <= 1.03x. The ratios are measured in one process, pair by pair; on a shared machine a single
+pair moves by several percent: read the median and the range.
+
+    python benchmarks/real_models.py --whole-fit 10,60 --models mobilenetv2,transformer
+    python benchmarks/whole_fit.py --models mobilenetv2 --seconds 10,60 --backends tensorflow,jax
+    python benchmarks/whole_fit.py --models mobilenetv2 --policy mixed_bfloat16 --backends jax
+    python benchmarks/whole_fit.py --models efficientnetb0 --seconds 30 \
+        --monitor-args probe_every=10
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # the backend is fixed when Keras is imported: choose it first
+    for i, arg in enumerate(sys.argv):
+        if arg == "--backends" and i + 1 < len(sys.argv) and "," not in sys.argv[i + 1]:
+            os.environ["KERAS_BACKEND"] = sys.argv[i + 1]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse  # noqa: E402
+import ast  # noqa: E402
+import gc  # noqa: E402
+import importlib.util  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = ("resnet50", "mobilenetv2", "efficientnetb0", "transformer")
+WARMUP = 5
+MIN_STEPS = 8
+
+
+def real_models() -> Any:
+    """benchmarks/real_models.py (its model builders, data and timing callback)."""
+    spec = importlib.util.spec_from_file_location("mpwatch_bench_real", f"{HERE}/real_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(name: str, rm: Any, args: argparse.Namespace) -> Any:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    if name == "efficientnetb0":
+        model = keras.applications.EfficientNetB0(weights=None, input_shape=(64, 64, 3), classes=10)
+        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
+        return model
+    return rm.build(name, args)
+
+
+def make_data(name: str, rm: Any, batch_size: int) -> Any:
+    return rm.make_data("resnet50" if name == "efficientnetb0" else name, batch_size)
+
+
+def fit_once(name: str, rm: Any, args, data, steps: int, monitor_kwargs=None, logdir=None):
+    """One fit of ``steps`` steps on a fresh model; (wall s, step times, monitor or None)."""
+    import mpwatch
+
+    model = build(name, rm, args)
+    monitor = None
+    cbs = []
+    if monitor_kwargs is not None:
+        monitor = mpwatch.MixedPrecisionMonitor(logdir, **monitor_kwargs)
+        cbs.append(monitor)
+    tail = rm.Timer()
+    t0 = time.perf_counter()
+    model.fit(
+        rm.batches(*data, args.batch_size),
+        steps_per_epoch=steps,
+        epochs=1,
+        verbose=0,
+        callbacks=[*cbs, tail],
+        shuffle=False,
+    )
+    wall = time.perf_counter() - t0
+    ends = tail.ends
+    steady = [b - a for a, b in zip(ends[WARMUP - 1 :], ends[WARMUP:])]
+    del model
+    gc.collect()
+    return wall, steady, monitor
+
+
+def ledger(monitor: Any) -> dict[str, Any]:
+    """The monitored fit's budget record (mpwatch's own seconds per part, the decisions)."""
+    return monitor.budget.payload(monitor.explicit) if monitor is not None else {}
+
+
+def decisions_text(b: dict[str, Any]) -> str:
+    parts = []
+    for d in b.get("decisions") or []:
+        cost = f" {d['cost_s']:.2f}s" if d.get("cost_s") is not None else ""
+        parts.append(f"{d['part']}@{d['step']}:{d['action']}(est {d['estimate_s']:.2f}s{cost})")
+    if len(parts) > 6:
+        parts = parts[:3] + [f"... {len(parts) - 5} more ..."] + parts[-2:]
+    return "; ".join(parts) or "-"
+
+
+def measure(name: str, seconds: float, args: argparse.Namespace, root: str) -> dict[str, Any]:
+    import keras
+
+    rm = real_models()
+    keras.backend.clear_session()
+    keras.mixed_precision.set_global_policy(args.policy)
+    data = make_data(name, rm, args.batch_size)
+    wall, steady, _ = fit_once(name, rm, args, data, args.calib)
+    step = statistics.median(steady) if steady else wall / args.calib
+    first = wall - step * (args.calib - 1)
+    steps = max(MIN_STEPS, int(round((seconds - first) / step)))
+    print(
+        f"  {name} [{args.policy}] target {seconds:g} s: calibration first step {first:.2f} s, "
+        f"step {1000 * step:.1f} ms -> {steps} steps",
+        file=sys.stderr,
+        flush=True,
+    )
+    kwargs = dict(args.monitor_kwargs)
+    pairs = []
+    for rep in range(args.reps):
+        order = ("plain", "mpwatch") if rep % 2 == 0 else ("mpwatch", "plain")
+        got: dict[str, Any] = {}
+        for cfg in order:
+            logdir = os.path.join(root, f"{name}_{seconds:g}_{rep}")
+            got[cfg] = fit_once(
+                name, rm, args, data, steps, kwargs if cfg == "mpwatch" else None, logdir
+            )
+            print(f"    rep {rep + 1} {cfg}: {got[cfg][0]:.1f} s", file=sys.stderr, flush=True)
+        (pw, ps, _), (mw, ms, mon) = got["plain"], got["mpwatch"]
+        pairs.append(
+            {
+                "plain": pw,
+                "mpwatch": mw,
+                "ratio": mw / pw,
+                "steady": (statistics.median(ms) / statistics.median(ps)) if ms and ps else None,
+                "budget": ledger(mon),
+            }
+        )
+    return {"model": name, "seconds": seconds, "steps": steps, "pairs": pairs}
+
+
+def goal(plain: float) -> float | None:
+    if plain >= 60:
+        return 1.10
+    if plain >= 10:
+        return 1.25
+    return None
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    import keras
+
+    backend = keras.backend.backend()
+    extra = ", ".join(f"{k}={v!r}" for k, v in args.monitor_kwargs.items()) or "defaults"
+    print(
+        f"\nwhole fit, MixedPrecisionMonitor ({extra}) / plain, backend {backend}, "
+        f"{args.policy}, batch {args.batch_size}, {args.reps} interleaved pairs"
+    )
+    head = ["model", "target", "steps", "plain s", "mpwatch s", "ratio (min..max)", "steady",
+            "goal", "mpwatch own s (probe, profile)"]  # fmt: skip
+    rows = []
+    for r in results:
+        pairs = r["pairs"]
+        ratios = [p["ratio"] for p in pairs]
+        plain = statistics.median(p["plain"] for p in pairs)
+        steady = [p["steady"] for p in pairs if p["steady"] is not None]
+        g = goal(plain)
+        b = pairs[-1]["budget"]
+        spent = b.get("spent") or {}
+        own = (
+            f"{b.get('own_seconds', 0):.2f} ({spent.get('probe', 0):.2f}, "
+            f"{spent.get('profile', 0):.2f})"
+        )
+        rows.append(
+            [
+                r["model"],
+                f"{r['seconds']:g} s",
+                str(r["steps"]),
+                f"{plain:.1f}",
+                f"{statistics.median(p['mpwatch'] for p in pairs):.1f}",
+                f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})",
+                f"{statistics.median(steady):.3f}" if steady else "-",
+                (
+                    f"<= {g:.2f} {'met' if statistics.median(ratios) <= g else 'MISSED'}"
+                    if g
+                    else "(< 10 s)"
+                ),
+                own,
+            ]
+        )
+    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    for row in [head, ["-" * w for w in widths], *rows]:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    print("\nthe budget's decisions (last pair of each row):")
+    for r in results:
+        b = r["pairs"][-1]["budget"]
+        print(
+            f"  {r['model']} {r['seconds']:g} s: fit {b.get('fit_seconds', 0):.1f} s, own "
+            f"{b.get('own_seconds', 0):.2f} s; {decisions_text(b)}"
+        )
+
+
+def parse_kwargs(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, value = item.partition("=")
+        out[key.strip()] = ast.literal_eval(value.strip())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mobilenetv2,transformer", help=", ".join(MODELS))
+    ap.add_argument("--seconds", default="10,60", help="target plain fit lengths, s")
+    ap.add_argument("--backends", default=None, help="tensorflow,jax: one process each")
+    ap.add_argument("--policy", default="mixed_float16")
+    ap.add_argument("--reps", type=int, default=2, help="interleaved pairs per row")
+    ap.add_argument("--calib", type=int, default=12, help="steps of the calibration fit")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--monitor-args", default="", help='e.g. "probe_every=10,budget=None"')
+    ap.add_argument("--huge-layers", type=int, default=1000)
+    args = ap.parse_args(argv)
+    backends = [b for b in (args.backends or "").split(",") if b]
+    if len(backends) > 1:  # one process per backend: Keras fixes its backend at import
+        code = 0
+        for backend in backends:
+            cmd = [sys.executable, os.path.abspath(__file__)]
+            rest = list(argv if argv is not None else sys.argv[1:])
+            i = rest.index("--backends")
+            rest[i + 1] = backend
+            env = {**os.environ, "KERAS_BACKEND": backend}
+            code |= subprocess.call(cmd + rest, env=env)
+        return code
+    names = [m for m in args.models.split(",") if m]
+    if set(names) - set(MODELS):
+        ap.error(f"--models: choose from {', '.join(MODELS)}")
+    args.monitor_kwargs = parse_kwargs(args.monitor_args)
+    root = tempfile.mkdtemp(prefix="mpwatch_whole_fit_")
+    results = []
+    try:
+        for name in names:
+            for seconds in (float(s) for s in args.seconds.split(",") if s):
+                results.append(measure(name, seconds, args, root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
