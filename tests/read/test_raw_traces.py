@@ -145,13 +145,15 @@ def test_the_cache_is_outside_the_logdir_and_follows_the_trace(h100_logdir, tmp_
     assert len(entries) == 1 and _files(h100_logdir) == before
     # the cache answers the next read (the converter is not called)
     monkeypatch.setattr(raw, "_memory", raw.OrderedDict())
-    monkeypatch.setattr(raw, "_convert", lambda capture: pytest.fail("converted again"))
+    monkeypatch.setattr(raw, "_convert", lambda capture, *join: pytest.fail("converted again"))
     assert load_run(h100_logdir).profile == first.profile
     # a changed trace (its mtime) is a new key: converted again
     trace = next((h100_logdir / "plugins" / "profile").rglob("*.xplane.pb"))
     os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 10**9))
     calls = []
-    monkeypatch.setattr(raw, "_convert", lambda capture: calls.append(capture) or first.profile)
+    monkeypatch.setattr(
+        raw, "_convert", lambda capture, *join: calls.append(capture) or first.profile
+    )
     load_run(h100_logdir)
     assert calls == [str(trace.parent)]
     assert len(list((cache / "profiles").iterdir())) == 2
@@ -233,7 +235,7 @@ def test_a_read_only_logdir_is_read(tmp_path, xprof_table, cache):
     before = _files(ro)
     cache_dir = {"elsewhere": tmp_path / "cache", "inside": ro / "cache", "off": "off"}[cache]
     line = f"mount --bind '{ro}' '{ro}' && mount -o remount,bind,ro '{ro}' && {{cmd}}"
-    proc = _diagnose(ro, "--format", "json", cache=cache_dir, wrap=f"unshare -m sh -c \"{line}\"")
+    proc = _diagnose(ro, "--format", "json", cache=cache_dir, wrap=f'unshare -m sh -c "{line}"')
     assert proc.returncode == 0, proc.stderr[-3000:]
     prof = json.loads(proc.stdout)["runs"][0]["profile"]
     total = xprof_table["total_duration_us"].sum()
