@@ -110,7 +110,8 @@ def fit_once(name: str, rm: Any, args, data, steps: int, monitor_kwargs=None, lo
 
 def ledger(monitor: Any) -> dict[str, Any]:
     """The monitored fit's budget record (mpwatch's own seconds per part, the decisions)."""
-    return monitor.budget.payload(monitor.explicit) if monitor is not None else {}
+    budget = getattr(monitor, "budget", None)  # None: an mpwatch from before the budget
+    return budget.payload(monitor.explicit) if budget is not None else {}
 
 
 def decisions_text(b: dict[str, Any]) -> str:
