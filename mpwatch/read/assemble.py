@@ -151,7 +151,12 @@ def _merge_parts(payloads: list[dict[str, Any]]) -> tuple[dict[str, Any], str | 
     return out, problem
 
 
-def _records(events: Events) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+def _records(
+    events: Events, warnings: list[str] | None = None
+) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    """Every record kind's (step, payload) list, parts merged, purges applied; a split record cut
+    short is a warning in ``warnings`` (default: the events' own)."""
+    warnings = events.warnings if warnings is None else warnings
     by_kind: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
     for seq, step, kind, payload in events.records:
         by_kind.setdefault(kind, []).append((seq, step, payload))
@@ -171,7 +176,7 @@ def _records(events: Events) -> dict[str, list[tuple[int, dict[str, Any]]]]:
         for s in sorted(grouped):
             payload, problem = _merge_parts(grouped[s])
             if problem:
-                events.warnings.append(f"{kind} record at step {s} {problem}")
+                warnings.append(f"{kind} record at step {s} {problem}")
             merged.append((s, payload))
         out[kind] = merged
     return out

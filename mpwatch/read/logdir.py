@@ -100,7 +100,12 @@ def _trace_profile(path: str, events: Events) -> _traces.TraceProfile | None:
     if any(kind == contract.KIND_PROFILE for _, _, kind, _ in events.records):
         return None  # a record wins over its trace: it was made with the model
     try:
-        found = _traces.trace_profile(path, *_traces.deferred_context(_records(events)))
+        # the run's layers (and a deferred conversion's steps) join the trace; the reader says
+        # what it found of the records once, when it builds the run
+        context = (None, None)
+        if _traces.newest_capture(path) is not None:
+            context = _traces.deferred_context(_records(events, warnings=[]))
+        found = _traces.trace_profile(path, *context)
     except _traces.TraceError as e:
         events.warnings.append(f"the profiler trace was not read: {e}")
         return None
