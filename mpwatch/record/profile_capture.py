@@ -239,7 +239,8 @@ class ProfileMonitor(RecordingCallback):
             self._start()
 
     def _affordable(self) -> bool:
-        """Whether the budget (if any) lets the capture run; a "no" ends this fit's profile."""
+        """Whether the budget (if any) lets the capture run; a "no" ends this fit's profile (a
+        later, longer ``fit`` of the same monitor decides again)."""
         if self.budget is None:
             return True
         first, last = self._range
@@ -247,7 +248,6 @@ class ProfileMonitor(RecordingCallback):
         if self.budget.decide("profile", step, explicit=self.explicit, steps=last - first + 1):
             return True
         self._range = None
-        self._done = True
         return False
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
