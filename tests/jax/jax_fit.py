@@ -188,6 +188,28 @@ def refits(logdir):
     return {"traces": traces, "scales": scales, "identical": same}
 
 
+def budget(logdir):
+    """The BatchNormalization + Dropout model of probe_bn, plain and under the default cost
+    budget (its probe's compile is far over 5% of this fit): the weights, and the decisions."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(48, 8, 8, 2)).astype("float32")
+    y = rng.normal(size=(48, 3)).astype("float32")
+    weights, monitor = [], None
+    for monitored in (False, True):
+        model = _bn_model()
+        callbacks = []
+        if monitored:
+            monitor = mpwatch.MixedPrecisionMonitor(logdir, budget=0.05)
+            callbacks = [monitor]
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=callbacks)
+        weights.append([np.asarray(v).tolist() for v in model.weights])
+    return {
+        "identical": weights[0] == weights[1],
+        "ahead": bool(monitor.parts and any(getattr(p, "_ahead", False) for p in monitor.parts)),
+    }
+
+
 def main(out):
     truth = {}
     for spe, log_every in [(1, 1), (1, 7), (4, 1), (4, 7)]:
@@ -197,6 +219,7 @@ def main(out):
     truth["probe_known"] = probe_known(os.path.join(out, "probe_known"))
     truth["probe_bn"] = probe_bn(os.path.join(out, "probe_bn"))
     truth["refits"] = refits(os.path.join(out, "refits"))
+    truth["budget"] = budget(os.path.join(out, "budget"))
     with open(os.path.join(out, "truth.json"), "w") as f:
         json.dump(truth, f)
 

@@ -135,6 +135,21 @@ def test_the_probe_measures_the_train_steps_network_and_changes_nothing(jax_runs
         assert all(v is not None for v in _col(p["layers"], "act_grad_underflow_fraction"))
 
 
+def test_the_cost_budget_skips_the_probe_on_jax_and_training_is_identical(jax_runs, read_events):
+    """Issue 27 on JAX: a short fit under the default budget records its skipped probes (each
+    epoch's end) and profile, compiles no probe ahead, and trains bit-identically."""
+    out, truth = jax_runs
+    assert truth["budget"]["identical"] is True
+    assert truth["budget"]["ahead"] is False  # no probe was going to run: nothing compiled
+    _, records = read_events(str(out / "budget"))
+    assert "probe" not in records
+    ((step, b),) = records["budget"]
+    assert step == 12 and b["fraction"] == 0.05
+    probes = [d for d in b["decisions"] if d["part"] == "probe"]
+    assert [(d["step"], d["action"]) for d in probes] == [(6, "skipped"), (12, "skipped")]
+    assert all(d["estimate_s"] > d["allowance_s"] for d in b["decisions"])
+
+
 def test_later_fits_reuse_the_tapped_step_and_plain_fits_run_keras_own(jax_runs, read_events):
     out, truth = jax_runs
     t = truth["refits"]
