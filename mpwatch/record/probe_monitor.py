@@ -178,13 +178,15 @@ class ProbeMonitor(RecordingCallback):
             self._probe(got.last_step)
 
     def _compile_ahead(self) -> None:
-        """On JAX, once the probe batch is known: trace the probe and compile it beside training
-        (:meth:`Probe.precompile`) when a probe is going to run (asked for explicitly, no
-        budget, or the budget's estimate of a first probe fits now that the step time is
-        known)."""
+        """On JAX on a GPU (or TPU), once the probe batch is known: trace the probe and compile
+        it beside training (:meth:`Probe.precompile`) when a probe is going to run (asked for
+        explicitly, no budget, or the budget's estimate of a first probe fits now that the step
+        time is known)."""
         from mpwatch.record import backend
 
-        if backend.name() != backend.JAX:
+        if backend.name() != backend.JAX or _on_cpu():
+            # on a CPU the compile would share the cores with training (and be hidden from the
+            # ledger): the probe compiles when it first runs, charged to the budget
             self._ahead_decided = True
             return
         budget = self.budget
@@ -233,6 +235,16 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+
+def _on_cpu() -> bool:
+    """Whether JAX computes on the host's CPU (no GPU or TPU)."""
+    try:
+        import jax
+
+        return jax.default_backend() == "cpu"
+    except Exception:  # noqa: BLE001
+        return True
 
 
 def _copy_tensors(data: Any) -> Any:
