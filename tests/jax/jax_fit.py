@@ -215,7 +215,8 @@ def budget(logdir):
     return {
         "identical": weights[0] == weights[1],
         "ahead": any(getattr(p, "_ahead", False) for p in monitor.parts),
-        "ahead_same": got[0] == got[1],
+        "ahead_same": json.dumps(got[0], sort_keys=True, default=str)
+        == json.dumps(got[1], sort_keys=True, default=str),
     }
 
 
