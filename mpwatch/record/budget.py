@@ -50,6 +50,7 @@ import contextlib
 import math
 import statistics
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -85,6 +86,9 @@ PROFILE_STEPS_COST = 1.5
 #: converting a trace, seconds per MB of trace files (xprof's converter and the HLO join on a
 #: CPU: 0.3-1.5 s/MB measured; the larger)
 CONVERT_S_PER_MB = 1.5
+
+#: the steady step time is the median of the last this many Keras calls
+STEP_WINDOW = 50
 
 OPTIONAL = ("probe", "profile", "profile_conversion")
 ACTIONS = ("ran", "skipped", "deferred", "explicit")
@@ -162,8 +166,11 @@ class CostBudget:
         self.decisions: list[Decision] = []
         self.costs: dict[str, list[float]] = {}  # part -> measured costs of its runs
         self._t0: float | None = None
-        self._ends: list[float] = []  # wall clock at each batch end
-        self._own_at: list[float] = []  # own seconds at each batch end
+        # (wall clock, own seconds) at the last batch ends: the steady step time's window (a
+        # long fit keeps no per-step list)
+        self._recent: deque[tuple[float, float]] = deque(maxlen=STEP_WINDOW + 1)
+        self._first_step: float | None = None  # the first Keras call, mpwatch's own time out
+        self._calls = 0
         self._steps_done = 0
         self._total_steps: int | None = None
         self._fit_end: float | None = None
@@ -172,7 +179,9 @@ class CostBudget:
     def begin_fit(self, params: dict[str, Any] | None, now: float | None = None) -> None:
         """A fit starts (``on_train_begin``): its clock, and its length from Keras' params."""
         self._t0 = time.perf_counter() if now is None else now
-        self.spent, self.decisions, self._ends, self._own_at = {}, [], [], []
+        self.spent, self.decisions = {}, []
+        self._recent.clear()
+        self._first_step, self._calls = None, 0
         self._steps_done, self._fit_end = 0, None
         params = params or {}
         epochs, steps = params.get("epochs"), params.get("steps")
@@ -182,8 +191,11 @@ class CostBudget:
     def batch_end(self, n_steps: int, now: float | None = None) -> None:
         """``n_steps`` batches ran (one Keras call)."""
         self._steps_done += max(1, int(n_steps))
-        self._ends.append(time.perf_counter() if now is None else now)
-        self._own_at.append(self.own_seconds())
+        end, own = (time.perf_counter() if now is None else now), self.own_seconds()
+        if self._calls == 0 and self._t0 is not None:
+            self._first_step = max(0.0, end - self._t0 - own)
+        self._calls += 1
+        self._recent.append((end, own))
 
     def end_fit(self, now: float | None = None) -> None:
         self._fit_end = time.perf_counter() if now is None else now
@@ -213,21 +225,19 @@ class CostBudget:
 
     def first_step_seconds(self) -> float | None:
         """The fit's first Keras call, mpwatch's own time taken out (Keras' trace of the step)."""
-        if self._t0 is None or not self._ends:
-            return None
-        return max(0.0, self._ends[0] - self._t0 - self._own_at[0])
+        return self._first_step
 
     def step_seconds(self) -> float | None:
         """The fit's steady time per step: the median of its calls after the first, mpwatch's own
         time taken out (None before the second call)."""
-        if len(self._ends) < 2:
+        if self._calls < 2:
             return None
-        per = []
-        for i in range(1, len(self._ends)):
-            wall = self._ends[i] - self._ends[i - 1]
-            per.append(max(0.0, wall - (self._own_at[i] - self._own_at[i - 1])))
-        n = self._steps_done / max(1, len(self._ends))  # steps per call (steps_per_execution)
-        return statistics.median(per[-50:]) / max(1.0, n)
+        recent = list(self._recent)
+        per = [
+            max(0.0, (e1 - e0) - (o1 - o0)) for (e0, o0), (e1, o1) in zip(recent, recent[1:])
+        ]
+        n = self._steps_done / self._calls  # steps per call (steps_per_execution)
+        return statistics.median(per) / max(1.0, n)
 
     def projected_fit_seconds(self, now: float | None = None) -> float:
         """The fit's wall time: so far, plus the steps to come at the steady step time (only so
@@ -257,7 +267,7 @@ class CostBudget:
             first = self.first_step_seconds() or 0.0
             return PROBE_TRACE_FACTOR * first + PROBE_PASS_STEPS * step
         if part == "profile":
-            fixed = PROFILE_FIXED_S.get(_backend(), max(PROFILE_FIXED_S.values()))
+            fixed = PROFILE_FIXED_S.get(_backend_name(), max(PROFILE_FIXED_S.values()))
             return fixed + PROFILE_STEPS_COST * step * facts.get("steps", 3.0)
         if part == "profile_conversion":
             return CONVERT_S_PER_MB * facts.get("megabytes", 0.0)
@@ -337,12 +347,12 @@ class CostBudget:
         }
 
 
-def _backend() -> str:
-    try:
-        import keras
+def _backend_name() -> str:
+    from mpwatch.record.backend import name
 
-        return str(keras.backend.backend())
-    except Exception:  # noqa: BLE001
+    try:
+        return name()
+    except Exception:  # noqa: BLE001 - no Keras backend to ask: the larger estimate
         return ""
 
 
