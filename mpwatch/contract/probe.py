@@ -193,11 +193,15 @@ SCHEMA = s._record_schema(
             "that layer in float32 (record/fix_check.py: check_gradient_fixes)",
             items=s._obj(
                 {
-                    "layer": s._str("the layer kept in float32"),
+                    "layer": s._str("the layer kept in float32 (with every layer under it)"),
                     "before": s._num("its gradient relative error as it is"),
                     "after": s._num("its gradient relative error in float32", nullable=True),
+                    "error": s._str(
+                        "why the pass with the layer in float32 could not run (absent when it ran)"
+                    ),
                 },
                 "one layer checked",
+                required=["layer", "before", "after"],
             ),
         ),
         "reliable": s._bool(

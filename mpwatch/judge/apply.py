@@ -36,13 +36,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from mpwatch.formats import is_16bit
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.scale_advice import optimizer_code
+from mpwatch.layers import walk
 
 __all__ = ["Applied", "apply_recommendations", "float32_layers"]
 
@@ -266,6 +267,21 @@ def _layer_chains(model: Any) -> dict[str, list[str]]:
     return out
 
 
+def _float32_whole(clone: Any, names: list[str]) -> None:
+    """Every layer under each of ``names`` in float32 (Keras gives a container's dtype to none of
+    the layers it holds: a container in float32 around 16-bit sublayers fails on TensorFlow)."""
+    layers = {layer.name: layer for layer in _all_layers(clone)}
+    for name in names:
+        if name in layers:
+            for sub, _, _ in walk(layers[name]):
+                sub.dtype_policy = "float32"
+
+
+def _has_sublayers(model: Any, name: str) -> bool:
+    layer = {ly.name: ly for ly in _all_layers(model)}.get(name)
+    return layer is not None and bool(walk(layer))
+
+
 def _output_layer(model: Any) -> Any:
     """The layer producing a Sequential or single-output Functional model's output, or None."""
     outs = getattr(model, "outputs", None) or []
@@ -289,6 +305,13 @@ def _clone(model: Any, float32: set[str], old: str | None, policy: str | None) -
         config = layer.get_config()
         if layer.name in float32:
             config["dtype"] = "float32"
+            if walk(layer):  # it holds layers: those it creates take the global policy
+                before = keras.mixed_precision.global_policy()
+                keras.mixed_precision.set_global_policy("float32")
+                try:
+                    return layer.__class__.from_config(config)
+                finally:
+                    keras.mixed_precision.set_global_policy(before)
         elif switch and _policy_name(layer) == old:
             config["dtype"] = policy
         return layer.__class__.from_config(config)
@@ -374,9 +397,13 @@ def apply_recommendations(model: Any, findings: Iterable[Finding],
             policy_map[getattr(layer, "path", None) or layer.name] = keras.dtype_policies.get(
                 "float32"
             )
+        for name in found:  # a container in float32 is all of it (its sublayers' paths too)
+            for _, path, _ in walk(by_name[name]):
+                policy_map[path] = keras.dtype_policies.get("float32")
         clone = _clone(model, set(found), old, policy)
         if not clone.built and model.built:
             clone.build(model.input_shape if hasattr(model, "input_shape") else None)
+        _float32_whole(clone, found)
         clone.set_weights(model.get_weights())
     else:
         found = list(targets)
@@ -387,8 +414,9 @@ def apply_recommendations(model: Any, findings: Iterable[Finding],
         _compile_like(clone, model, opt)
         opt = clone.optimizer  # Keras' wrapper under mixed_float16, where it added one
     classes = _layer_classes(model, findings)
+    containers = {n for n in found if model is not None and _has_sublayers(model, n)}
     before = _before_build(advised if advised != old else None)
-    after = _after_build(found, chains, classes, loss_scale, growth)
+    after = _after_build(found, chains, classes, loss_scale, growth, containers)
     return Applied(
         model=clone,
         policy_map=policy_map,
@@ -435,15 +463,23 @@ def _before_build(policy: str | None) -> str:
 
 
 def _after_build(layers: list[str], chains: dict[str, list[str]], classes: dict[str, str],
-                 loss_scale: float | None, growth: int | None) -> str:  # fmt: skip
-    """The code to run on the built ``model`` before it is compiled."""
+                 loss_scale: float | None, growth: int | None,
+                 containers: Collection[str] = ()) -> str:  # fmt: skip
+    """The code to run on the built ``model`` before it is compiled (``containers``: the layers
+    that hold layers, switched with all of them)."""
     lines: list[str] = []
     if layers:
         lines.append("# once the model is built, before it is compiled: these layers in float32")
         for name in layers:
             cls = classes.get(name, "keras.layers.<Layer>")
-            lines.append(f'# (or where it is created: {cls}(..., name="{name}", dtype="float32"))')
             calls = "".join(f'.get_layer("{n}")' for n in chains.get(name, [name]))
+            if name in containers:
+                lines.append(f"# ({name!r} holds layers: a dtype does not reach the layers it "
+                             "creates, so all of it)")  # fmt: skip
+                lines.append(f"for sub in model{calls}._flatten_layers():")
+                lines.append('    sub.dtype_policy = "float32"')
+                continue
+            lines.append(f'# (or where it is created: {cls}(..., name="{name}", dtype="float32"))')
             lines.append(f'model{calls}.dtype_policy = "float32"')
     if loss_scale is not None or growth is not None:
         lines.append("# `optimizer`: your optimizer (Adam, ...), not a LossScaleOptimizer")

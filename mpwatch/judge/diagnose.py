@@ -253,7 +253,7 @@ def _checked_gradient(run: Run, f: Finding) -> None:
     fixed, text = got
     f.evidence += f"; {text}"
     f.data = {**f.data, "checked_fixed": fixed}
-    if not fixed:
+    if fixed is False:
         f.severity = "info"
         f.title = (
             f"Gradient of layer {f.layer!r} differs from float32; float32 there does not fix it"

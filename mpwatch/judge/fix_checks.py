@@ -121,15 +121,20 @@ def checked_layers(run: Run, layer: str) -> tuple[list[str] | None, str] | None:
 GRAD_FIXED_SHARE = 0.5
 
 
-def checked_gradient(run: Run, layer: str) -> tuple[bool, str] | None:
+def checked_gradient(run: Run, layer: str) -> tuple[bool | None, str] | None:
     """For a "keep this layer float32" advice against its gradient error: ``(fixed, evidence)``
-    from the latest probe that re-ran its pass with the layer in float32 (``grad_fix_checks``),
-    or None when none did."""
+    from the latest probe that re-ran its pass with the layer in float32 (``grad_fix_checks``;
+    ``fixed`` None where that pass could not run), or None when none did."""
     for step, payload in reversed(run.records.get(contract.KIND_PROBE) or []):
         for c in payload.get("grad_fix_checks") or []:
             if c.get("layer") != layer:
                 continue
             before, after = c.get("before"), c.get("after")
+            if c.get("error"):
+                return None, (
+                    f"the probe of step {step} could not run the pass with {layer!r} in float32 "
+                    f"({c['error']}): this fix is not checked"
+                )
             if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
                 return None
             fixed = after <= 0.05 and after <= GRAD_FIXED_SHARE * before

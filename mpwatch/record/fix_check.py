@@ -8,7 +8,8 @@ The candidates, in order:
 - **keep layers float32**: the first layer whose output is non-finite, then, while the pass is
   still not finite, the next layer it now fails at (up to :data:`MAX_LAYERS` layers): exactly what
   ``dtype="float32"`` on those layers does (:class:`mpwatch.record.twin.PolicyView` on just
-  them); when only the gradients are not finite, the layer the probe blames, then every layer
+  them, each with every layer under it: a container is kept in float32 whole); when only the
+  gradients are not finite, the layer the probe blames, then every layer
   whose activations come near float16's maximum;
 - **normalize the inputs**: the batch's floating-point features standardised per feature
   (``(x - mean) / std`` over the batch), in the model's own policies.
@@ -260,9 +261,14 @@ def check_gradient_fixes(
         out = []
         for name in candidates[:GRAD_CHECKED]:
             view = PolicyView(model, "float32", only={name})
-            mixed = _grads(probe, x, y, sw, scale, view, ("float32", name))
-            after = _layer_errors(probe, mixed, ref, scale).get(name)
-            out.append({"layer": name, "before": float(errors[name]), "after": after})
+            check: dict[str, Any] = {"layer": name, "before": float(errors[name]), "after": None}
+            try:
+                mixed = _grads(probe, x, y, sw, scale, view, ("float32", name))
+                check["after"] = _layer_errors(probe, mixed, ref, scale).get(name)
+            except Exception as e:  # noqa: BLE001  (this candidate could not run: the others can)
+                first = (str(e).splitlines() or [""])[0][:200]
+                check["error"] = f"{type(e).__name__}: {first}"
+            out.append(check)
         return out
     finally:
         for v, value in zip(state, saved):

@@ -96,18 +96,26 @@ class PolicyView:
     """
 
     def __init__(self, model: Any, policy: str, only: set[str] | None = None) -> None:
-        """``only``: switch just the layers of these names (a fix kept to a few layers)."""
+        """``only``: switch just the layers of these names *and every layer under them* (a fix
+        kept to a few layers). Keras gives a layer's dtype to none of the layers it holds: a
+        container switched alone would compute in float32 around sublayers still in 16 bits
+        (TensorFlow then fails to add their outputs), so keeping a container in float32 is
+        keeping all of it, as the advice's code does
+        (:func:`mpwatch.judge.rule.container_float32_fix`)."""
         self.model = model
         self.policy = policy
         sources = sources_for(policy)
         candidates = [model] + [layer for layer, _, _ in walk(model)]
+        if only is not None:
+            named = [layer for layer in candidates if layer.name in only]
+            candidates = named + [sub for layer in named for sub, _, _ in walk(layer)]
         seen: set[int] = set()
         self._targets: list[Any] = []
         for layer in candidates:
             if id(layer) in seen or not hasattr(layer, "dtype_policy"):
                 continue
             seen.add(id(layer))
-            if _policy_name(layer) in sources and (only is None or layer.name in only):
+            if _policy_name(layer) in sources:
                 self._targets.append(layer)
         self.layers = [layer.name for layer in self._targets]
         self._saved: list[tuple[Any, Any]] | None = None

@@ -229,6 +229,65 @@ def test_a_findings_layer_list_is_applied(policy):
     assert res.layers == ["a", "b"]
 
 
+def _block_class():
+    import keras
+
+    class ResidualBlock(keras.layers.Layer):
+        """A container as the keras.io Transformer's block: layers of its own, a residual add."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dense(4, activation="tanh", name="inner")
+            self.norm = keras.layers.LayerNormalization(name="norm")
+
+        def call(self, x):
+            return self.norm(x + self.inner(x))
+
+    return ResidualBlock
+
+
+def _block_model(keras, cls):
+    inp = keras.Input((4,))
+    x = keras.layers.Dense(4, name="a")(inp)
+    x = cls(name="blk")(x)
+    out = keras.layers.Dense(2, dtype="float32", name="out")(x)
+    model = keras.Model(inp, out)
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_a_container_is_kept_in_float32_whole_and_trains(policy):
+    """dtype="float32" on a layer that holds layers leaves them in float16 (Keras gives a
+    layer's dtype to none of the layers it creates) and TensorFlow fails on the residual add:
+    the clone and the snippet switch all of it, and both train."""
+    import keras
+
+    cls = _block_class()
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
+    y = np.zeros((8, 2), "float32")
+    with policy("mixed_float16"):
+        model = _block_model(keras, cls)
+        res = mpwatch.apply_recommendations(model, [_keep("blk")])
+        blk = res.model.get_layer("blk")
+        assert [sub.compute_dtype for sub in (blk, blk.inner, blk.norm)] == ["float32"] * 3
+        assert res.model.get_layer("a").compute_dtype == "float16"
+        assert model.get_layer("blk").inner.compute_dtype == "float16"  # original untouched
+        res.model.fit(x, y, epochs=1, verbose=0)  # it trains
+        assert res.policy_map[model.get_layer("blk").inner.path].name == "float32"
+        # the snippet, run on a freshly built model, gives the same policies and trains
+        fresh = _block_model(keras, cls)
+        assert "._flatten_layers():" in res.after_build
+        exec(res.after_build, {"model": fresh, "keras": keras})  # noqa: S102
+        got = fresh.get_layer("blk")
+        assert [sub.compute_dtype for sub in (got, got.inner, got.norm)] == ["float32"] * 3
+        fresh.fit(x, y, epochs=1, verbose=0)
+        # the layer alone in float32, as dtype="float32" where it is created does: it fails
+        alone = _block_model(keras, cls)
+        alone.get_layer("blk").dtype_policy = "float32"
+        with pytest.raises(Exception, match="AddV2|float16|half"):
+            alone.fit(x, y, epochs=1, verbose=0)
+
+
 # --- a real deep sigmoid MLP: the advice, applied, loses less (checked in the test itself) ------
 def _sigmoid_mlp(keras, depth=22, width=32):
     layers = [keras.Input((16,))]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from builders import assert_findings, findings_of, make_run, model_row
 
+from mpwatch import contract
 from mpwatch.judge import diagnose
 
 RULE = "gradient-error"
@@ -157,3 +158,40 @@ def test_gradient_error(run, expected):
 
 def test_the_ground_truth_error_is_about_14pct():
     assert 0.12 < E14 < 0.16
+
+
+def _container_run(check=None):
+    """'blk' holds two layers of its own (paths under m/blk), as the keras.io Transformer's
+    TransformerBlock holds its MultiHeadAttention and Dense layers."""
+    lay = _layers("embed", "blk", "out")
+    subs = [[n, f"m/blk/{n}", "Dense", 2, "mixed_float16", "float16", "float32", "float16",
+             "float16", 100, 100, {}, None, False, None] for n in ("ffn_1", "ffn_2")]  # fmt: skip
+    lay = lay[:2] + subs + lay[2:]
+    for row in lay:
+        if row[0] == "blk":
+            row[2] = "TransformerBlock"
+    run = _run([grad_row("embed", 0.002), grad_row("blk", E14), grad_row("out", 0.001)],
+               layers=lay)  # fmt: skip
+    if check is not None:
+        run.records[contract.KIND_PROBE] = [(30, {"grad_fix_checks": [check]})]
+    return run
+
+
+def test_a_container_is_kept_in_float32_whole_in_the_code():
+    (f,) = findings_of(diagnose(_container_run()), RULE)
+    assert f.layer == "blk"
+    # dtype="float32" on the container alone leaves 'ffn_1' and 'ffn_2' in float16 (Keras gives
+    # a layer's dtype to none of the layers it creates): the code switches all of it
+    assert 'dtype="float32", name="blk"' not in f.fix
+    assert 'for sub in model.get_layer("blk")._flatten_layers():' in f.fix
+    assert "'ffn_1', 'ffn_2'" in f.fix
+    assert 'set_global_policy("mixed_float16")' in f.fix
+
+
+def test_a_fix_check_that_could_not_run_is_said_not_checked():
+    check = {"layer": "blk", "before": E14, "after": None,
+             "error": "InvalidArgumentError: cannot compute AddV2"}  # fmt: skip
+    (f,) = findings_of(diagnose(_container_run(check)), RULE)
+    assert "could not run the pass with 'blk' in float32" in f.evidence
+    assert "this fix is not checked" in f.evidence
+    assert f.action == {"dtype": "float32"}  # the finding stands; its fix is marked unchecked

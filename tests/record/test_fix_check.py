@@ -115,3 +115,94 @@ def test_overflow_checks_follow_the_layers_keras_itself_makes_finite():
     norm = next(c for c in checks if c["fix"] == "normalize_inputs")
     assert norm["finite"]
     assert check_fixes(probe, np.zeros_like(x), y, None, 1.0) == []  # nothing to fix
+
+
+@keras.saving.register_keras_serializable("mpwatch_tests")
+class Block(keras.layers.Layer):
+    """A container as the keras.io Transformer's block is: layers of its own, a residual add."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(8, activation="tanh", name="inner")
+        self.norm = keras.layers.LayerNormalization(name="norm")
+
+    def call(self, x):
+        return self.norm(x + self.inner(x))
+
+
+def _container_model(policy):
+    with _scope(policy):
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((8,))
+        h = keras.layers.Dense(8, name="d1")(inp)
+        h = Block(name="blk")(h)
+        out = keras.layers.Dense(1, dtype="float32", name="out")(h)
+        model = keras.Model(inp, out)
+        model.compile("sgd", "mse")
+    return model
+
+
+def test_a_container_is_checked_in_float32_whole():
+    """Keeping a layer that holds layers in float32 keeps all of it: switched alone, its float32
+    inputs meet its sublayers' float16 outputs in the residual add and TensorFlow fails."""
+    from mpwatch.record.fix_check import check_gradient_fixes
+    from mpwatch.record.probe import Probe
+    from mpwatch.record.twin import PolicyView
+
+    model = _container_model("mixed_float16")
+    blk = model.get_layer("blk")
+    with PolicyView(model, "float32", only={"blk"}) as view:
+        assert {blk.compute_dtype, blk.inner.compute_dtype, blk.norm.compute_dtype} == {"float32"}
+        assert model.get_layer("d1").compute_dtype == "float16"
+    assert sorted(view.layers) == ["blk", "inner", "norm"]
+    assert blk.inner.compute_dtype == "float16"  # restored
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(16, 8)).astype("float32")
+    y = rng.normal(size=(16, 1)).astype("float32")
+    scale = 512.0
+    probe = Probe(model)
+    probe.run((x, y), scale=scale)
+    checks = check_gradient_fixes(probe, x, y, None, scale, {"blk": 0.5, "d1": 1e-3, "out": 1e-3})
+    assert [c["layer"] for c in checks] == ["blk"] and "error" not in checks[0]
+    # by hand: the block and everything in it in float32, the reference a float32 twin
+    for sub in blk._flatten_layers():
+        sub.dtype_policy = "float32"
+    try:
+        mixed = _grads(model, x, y, scale)
+    finally:
+        for sub in blk._flatten_layers():
+            sub.dtype_policy = "mixed_float16"
+    twin = _container_model("float32")
+    twin.set_weights(model.get_weights())
+    ref = _grads(twin, x, y, 1.0)
+    idx = [i for i, v in enumerate(model.trainable_variables) if v.path.startswith("blk/")]
+    assert idx
+    err = np.sqrt(sum(((mixed[i] - ref[i]) ** 2).sum() for i in idx)
+                  / sum((ref[i] ** 2).sum() for i in idx))  # fmt: skip
+    assert checks[0]["after"] == pytest.approx(err, rel=1e-3, abs=1e-6)
+
+
+def test_a_check_that_cannot_run_is_recorded_and_the_others_still_run(monkeypatch):
+    from mpwatch.record import fix_check
+    from mpwatch.record.probe import Probe
+
+    model = _model("mixed_float16")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8)).astype("float32")
+    y = rng.normal(size=(16, 1)).astype("float32")
+    probe = Probe(model)
+    probe.run((x, y), scale=256.0)
+    real = fix_check._grads
+
+    def failing(probe_, x_, y_, sw_, scale_, view, key=()):
+        if key == ("float32", "d2"):
+            raise tf.errors.InvalidArgumentError(None, None, "cannot compute AddV2\nmore")
+        return real(probe_, x_, y_, sw_, scale_, view, key)
+
+    monkeypatch.setattr(fix_check, "_grads", failing)
+    errors = {"d2": 0.5, "d1": 0.4, "bn": 1e-3, "out": 1e-3}
+    checks = fix_check.check_gradient_fixes(probe, x, y, None, 256.0, errors)
+    by = {c["layer"]: c for c in checks}
+    assert by["d2"]["after"] is None
+    assert by["d2"]["error"] == "InvalidArgumentError: cannot compute AddV2"
+    assert isinstance(by["d1"]["after"], float) and "error" not in by["d1"]
