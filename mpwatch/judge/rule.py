@@ -46,6 +46,7 @@ __all__ = [
     "layer_row",
     "keep_float32_fix",
     "container_float32_fix",
+    "containers_fix_lines",
     "sublayer_names",
     "class_module",
     "is_keras_class",
@@ -414,6 +415,21 @@ def container_float32_fix(name: str, ctor: str, subs: list[str], run: Run) -> st
             "model = mpwatch.apply_recommendations(model, findings).model",
         ]
     )
+
+
+def containers_fix_lines(run: Run, names: list[str]) -> list[str]:
+    """For advice that keeps several layers in float32 by name: a line pair for each that holds
+    layers of its own (``dtype="float32"`` where it is built does not reach them)."""
+    lines = []
+    for name in names:
+        if sublayer_names(run, name):
+            lines += [
+                f"# {name!r} holds layers of its own: a dtype does not reach the layers it creates;"
+                " switch all of it:",
+                f'for sub in model.get_layer("{name}")._flatten_layers(): sub.dtype_policy = '
+                '"float32"',
+            ]
+    return lines
 
 
 def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:

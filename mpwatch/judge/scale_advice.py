@@ -74,6 +74,8 @@ class Advice:
         probes: every reliable float16 probe.
         overflows: every skipped step with its scale.
         layers: ``(layer, underflow fraction)`` to keep in float32 (range problem), forward order.
+        container_lines: the code that switches those of them that hold layers, all of each
+            (:func:`mpwatch.judge.rule.containers_fix_lines`).
         layers_leave: the model-wide underflow predicted with them in float32
             (:func:`mpwatch.judge.scale_facts.underflow_without`: an estimate).
         bfloat16: where the device has bfloat16: a phrase saying so.
@@ -90,6 +92,7 @@ class Advice:
     probes: list[ProbeView] = field(default_factory=list)
     overflows: list[Overflow] = field(default_factory=list)
     layers: list[tuple[str, float]] = field(default_factory=list)
+    container_lines: list[str] = field(default_factory=list)
     layers_leave: float | None = None
     bfloat16: str | None = None
     span: tuple[int, int] | None = None
@@ -188,6 +191,7 @@ class Advice:
                 "without editing the model code:"
             )
             lines.append("model = mpwatch.apply_recommendations(model, findings).model")
+            lines += self.container_lines
         if self.bfloat16 and self.kind in ("range", "unpredicted"):
             lines.append(
                 f"# or, as {self.bfloat16} (float32's exponent range: no loss scale needed):"

@@ -188,3 +188,20 @@ def test_a_layer_fed_rounded_ids_is_not_underflow():
     assert view.excluded == ["emb"] and view.measured == 0.0
     assert "emb" not in set(view.layers["layer"])
     assert np.isfinite(view.measured)
+
+
+def test_a_layer_that_holds_layers_is_switched_whole_in_the_code():
+    import pandas as pd
+
+    probes = {10: (model_row(uf=0.0),
+                   [probe_layer("conv2d", uf=0.3), probe_layer("dense", uf=0.06)])}  # fmt: skip
+    run = make_run(probes=probes)
+    lt = run.layers
+    row = lt[lt["name"] == "conv2d"].iloc[0].to_dict()
+    inner = {**row, "name": "conv_inner", "path": f"{row['path']}/conv_inner"}
+    run.layers = pd.concat([lt, pd.DataFrame([inner])], ignore_index=True)
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.action == {"float32_layers": ["conv2d", "dense"]}
+    want = 'for sub in model.get_layer("conv2d")._flatten_layers(): sub.dtype_policy = "float32"'
+    assert want in f.fix
+    assert 'get_layer("dense")._flatten' not in f.fix  # a plain layer: dtype="float32" does it

@@ -61,12 +61,22 @@ mpwatch.MixedPrecisionMonitor(log_dir=..., probe_every=...)
 
 from __future__ import annotations
 
+from typing import Any
+
 from mpwatch import contract
 from mpwatch.judge import scale_advice as sa
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge import scale_facts as sf
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import UNDERFLOW_WARN, Rule, compute_dtype, finite, fmt, pct
+from mpwatch.judge.rule import (
+    UNDERFLOW_WARN,
+    Rule,
+    compute_dtype,
+    containers_fix_lines,
+    finite,
+    fmt,
+    pct,
+)
 from mpwatch.read.run import ProbeResult, Run
 
 UNDERFLOW_ERROR = 0.10  # model-wide underflow fraction at the scale used
@@ -89,6 +99,13 @@ RULE = Rule(
 
 _KEEP_FIX = "# keep {names} in float32 (dtype=\"float32\" where each is built), or:\n" \
     "model = mpwatch.apply_recommendations(model, findings).model"  # fmt: skip
+
+
+def _keep_fix(run: Run, layers: list[tuple[str, Any]]) -> str:
+    """Keep these layers in float32, as code (a layer that holds layers: all of it)."""
+    fix = _KEEP_FIX.format(names=sa.names_text(layers, with_fraction=False))
+    extra = containers_fix_lines(run, [n for n, _ in layers])
+    return "\n".join([fix, *extra]) if extra else fix
 
 
 def check(run: Run) -> list[Finding]:
@@ -173,7 +190,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
                     "to halve it"
                 )
         if not fix and layers:
-            fix = _KEEP_FIX.format(names=sa.names_text(layers, with_fraction=False))
+            fix = _keep_fix(run, layers)
             action = {"float32_layers": [n for n, _ in layers]}
         if not fix:
             lines.append(f"no layer loses more than {pct(UNDERFLOW_WARN)}: the loss is spread thin")
@@ -236,7 +253,7 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
             "warning",
             title,
             evidence,
-            fix=_KEEP_FIX.format(names=sa.names_text(layers, with_fraction=False)),
+            fix=_keep_fix(run, layers),
             layer=layers[0][0] if n == 1 else None,
             action={"float32_layers": [name for name, _ in layers]},
             data=data,
