@@ -82,6 +82,23 @@ def tf_is_chief(strategy: Any = None) -> bool:
     return False
 
 
+def jax_processes() -> int:
+    """How many JAX processes train together (``jax.distributed``); 1 on TensorFlow."""
+    if name() != JAX:
+        return 1
+    import jax
+
+    return int(jax.process_count())
+
+
+#: why the in-graph records and the probe stop in a multi-process JAX run (for now)
+MULTI_PROCESS_NOTE = (
+    "{n} JAX processes train together: mpwatch records the steps only (no loss scale, skipped "
+    "steps, gradient health or probe yet across processes; they would need every process to "
+    "make the same decisions at the same steps)"
+)
+
+
 def strategy_facts(model: Any) -> tuple[str, int]:
     """(the distribution's class name, replicas in sync) of a model."""
     if name() == JAX:

@@ -28,8 +28,16 @@ With ``steps_per_execution > 1`` Keras runs several train steps in one call, eac
 Keras rebuilds its state from the variables at each epoch's start (and after a callback's
 ``jax_state_sync``): the wrapper of ``_get_jax_state`` first picks up the buffers as the last step
 left them.
-A ``keras.distribution`` is not supported by the tap (its state shardings are fixed per variable):
-there the tap stops with a notice and the steps are counted from Keras' batch numbers.
+Under a ``keras.distribution`` (``DataParallel``, ``ModelParallel``), Keras jits the train step
+with the state's shardings as its output shardings (``model._get_state_sharding_spec``): the tap
+adds its buffers' there too, each **replicated** over the distribution's device mesh (scalars and
+small rings; every device holds the same values, so the host reads one copy, which also works
+where the mesh spans several processes). The gradient counts are reductions over the gradients
+as the step has them (replicated under data parallelism, sharded like their variables under a
+layout map: XLA reduces the shards where they are; no variable is gathered). They run only every
+``grad_every`` steps (a ``lax.cond``); the rings' other writes are local to each device.
+Several JAX processes (``jax.distributed``) are not tapped yet: the steps are counted from Keras'
+batches (:data:`mpwatch.record.backend.MULTI_PROCESS_NOTE`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,21 @@ logger = logging.getLogger("mpwatch")
 _BUFFERS = (
     "count", "scale", "scale_used", "skipped", "in_max", "in_bad", "ccount", "cstep", "counts",
 )  # fmt: skip
+
+
+def _replicated(dist: Any) -> Any:
+    """A sharding that puts the same whole array on every device of ``dist``'s mesh."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(dist.device_mesh.backend_mesh, PartitionSpec())
+
+
+def host(value: Any) -> np.ndarray:
+    """A device array on the host. A replicated array spanning several processes' devices is
+    read from this process' own copy (every copy is the same)."""
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value)
+    return np.asarray(value.addressable_shards[0].data)
 
 
 def _index_of(items: list[Any], target: Any) -> int | None:
@@ -72,6 +95,13 @@ class JaxTap(TapBase):
 
     # --- the buffers --------------------------------------------------------------------------
     def _initial_values(self, step: int) -> list[Any]:
+        import jax
+
+        values = self._zeros(step)
+        sharding = getattr(self, "_sharding", None)
+        return values if sharding is None else [jax.device_put(v, sharding) for v in values]
+
+    def _zeros(self, step: int) -> list[Any]:
         import jax.numpy as jnp
 
         cap, nv, k = self.capacity, self._num_vars or 0, self.count_slots
@@ -95,13 +125,15 @@ class JaxTap(TapBase):
     def install(self) -> None:
         import keras
 
-        if keras.distribution.distribution() is not None:
-            self.failed = "the tap does not support keras.distribution yet"
+        from mpwatch.record.backend import MULTI_PROCESS_NOTE, jax_processes
+
+        if jax_processes() > 1:
+            self.failed = MULTI_PROCESS_NOTE.format(n=jax_processes())
             self._installed = True  # nothing wrapped: the steps are counted from Keras' batches
-            logger.warning(
-                "mpwatch: %s; loss scale and skipped steps are not recorded", self.failed
-            )
+            logger.warning("mpwatch: %s", self.failed)
             return
+        dist = keras.distribution.distribution()
+        self._sharding = _replicated(dist) if dist is not None else None
         model, opt = self.model, self.optimizer
         if not hasattr(model, "_get_jax_state") or not hasattr(opt, "stateless_apply"):
             self.failed = "this Keras version has no _get_jax_state/stateless_apply to tap"
@@ -151,6 +183,16 @@ class JaxTap(TapBase):
         stateless_apply._mpwatch_tap = True  # type: ignore[attr-defined]
         object.__setattr__(model, "_get_jax_state", get_jax_state)
         object.__setattr__(opt, "stateless_apply", stateless_apply)
+        if self._sharding is not None and hasattr(model, "_get_state_sharding_spec"):
+            orig_spec = model._get_state_sharding_spec
+
+            def get_state_sharding_spec() -> Any:
+                # Keras' train step's output shardings: the buffers' too (replicated)
+                t, n, o, m = orig_spec()
+                return t, n, list(o) + [tap._sharding] * len(_BUFFERS), m
+
+            get_state_sharding_spec._mpwatch_tap = True  # type: ignore[attr-defined]
+            object.__setattr__(model, "_get_state_sharding_spec", get_state_sharding_spec)
         if self.rebuild:  # a custom training loop has no train_step of Keras' to see
             orig_step = model.train_step
 
@@ -172,6 +214,7 @@ class JaxTap(TapBase):
         model, opt = self.model, self.optimizer
         for obj, attr in (
             (model, "_get_jax_state"), (opt, "stateless_apply"), (model, "train_step"),
+            (model, "_get_state_sharding_spec"),
         ):  # fmt: skip
             if getattr(obj.__dict__.get(attr), "_mpwatch_tap", False):
                 object.__delattr__(obj, attr)
@@ -264,7 +307,11 @@ class JaxTap(TapBase):
             grads = pre["grads"]
             table = jax.lax.cond(
                 do,
-                lambda g: stats.jax_counts_table(g, jnp.minimum(count, 0)),
+                (
+                    stats.jax_counts_table_each
+                    if self._sharding is not None
+                    else lambda g: stats.jax_counts_table(g, jnp.minimum(count, 0))
+                ),
                 lambda g: jnp.zeros((len(g), stats.NUM_COUNTS), jnp.float32),
                 grads,
             )
@@ -292,14 +339,18 @@ class JaxTap(TapBase):
         # the counts buffer stays on the device: only the slots of new tables are fetched
         *small, counts = values
         count, scale, scale_used, skipped, in_max, in_bad, ccount, cstep = (
-            np.asarray(v) for v in small
+            host(v) for v in small
         )
         n = int(count) - self._read_count
         first_slot = self._read_count  # the batch written at count c went into slot c % cap
         self._read_count = int(count)
         entries = counts_entries(int(ccount), self.count_slots, self._read_ccount)
         self._read_ccount = int(ccount)
-        tables = {int(cstep[slot]): np.asarray(counts[slot]) for _, slot in entries}
+        if getattr(counts, "is_fully_addressable", True):
+            tables = {int(cstep[slot]): np.asarray(counts[slot]) for _, slot in entries}
+        else:  # spans processes: slicing it would be a computation of every process
+            whole = host(counts) if entries else None
+            tables = {int(cstep[slot]): whole[slot] for _, slot in entries}
         last, self._step = self._step, self._step + n
         return from_ring(
             self, last, n, scale, scale_used, skipped, tables, first_slot=first_slot,

@@ -77,8 +77,13 @@ class ProbeMonitor(RecordingCallback):
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
+        from mpwatch.record.backend import MULTI_PROCESS_NOTE, jax_processes
         from mpwatch.record.train_step import has_forward_pass
 
+        if jax_processes() > 1:  # a probe is a program of every process: all or none
+            self._off = True
+            self._notice(self.part, "warning", MULTI_PROCESS_NOTE.format(n=jax_processes()))
+            return
         self._off = not has_forward_pass(self.model)
         if self._off:  # said once per run, as what it is: nothing to probe, not a failure
             told = getattr(self.state, "notices", set())
