@@ -189,8 +189,8 @@ SCHEMA = s._record_schema(
         ),
         "grad_fix_checks": s._t(
             "array",
-            "written when a layer's gradient error stands out (float16): the pass re-run with "
-            "that layer in float32 (record/fix_check.py: check_gradient_fixes)",
+            "written when a layer's gradient error stands out (float16, bfloat16): the pass "
+            "re-run with that layer in float32 (record/fix_check.py: check_gradient_fixes)",
             items=s._obj(
                 {
                     "layer": s._str("the layer kept in float32 (with every layer under it)"),

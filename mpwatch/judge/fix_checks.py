@@ -116,8 +116,8 @@ def checked_layers(run: Run, layer: str) -> tuple[list[str] | None, str] | None:
     return (list(ok["layers"]) if ok else None), text
 
 
-#: a float32 layer fixes its gradient error when the error falls below the float16 threshold and
-#: to at most this share of what it was
+#: a float32 layer fixes its gradient error when the error falls below the gradient-error rule's
+#: threshold for the probe's 16-bit dtype and to at most this share of what it was
 GRAD_FIXED_SHARE = 0.5
 
 
@@ -125,6 +125,8 @@ def checked_gradient(run: Run, layer: str) -> tuple[bool | None, str] | None:
     """For a "keep this layer float32" advice against its gradient error: ``(fixed, evidence)``
     from the latest probe that re-ran its pass with the layer in float32 (``grad_fix_checks``;
     ``fixed`` None where that pass could not run), or None when none did."""
+    from mpwatch.judge.rules.gradient_error import GRAD_ERROR_WARN
+
     for step, payload in reversed(run.records.get(contract.KIND_PROBE) or []):
         for c in payload.get("grad_fix_checks") or []:
             if c.get("layer") != layer:
@@ -137,7 +139,8 @@ def checked_gradient(run: Run, layer: str) -> tuple[bool | None, str] | None:
                 )
             if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
                 return None
-            fixed = after <= 0.05 and after <= GRAD_FIXED_SHARE * before
+            limit = GRAD_ERROR_WARN.get(str(payload.get("mode")), GRAD_ERROR_WARN["float16"])
+            fixed = after <= limit and after <= GRAD_FIXED_SHARE * before
             what = (
                 f"brings its gradient error from {pct(before)} to {pct(after)}"
                 if fixed

@@ -182,9 +182,9 @@ def check_fixes(
             backend_value(v).assign(value)
 
 
-#: a layer whose gradient error is above this (float16) and stands out from the median by
-#: GRAD_OUTLIER is checked in float32 (the gradient-error rule's own thresholds)
-GRAD_ERROR = 0.05
+#: a layer whose gradient error is above this (per 16-bit dtype) and stands out from the median
+#: by GRAD_OUTLIER is checked in float32 (the gradient-error rule's own thresholds)
+GRAD_ERROR = {"float16": 0.05, "bfloat16": 0.10}
 GRAD_OUTLIER = 4.0
 GRAD_CHECKED = 8  # layers checked per probe, largest error first
 
@@ -231,11 +231,12 @@ def check_gradient_fixes(
     the others (at most :data:`GRAD_CHECKED`, largest first): the pass re-run with that layer in
     float32, and its gradient error then, against the float32 reference of the same batch. A
     layer whose error barely moves carries an error that comes from elsewhere: float32 there
-    does not fix it. ``[]`` when no layer stands out (float16 probes only)."""
+    does not fix it. ``[]`` when no layer stands out (float16 and bfloat16 probes)."""
     from mpwatch.record import backend
 
-    if probe.mode != "float16" or not errors:
+    if probe.mode not in GRAD_ERROR or not errors:
         return []
+    threshold = GRAD_ERROR[probe.mode]
     vals = sorted(v for v in errors.values() if v is not None and math.isfinite(v))
     model = probe.model
     # a layer that computes in float32 already (its own dtype, or a normalization layer Keras
@@ -250,7 +251,7 @@ def check_gradient_fixes(
             continue
         others = [v for v in vals if v != err] or [0.0]
         median = float(np.median(others))
-        if err is not None and err > GRAD_ERROR and err > GRAD_OUTLIER * median:
+        if err is not None and err > threshold and err > GRAD_OUTLIER * median:
             candidates.append(name)
     if not candidates:
         return []

@@ -412,7 +412,7 @@ class Probe:
             except Exception as e:  # noqa: BLE001  (the probe's record stands without them)
                 logger.warning("mpwatch: probe: could not check the fixes: %r", e)
         if (
-            self.mode == "float16"
+            self.mode in ("float16", "bfloat16")
             and self.has_ref
             and not payload["model"].get("first_nonfinite_layer")
         ):

@@ -44,16 +44,17 @@ def _grads(model, x, y, scale):
     return [np.asarray(g, np.float64) / scale for g in grads]
 
 
-def test_gradient_check_equals_the_pass_done_by_hand_and_leaves_the_state():
+@pytest.mark.parametrize(("policy", "scale"), [("mixed_float16", 1024.0), ("mixed_bfloat16", 1.0)])
+def test_gradient_check_equals_the_pass_done_by_hand_and_leaves_the_state(policy, scale):
     from mpwatch.record.fix_check import check_gradient_fixes
     from mpwatch.record.probe import Probe
 
-    model = _model("mixed_float16")
+    model = _model(policy)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(16, 8)).astype("float32")
     y = rng.normal(size=(16, 1)).astype("float32")
-    scale = 1024.0
     probe = Probe(model)
+    assert probe.mode == policy[len("mixed_"):]
     probe.run((x, y), scale=scale)  # prepares the probe as a fit would
     before = [np.array(v.numpy()) for v in model.non_trainable_variables]
     checks = check_gradient_fixes(probe, x, y, None, scale, {"d2": 0.5, "d1": 1e-3, "out": 1e-3})
@@ -65,7 +66,7 @@ def test_gradient_check_equals_the_pass_done_by_hand_and_leaves_the_state():
     try:
         mixed = _grads(model, x, y, scale)
     finally:
-        model.get_layer("d2").dtype_policy = "mixed_float16"
+        model.get_layer("d2").dtype_policy = policy
     twin = _model("float32")
     twin.set_weights(model.get_weights())
     ref = _grads(twin, x, y, 1.0)
