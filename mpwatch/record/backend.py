@@ -91,11 +91,11 @@ def jax_processes() -> int:
     return int(jax.process_count())
 
 
-#: why the in-graph records and the probe stop in a multi-process JAX run (for now)
+#: why the probe does not run in a multi-process JAX run (for now)
 MULTI_PROCESS_NOTE = (
-    "{n} JAX processes train together: mpwatch records the steps only (no loss scale, skipped "
-    "steps, gradient health or probe yet across processes; they would need every process to "
-    "make the same decisions at the same steps)"
+    "{n} JAX processes train together: no probe across processes yet (its passes are one "
+    "program of every process, on a batch made of each process' part, at steps every process "
+    "must choose alike); the loss scale, skipped steps and gradient health are recorded"
 )
 
 

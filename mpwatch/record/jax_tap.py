@@ -36,8 +36,11 @@ where the mesh spans several processes). The gradient counts are reductions over
 as the step has them (replicated under data parallelism, sharded like their variables under a
 layout map: XLA reduces the shards where they are; no variable is gathered). They run only every
 ``grad_every`` steps (a ``lax.cond``); the rings' other writes are local to each device.
-Several JAX processes (``jax.distributed``) are not tapped yet: the steps are counted from Keras'
-batches (:data:`mpwatch.record.backend.MULTI_PROCESS_NOTE`).
+With several JAX processes (``jax.distributed``) every process runs the same tap in the same
+program and reads its own copy of the replicated buffers at the same steps (no collective: the
+read interval is the same everywhere); only process 0 writes. The buffers are made on the mesh by
+a jitted function (a ``device_put`` from the host compares the processes' values, and the NaN a
+ring starts with never equals itself).
 """
 
 from __future__ import annotations
@@ -97,9 +100,12 @@ class JaxTap(TapBase):
     def _initial_values(self, step: int) -> list[Any]:
         import jax
 
-        values = self._zeros(step)
         sharding = getattr(self, "_sharding", None)
-        return values if sharding is None else [jax.device_put(v, sharding) for v in values]
+        if sharding is None:
+            return self._zeros(step)
+        # made on every device of the mesh (a device_put from the host would compare the
+        # processes' values, and NaN never equals itself)
+        return list(jax.jit(lambda: self._zeros(step), out_shardings=sharding)())
 
     def _zeros(self, step: int) -> list[Any]:
         import jax.numpy as jnp
@@ -125,13 +131,6 @@ class JaxTap(TapBase):
     def install(self) -> None:
         import keras
 
-        from mpwatch.record.backend import MULTI_PROCESS_NOTE, jax_processes
-
-        if jax_processes() > 1:
-            self.failed = MULTI_PROCESS_NOTE.format(n=jax_processes())
-            self._installed = True  # nothing wrapped: the steps are counted from Keras' batches
-            logger.warning("mpwatch: %s", self.failed)
-            return
         dist = keras.distribution.distribution()
         self._sharding = _replicated(dist) if dist is not None else None
         model, opt = self.model, self.optimizer

@@ -130,10 +130,12 @@ def test_training_is_unchanged_and_the_run_reads_like_any_other(dist_runs, case)
     assert [f.title for f in skipped] == [f.title for f in want]
 
 
-def test_two_processes_one_writer_training_unchanged(tmp_path):
-    """Two JAX processes (jax.distributed, CPU collectives) training one model: only process 0
-    writes, once; both finish with the same weights; what is not recorded across processes yet
-    (loss scale, gradient health, the probe) is said in a notice, never a hang or a lost fit."""
+def test_two_processes_one_writer_the_same_series(tmp_path, dist_runs, read_events):
+    """Two JAX processes (jax.distributed, CPU collectives, 2 devices each) training the model
+    of the other tests, each process feeding its half of every batch: only process 0 writes,
+    once; the loss scale, skipped steps and gradient counts are those of the one-process run on
+    4 devices; both processes end with the same weights; the probe, not run across processes
+    yet, is said in a notice (never a hang or a lost fit)."""
     import socket
 
     with socket.socket() as sock:
@@ -159,6 +161,14 @@ def test_two_processes_one_writer_training_unchanged(tmp_path):
     run = mpwatch.load_run(str(logdir))
     assert run.info["strategy"] == "DataParallel" and run.info["num_replicas"] == 4
     messages = " ".join(str(n) for n in run.notices)
-    assert "2 JAX processes train together" in messages
+    assert "2 JAX processes train together: no probe across processes yet" in messages
     steps = run.scalars.index
     assert steps.is_unique and steps.max() == 24  # every step once, no duplicate events
+    out, _ = dist_runs
+    scalars, records = read_events(str(logdir))
+    one, one_records = read_events(str(out / "data_parallel"))
+    for tag in (contract.LOSS_SCALE, contract.STEP_SKIPPED, contract.SKIPPED_STEPS_TOTAL,
+                contract.GRAD_NONFINITE_COUNT, contract.GRAD_ZERO_FRACTION):  # fmt: skip
+        assert scalars[tag] == one[tag], tag
+    skipped = [s for s, v in scalars[contract.STEP_SKIPPED] if v]
+    assert skipped == [b + 1 for b in sorted(OVERFLOW_BATCHES)]
