@@ -91,14 +91,6 @@ def jax_processes() -> int:
     return int(jax.process_count())
 
 
-#: why the probe does not run in a multi-process JAX run (for now)
-MULTI_PROCESS_NOTE = (
-    "{n} JAX processes train together: no probe across processes yet (its passes are one "
-    "program of every process, on a batch made of each process' part, at steps every process "
-    "must choose alike); the loss scale, skipped steps and gradient health are recorded"
-)
-
-
 def strategy_facts(model: Any) -> tuple[str, int]:
     """(the distribution's class name, replicas in sync) of a model."""
     if name() == JAX:

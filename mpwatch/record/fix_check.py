@@ -68,9 +68,10 @@ def jax_pass(
     import jax
     import jax.numpy as jnp
 
-    from mpwatch.record.probe_jax import forward_backward, model_values
+    from mpwatch.record.probe_jax import fetch, forward_backward, global_batch, model_values
 
     tv, ntv = model_values(probe.model)  # Keras' training state: no variable is read
+    x, y, sw = global_batch(x, y, sw)
     cache = probe.__dict__.setdefault("_fix_jits", {})
     fn = cache.get(key)
     if fn is None:
@@ -80,7 +81,8 @@ def jax_pass(
             return {"loss": out["loss"], "acts": out["acts"], "grads": out["grads"]}
 
         fn = cache[key] = jax.jit(run)
-    return fn(tv, ntv, x, y, sw, jnp.float32(scale))
+    out = fn(tv, ntv, x, y, sw, jnp.float32(scale))
+    return out if jax.process_count() == 1 else fetch(out)
 
 
 def _forward(

@@ -366,9 +366,10 @@ class Probe:
             from mpwatch.record import backend
 
             if backend.name() == backend.JAX:  # during fit the value lives in Keras' state
+                from mpwatch.record.jax_tap import host
                 from mpwatch.record.probe_jax import optimizer_value
 
-                return float(np.asarray(optimizer_value(self.model, ds)))
+                return float(host(optimizer_value(self.model, ds)))
             return float(np.asarray(ds.numpy() if hasattr(ds, "numpy") else ds))
         if ds is not None:
             return float(getattr(opt, "initial_scale", formats.KERAS_INITIAL_SCALE))

@@ -64,6 +64,33 @@ def optimizer_value(model: Any, variable: Any) -> Any:
     return variable.value
 
 
+# --- several processes ----------------------------------------------------------------------------
+def global_batch(x: Any, y: Any, sw: Any) -> tuple[Any, Any, Any]:
+    """The batch as the jitted passes take it. In one process, as it is. With several JAX
+    processes under a ``keras.distribution``, each holds its part of the batch: the parts become
+    one global array laid out as Keras lays out its training batches (Keras' own
+    ``_distribute_data``), so every process runs the same program on the whole batch."""
+    import jax
+
+    if jax.process_count() == 1:
+        return x, y, sw
+    from keras.src.backend.jax.trainer import _distribute_data
+
+    return _distribute_data((x, y, sw))
+
+
+def fetch(tree: Any) -> Any:
+    """Device arrays to the host: ``jax.device_get``, or, where they span several processes'
+    devices, gathered from every process (a collective: every process calls it at once)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
 # --- one pass -------------------------------------------------------------------------------------
 def _graph_model(model: Any) -> Any:
     """The Functional graph a Functional or (built) Sequential model runs, else None."""
@@ -360,10 +387,10 @@ class JaxProbeFunction:
         pool.shutdown(wait=False)
 
     def __call__(self, x: Any, y: Any, sw: Any, scale: float) -> dict[str, np.ndarray]:
-        import jax
         import jax.numpy as jnp
 
         tv, ntv = model_values(self.probe.model)
+        x, y, sw = global_batch(x, y, sw)
         fn = self._jit
         if self._ahead is not None and self._ahead[0] == _signature(x, y, sw):
             try:
@@ -371,7 +398,7 @@ class JaxProbeFunction:
             except Exception:  # noqa: BLE001 - compiled again below, on this thread
                 self._ahead = None
         raw = fn(tv, ntv, x, y, sw, jnp.float32(scale), jnp.int32(0))
-        return host_tables(jax.device_get(raw))
+        return host_tables(fetch(raw))
 
     def _device(self, tv: list, ntv: list, x: Any, y: Any, sw: Any, scale: Any, zero: Any) -> dict:
         import jax.numpy as jnp

@@ -77,13 +77,8 @@ class ProbeMonitor(RecordingCallback):
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
-        from mpwatch.record.backend import MULTI_PROCESS_NOTE, jax_processes
         from mpwatch.record.train_step import has_forward_pass
 
-        if jax_processes() > 1:  # a probe is a program of every process: all or none
-            self._off = True
-            self._notice(self.part, "warning", MULTI_PROCESS_NOTE.format(n=jax_processes()))
-            return
         self._off = not has_forward_pass(self.model)
         if self._off:  # said once per run, as what it is: nothing to probe, not a failure
             told = getattr(self.state, "notices", set())
@@ -132,7 +127,10 @@ class ProbeMonitor(RecordingCallback):
                 model.train_function = original
                 monitor._wrapped_train_function = None
                 data = next(iterator)
-                monitor._data = keras.tree.map_structure(np.array, data)
+                try:
+                    monitor._data = keras.tree.map_structure(_local_copy, data)
+                except Exception as e:  # noqa: BLE001  (the step runs whatever happens here)
+                    logger.warning("mpwatch: probe: could not keep a training batch: %r", e)
                 return original(state, itertools.chain([data], iterator))
 
             self._wrapped_train_function = capture
@@ -226,8 +224,8 @@ class ProbeMonitor(RecordingCallback):
         self._last_probe_step = step
         budget = self.budget
         ahead = 1.0 if self._ahead else 0.0
-        if budget is not None and not budget.decide(
-            "probe", step, explicit=self.explicit, ahead=ahead
+        if budget is not None and not _alike(
+            budget.decide("probe", step, explicit=self.explicit, ahead=ahead)
         ):
             return  # the decision is kept: the diagnosis says it was skipped, and why
         t0 = time.perf_counter()
@@ -240,6 +238,35 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+
+def _local_copy(value: Any) -> Any:
+    """A host copy of one leaf of a training batch: this process' part of it where the batch
+    is a global array over several processes' devices (its shards here, in batch order, each
+    once), else the whole of it."""
+    if value is None or getattr(value, "is_fully_addressable", True):
+        return None if value is None else np.array(value)
+    parts: dict[Any, np.ndarray] = {}
+    for shard in value.addressable_shards:
+        key = tuple((sl.start or 0, sl.stop) for sl in shard.index)
+        parts.setdefault(key, np.asarray(shard.data))
+    rows: dict[int, np.ndarray] = {}
+    for key, arr in sorted(parts.items()):
+        rows.setdefault(key[0][0] if key else 0, arr)  # one per batch slice (replicated: the same)
+    return np.concatenate([rows[k] for k in sorted(rows)], axis=0)
+
+
+def _alike(decision: bool) -> bool:
+    """The decision every process takes: its own in one process; process 0's where several JAX
+    processes train together (a probe is one program of all of them, and each process' budget
+    measured its own clock)."""
+    from mpwatch.record.backend import jax_processes
+
+    if jax_processes() == 1:
+        return bool(decision)
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(decision))))
 
 
 def _on_cpu() -> bool:

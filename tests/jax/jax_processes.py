@@ -2,10 +2,11 @@
 coordinator, CPU collectives over gloo, 2 host devices each, ``DataParallel`` over all 4), for
 tests/record/test_jax_distribution.py.
 
-Run as ``KERAS_BACKEND=jax python tests/jax/jax_processes.py PROCESS_ID PORT LOG_DIR OUT_JSON``,
-twice (process 0 and 1) with the same port and log_dir. Each process feeds its half of every
-batch (``auto_shard_dataset = False``) and writes, to OUT_JSON, its process index and the weights
-after the fit (the two must agree: one model)."""
+Run as ``KERAS_BACKEND=jax python tests/jax/jax_processes.py ID PORT LOG_DIR OUT_JSON [BUDGET]``,
+twice (process 0 and 1) with the same port and log_dir (``BUDGET``, a 6th argument: the
+monitor's cost budget, which then schedules the probe; without it the probe runs every 8
+steps). Each process feeds its half of every batch (``auto_shard_dataset = False``) and writes,
+to OUT_JSON, its process index and the weights after the fit (the two must agree: one model)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import mpwatch  # noqa: E402
 OVERFLOW_BATCHES = {2, 3, 9, 17}
 
 
-def main(pid: int, port: str, log_dir: str, out: str) -> None:
+def main(pid: int, port: str, log_dir: str, out: str, budget: float | None = None) -> None:
     keras.distribution.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
     dist = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
     dist.auto_shard_dataset = False
@@ -47,7 +48,10 @@ def main(pid: int, port: str, log_dir: str, out: str) -> None:
     half = slice(pid * 4, (pid + 1) * 4)  # this process' half of every batch of 8
     xl = x.reshape(24, 8, 16)[:, half].reshape(-1, 16)
     yl = y.reshape(24, 8, 1)[:, half].reshape(-1, 1)
-    monitor = mpwatch.MixedPrecisionMonitor(log_dir, log_every=1, profile=False, budget=None)
+    monitor = mpwatch.MixedPrecisionMonitor(
+        log_dir, log_every=1, probe_every=8 if budget is None else None, profile=False,
+        budget=budget,
+    )  # fmt: skip
     model.fit(xl, yl, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
     weights = [np.asarray(w.value.addressable_shards[0].data).tolist() for w in model.weights]
     with open(out, "w") as f:
@@ -55,4 +59,5 @@ def main(pid: int, port: str, log_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
+    budget = float(sys.argv[5]) if len(sys.argv) > 5 else None
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], budget)

@@ -130,12 +130,8 @@ def test_training_is_unchanged_and_the_run_reads_like_any_other(dist_runs, case)
     assert [f.title for f in skipped] == [f.title for f in want]
 
 
-def test_two_processes_one_writer_the_same_series(tmp_path, dist_runs, read_events):
-    """Two JAX processes (jax.distributed, CPU collectives, 2 devices each) training the model
-    of the other tests, each process feeding its half of every batch: only process 0 writes,
-    once; the loss scale, skipped steps and gradient counts are those of the one-process run on
-    4 devices; both processes end with the same weights; the probe, not run across processes
-    yet, is said in a notice (never a hang or a lost fit)."""
+def _two_processes(tmp_path, budget=None):
+    """Runs tests/jax/jax_processes.py as processes 0 and 1; (log_dir, each one's result)."""
     import socket
 
     with socket.socket() as sock:
@@ -144,24 +140,38 @@ def test_two_processes_one_writer_the_same_series(tmp_path, dist_runs, read_even
     logdir = tmp_path / "run"
     env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT))
     script = str(ROOT / "tests" / "jax" / "jax_processes.py")
+    extra = [] if budget is None else [str(budget)]
     procs = [
         subprocess.Popen(
-            [sys.executable, script, str(i), port, str(logdir), str(tmp_path / f"p{i}.json")],
+            [sys.executable, script, str(i), port, str(logdir), str(tmp_path / f"p{i}.json"),
+             *extra],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         for i in (0, 1)
     ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    got = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in (0, 1)]
+    return logdir, [json.loads((tmp_path / f"p{i}.json").read_text()) for i in (0, 1)]
+
+
+def test_two_processes_one_writer_the_same_series(tmp_path, dist_runs, read_events):
+    """Two JAX processes (jax.distributed, CPU collectives, 2 devices each) training the model
+    of the other tests, each process feeding its half of every batch: only process 0 writes,
+    once; the loss scale, skipped steps and gradient counts are those of the one-process run on
+    4 devices; both processes end with the same weights; the
+    probe runs on the whole batch in every process at the same steps and measures what the
+    one-process probe measures (never a hang or a lost fit)."""
+    logdir, got = _two_processes(tmp_path)
     assert [g["process"] for g in got] == [0, 1]
     assert got[0]["weights"] == got[1]["weights"]  # one model
     events = sorted(p.name for p in logdir.iterdir() if p.name.startswith("events.out"))
     assert len(events) == 1  # one writer
     run = mpwatch.load_run(str(logdir))
     assert run.info["strategy"] == "DataParallel" and run.info["num_replicas"] == 4
-    messages = " ".join(str(n) for n in run.notices)
-    assert "2 JAX processes train together: no probe across processes yet" in messages
+    one_run = mpwatch.load_run(str(dist_runs[0] / "data_parallel"))
+    assert list(run.probe_model["step"]) == list(one_run.probe_model["step"]) == [8, 16, 24]
+    for col in ("ref_nonzero", "underflow_count"):
+        assert list(run.probe_layers[col]) == list(one_run.probe_layers[col]), col
     steps = run.scalars.index
     assert steps.is_unique and steps.max() == 24  # every step once, no duplicate events
     out, _ = dist_runs
@@ -172,3 +182,15 @@ def test_two_processes_one_writer_the_same_series(tmp_path, dist_runs, read_even
         assert scalars[tag] == one[tag], tag
     skipped = [s for s, v in scalars[contract.STEP_SKIPPED] if v]
     assert skipped == [b + 1 for b in sorted(OVERFLOW_BATCHES)]
+
+
+def test_two_processes_take_the_budgets_decisions_alike(tmp_path):
+    """Under the cost budget each process measures its own clock, but a probe is one program of
+    both: they take process 0's decision (a probe on one process only would hang the other)."""
+    logdir, got = _two_processes(tmp_path, budget=0.05)
+    assert got[0]["weights"] == got[1]["weights"]
+    run = mpwatch.load_run(str(logdir))
+    decisions = [d for b in run.budgets for d in b.get("decisions", []) if d["part"] == "probe"]
+    assert decisions and {d["action"] for d in decisions} <= {"ran", "skipped"}
+    ran = [d["step"] for d in decisions if d["action"] == "ran"]
+    assert list(run.probe_model["step"]) == ran if ran else run.probe_model.empty
