@@ -20,6 +20,8 @@ import resource
 import sys
 from typing import Any
 
+import numpy as np
+
 TENSORFLOW = "tensorflow"
 JAX = "jax"
 SUPPORTED = (TENSORFLOW, JAX)
@@ -89,6 +91,26 @@ def jax_processes() -> int:
     import jax
 
     return int(jax.process_count())
+
+
+def host(value: Any) -> Any:
+    """A backend array (or a Keras variable) on the host as numpy. A JAX array replicated over
+    several processes' devices is read from this process' own copy (every copy is the same)."""
+    value = getattr(value, "value", value)  # a Keras variable: its backend array
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    return np.asarray(value.addressable_shards[0].data)
+
+
+def broadcast(values: tuple[int, ...]) -> tuple[int, ...]:
+    """Process 0's ``values`` in every JAX process (a collective: every process calls it at the
+    same point); ``values`` as they are in one process."""
+    if jax_processes() == 1:
+        return values
+    from jax.experimental import multihost_utils
+
+    got = multihost_utils.broadcast_one_to_all(np.asarray(values, np.int64))
+    return tuple(int(v) for v in np.asarray(got))
 
 
 def strategy_facts(model: Any) -> tuple[str, int]:

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from mpwatch.record import stats
+from mpwatch.record.backend import host
 from mpwatch.record.tap_common import Collected, TapBase, counts_entries, from_ring, input_health
 
 logger = logging.getLogger("mpwatch")
@@ -65,14 +66,6 @@ def _replicated(dist: Any) -> Any:
     from jax.sharding import NamedSharding, PartitionSpec
 
     return NamedSharding(dist.device_mesh.backend_mesh, PartitionSpec())
-
-
-def host(value: Any) -> np.ndarray:
-    """A device array on the host. A replicated array spanning several processes' devices is
-    read from this process' own copy (every copy is the same)."""
-    if getattr(value, "is_fully_addressable", True):
-        return np.asarray(value)
-    return np.asarray(value.addressable_shards[0].data)
 
 
 def _index_of(items: list[Any], target: Any) -> int | None:

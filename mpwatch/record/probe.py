@@ -366,7 +366,7 @@ class Probe:
             from mpwatch.record import backend
 
             if backend.name() == backend.JAX:  # during fit the value lives in Keras' state
-                from mpwatch.record.jax_tap import host
+                from mpwatch.record.backend import host
                 from mpwatch.record.probe_jax import optimizer_value
 
                 return float(host(optimizer_value(self.model, ds)))

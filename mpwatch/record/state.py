@@ -37,8 +37,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
-
+from mpwatch.record import backend
 from mpwatch.record.tap_common import Collected, TapBase, loss_scale_optimizer
 
 logger = logging.getLogger("mpwatch")
@@ -51,7 +50,7 @@ def initial_step(model: Any) -> int:
     opt = getattr(model, "optimizer", None)
     try:
         if opt is not None and getattr(opt, "built", True):
-            return int(np.asarray(opt.iterations.numpy()))
+            return int(backend.host(opt.iterations))
     except Exception:  # noqa: BLE001  (an unbuilt optimizer: start at 0)
         pass
     return 0
@@ -99,7 +98,7 @@ class ModelState:
         scale = None
         if opt is not None:
             try:
-                scale = float(np.asarray(opt.dynamic_scale.numpy()))
+                scale = float(backend.host(opt.dynamic_scale))
             except Exception:  # noqa: BLE001  (unbuilt: no scale yet)
                 scale = None
         self.start = {"iterations": iterations, "loss_scale": scale}
@@ -120,6 +119,9 @@ class ModelState:
                     point.step,
                     log_dir,
                 )
+        # only the writing process reads the logs: every JAX process continues at its step
+        # (the steps decide when each probe, one program of all of them, runs)
+        self.step, self.skipped_total = backend.broadcast((self.step, self.skipped_total))
 
     # called from each mpwatch callback's on_train_begin
     def require(
@@ -198,7 +200,6 @@ class ModelState:
         if tap is not None:
             self._sync_step()
             tap.uninstall()
-        from mpwatch.record import backend
 
         if backend.name() == backend.JAX:
             from mpwatch.record.jax_tap import JaxTap
