@@ -30,6 +30,13 @@ pair moves by several percent: read the median and the range.
     python benchmarks/whole_fit.py --models mobilenetv2 --policy mixed_bfloat16 --backends jax
     python benchmarks/whole_fit.py --models efficientnetb0 --seconds 30 \
         --monitor-args probe_every=10
+    python benchmarks/whole_fit.py --backends jax --models transformer --devices 4 \
+        --distribution model_parallel
+
+``--distribution data_parallel|model_parallel`` (JAX) trains both fits under a
+``keras.distribution`` over every device (``--devices N``: N host devices, for a CPU):
+``DataParallel``, or ``ModelParallel`` on a (devices/2, 2) mesh with every Dense kernel sharded
+over its ``model`` axis (a ``LayoutMap`` on ``.*dense.*kernel``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ if __name__ == "__main__":  # the backend is fixed when Keras is imported: choos
     for i, arg in enumerate(sys.argv):
         if arg == "--backends" and i + 1 < len(sys.argv) and "," not in sys.argv[i + 1]:
             os.environ["KERAS_BACKEND"] = sys.argv[i + 1]
+        if arg == "--devices" and i + 1 < len(sys.argv):  # XLA reads it when JAX starts
+            os.environ["XLA_FLAGS"] = (
+                os.environ.get("XLA_FLAGS", "")
+                + f" --xla_force_host_platform_device_count={int(sys.argv[i + 1])}"
+            )
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
@@ -58,6 +70,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ("resnet50", "mobilenetv2", "efficientnetb0", "transformer")
 WARMUP = 5
 MIN_STEPS = 8
+
+
+def set_distribution(kind: str) -> None:
+    """``keras.distribution`` over every device for the fits that follow (JAX)."""
+    import keras
+
+    devices = keras.distribution.list_devices()
+    if kind == "data_parallel":
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+        return
+    if len(devices) < 2 or len(devices) % 2:
+        raise SystemExit("--distribution model_parallel: an even number of devices (--devices)")
+    mesh = keras.distribution.DeviceMesh((len(devices) // 2, 2), ["batch", "model"], devices)
+    layout = keras.distribution.LayoutMap(mesh)
+    layout[".*dense.*kernel"] = (None, "model")
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch")
+    )
+    print(f"distribution: {kind} over {len(devices)} devices", flush=True)
 
 
 def real_models() -> Any:
@@ -254,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--monitor-args", default="", help='e.g. "probe_every=10,budget=None"')
     ap.add_argument("--huge-layers", type=int, default=1000)
+    ap.add_argument("--devices", type=int, default=None, help="host devices (JAX on a CPU)")
+    ap.add_argument(
+        "--distribution", choices=("data_parallel", "model_parallel"), default=None,
+        help="JAX: both fits under this keras.distribution over every device",
+    )  # fmt: skip
     ap.add_argument(
         "--no-prebuild",
         dest="prebuild",
@@ -277,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(names) - set(MODELS):
         ap.error(f"--models: choose from {', '.join(MODELS)}")
     args.monitor_kwargs = parse_kwargs(args.monitor_args)
+    if args.distribution:
+        set_distribution(args.distribution)
     root = tempfile.mkdtemp(prefix="mpwatch_whole_fit_")
     results = []
     try:

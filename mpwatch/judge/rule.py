@@ -45,9 +45,6 @@ __all__ = [
     "effective_float32",
     "layer_row",
     "keep_float32_fix",
-    "container_float32_fix",
-    "containers_fix_lines",
-    "sublayer_names",
     "class_module",
     "is_keras_class",
     "layer_constructor",
@@ -371,73 +368,13 @@ def application_of(run: Run, name: str) -> str | None:
     return None
 
 
-def sublayer_names(run: Run, name: str) -> list[str]:
-    """The layers under layer ``name`` (the layers it holds, theirs, ...), from the layer table's
-    paths; ``[]`` for a layer that holds none, or a run without paths."""
-    row = layer_row(run, name)
-    lt = run.layers
-    if row is None or "path" not in lt or not isinstance(row.get("path"), str):
-        return []
-    prefix = row["path"] + "/"
-    paths = lt["path"].astype(str)
-    return [str(n) for n in lt.loc[paths.str.startswith(prefix), "name"]]
-
-
-def container_float32_fix(name: str, ctor: str, subs: list[str], run: Run) -> str:
-    """The fix, as code, that keeps a layer *that holds layers* in float32: Keras gives a layer's
-    ``dtype`` to none of the layers it creates, so ``dtype="float32"`` on the container alone
-    leaves its sublayers in 16 bits (on TensorFlow its own ops then fail to add their float16
-    outputs to its float32 inputs). The whole of it is switched: after the model is built (each
-    layer's ``dtype_policy``), or by creating it under the float32 global policy."""
-    pol = policy(run) or "mixed_float16"
-    shown = ", ".join(repr(n) for n in subs[:4])
-    if len(subs) > 4:
-        shown += f" and {len(subs) - 4} more"
-    var = name if name.isidentifier() else "layer"
-    cls = ctor.rsplit(".", 1)[-1]
-    build = (
-        f"{var} = ...  # build the {cls} model {name!r} here"
-        if cls in ("Functional", "Sequential", "Model")
-        else f'{var} = {ctor}(..., name="{name}")'
-    )
-    return "\n".join(
-        [
-            f"# {name!r} holds layers of its own ({shown}): a dtype given to a layer does not",
-            "# reach the layers it creates, so keep all of it in float32. Once the model is built,",
-            "# before it is compiled:",
-            f'for sub in model.get_layer("{name}")._flatten_layers():  # it and all under it',
-            '    sub.dtype_policy = "float32"',
-            "# or create it under the float32 policy (the layers it creates in __init__ take it):",
-            'keras.mixed_precision.set_global_policy("float32")',
-            build,
-            f'keras.mixed_precision.set_global_policy("{pol}")',
-            "# or, without editing the model code:",
-            "model = mpwatch.apply_recommendations(model, findings).model",
-        ]
-    )
-
-
-def containers_fix_lines(run: Run, names: list[str]) -> list[str]:
-    """For advice that keeps several layers in float32 by name: a line pair for each that holds
-    layers of its own (``dtype="float32"`` where it is built does not reach them)."""
-    lines = []
-    for name in names:
-        if sublayer_names(run, name):
-            lines += [
-                f"# {name!r} holds layers of its own: a dtype does not reach the layers it creates;"
-                " switch all of it:",
-                f'for sub in model.get_layer("{name}")._flatten_layers(): sub.dtype_policy = '
-                '"float32"',
-            ]
-    return lines
-
-
 def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
     """The fix, as code, that keeps one layer in float32, written as the user's code is: Keras'
     own classes as ``keras.layers.<cls>``, the user's own classes by their name (with ``run``: the
     layers record says which is which), the classifier of a ``keras.applications`` model through
     ``classifier_activation=None`` and a float32 ``Activation`` (see :func:`application_of`), a
-    layer that holds layers with all of them (:func:`container_float32_fix`)."""
+    layer that holds layers with all of them
+    (:func:`mpwatch.judge.containers.container_float32_fix`)."""
     app = application_of(run, name) if run is not None else None
     if app is not None:
         act = (layer_row(run, name) or {}).get("activation") if run is not None else None
@@ -454,6 +391,8 @@ def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
         )
     cls = cls or "Layer"
     ctor = layer_constructor(run, cls) if run is not None else f"keras.layers.{cls}"
+    from mpwatch.judge.containers import container_float32_fix, sublayer_names
+
     subs = sublayer_names(run, name) if run is not None else []
     if subs and run is not None:
         return container_float32_fix(name, ctor, subs, run)

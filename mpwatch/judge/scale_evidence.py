@@ -58,7 +58,7 @@ import pandas as pd
 
 from mpwatch import words
 from mpwatch.contract import finite_float
-from mpwatch.judge.rule import containers_fix_lines
+from mpwatch.judge.containers import containers_fix_lines
 from mpwatch.judge.scale_advice import Advice, names_text, number_code
 from mpwatch.judge.scale_facts import (
     START_STEPS,

@@ -67,12 +67,12 @@ from mpwatch import contract
 from mpwatch.judge import scale_advice as sa
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge import scale_facts as sf
+from mpwatch.judge.containers import containers_fix_lines
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import (
     UNDERFLOW_WARN,
     Rule,
     compute_dtype,
-    containers_fix_lines,
     finite,
     fmt,
     pct,
