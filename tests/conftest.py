@@ -106,6 +106,36 @@ def jax_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def dist_runs(tmp_path_factory):
+    """Runs tests/jax/jax_distribution.py (one model on one device, under DataParallel and under
+    ModelParallel, on 4 XLA host devices: fixed when JAX starts, so its own process)."""
+    import subprocess
+    import sys
+
+    from repo_scripts import ROOT
+
+    pytest.importorskip("jax")
+    out = tmp_path_factory.mktemp("jax_distribution")
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        PYTHONPATH=str(ROOT),
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "jax" / "jax_distribution.py"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(out / "truth.json") as f:
+        truth = json.load(f)
+    return out, truth
+
+
+@pytest.fixture(scope="session")
 def quickstart_logdir(tmp_path_factory):
     """A logdir from a real short mixed_float16 fit of the quick start CNN (float16 softmax)."""
     module = load_script("examples/quickstart.py")

@@ -7,8 +7,10 @@ the CLI's own JSON (``mpwatch diagnose LOGDIR --format json``, run as a subproce
 what a real ``tensorboard`` process serves and what headless Chromium shows.
 
 The logdir: the real mixed_float16 fit of ``quickstart_logdir`` (on this CPU, without a float32
-twin: it keeps its ``no-tensor-cores`` warning), and a mixed_float16 run and a float32 run of one
-model on a CPU, written with ``RunWriter`` (the mixed run 3.8x slower: measured, not guessed).
+twin: it keeps its ``no-tensor-cores`` warning), a mixed_float16 run and a float32 run of one
+model on a CPU, written with ``RunWriter`` (the mixed run 3.8x slower: measured, not guessed), and
+a real JAX fit under ``keras.distribution.ModelParallel`` on 4 host devices (``dist_runs``: its
+forced overflows make skipped-step findings).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from test_plugin_server import BOOT_TIMEOUT, Server, Tab
 from mpwatch import contract
 from mpwatch.record.writer import RunWriter
 
-RUNS = ["cpu_fp32", "cpu_mixed", "fit"]
+RUNS = ["cpu_fp32", "cpu_mixed", "fit", "jax_model_parallel"]
 
 
 def write_cpu_run(path: str, policy: str, step_ms: float, memory_mb: float) -> None:
@@ -74,9 +76,10 @@ def shown(finding: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory, quickstart_logdir):
+def logdir(tmp_path_factory, quickstart_logdir, dist_runs):
     root = tmp_path_factory.mktemp("tab_vs_cli")
     shutil.copytree(quickstart_logdir, root / "fit")
+    shutil.copytree(dist_runs[0] / "model_parallel", root / "jax_model_parallel")
     write_cpu_run(str(root / "cpu_mixed"), "mixed_float16", step_ms=38.0, memory_mb=400.0)
     write_cpu_run(str(root / "cpu_fp32"), "float32", step_ms=10.0, memory_mb=800.0)
     return str(root)

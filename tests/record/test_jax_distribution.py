@@ -2,10 +2,10 @@
 and gradient health as a single-device run of the same model on the same data, the optimizer's
 own state as the truth, and training unchanged (weights bit-identical to a plain distributed fit).
 
-The fits run in their own process (tests/jax/jax_distribution.py): Keras' backend and XLA's host
-device count are fixed when they are imported. This process parses the event files with the
-independent parser (conftest ``read_events``) and reads them with ``mpwatch.load_run`` /
-``mpwatch.diagnose``.
+The fits run in their own process (tests/jax/jax_distribution.py, conftest's ``dist_runs``):
+Keras' backend and XLA's host device count are fixed when they are imported. This process parses
+the event files with the independent parser (conftest ``read_events``) and reads them with
+``mpwatch.load_run`` / ``mpwatch.diagnose``.
 """
 
 from __future__ import annotations
@@ -27,28 +27,6 @@ pytest.importorskip("jax")
 BATCHES = 24
 OVERFLOW_BATCHES = {2, 3, 9, 17}  # as in tests/jax/jax_distribution.py (0-based)
 CASES = ("data_parallel", "model_parallel")
-
-
-@pytest.fixture(scope="module")
-def dist_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("jax_distribution")
-    env = dict(
-        os.environ,
-        KERAS_BACKEND="jax",
-        PYTHONPATH=str(ROOT),
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
-    )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "jax" / "jax_distribution.py"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    with open(out / "truth.json") as f:
-        truth = json.load(f)
-    return out, truth
 
 
 def _skipped_truth(case_truth):
@@ -130,17 +108,21 @@ def test_training_is_unchanged_and_the_run_reads_like_any_other(dist_runs, case)
     assert [f.title for f in skipped] == [f.title for f in want]
 
 
-def _two_processes(tmp_path, budget=None):
+def _two_processes(tmp_path, budget=None, phase=None, logdir=None):
     """Runs tests/jax/jax_processes.py as processes 0 and 1; (log_dir, each one's result)."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    logdir = tmp_path / "run"
+    logdir = logdir or tmp_path / "run"
     env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT))
     script = str(ROOT / "tests" / "jax" / "jax_processes.py")
-    extra = [] if budget is None else [str(budget)]
+    extra = ["-" if budget is None else str(budget)]
+    if phase is not None:
+        extra += [phase, str(tmp_path / "checkpoint.npz")]
+        tmp_path = tmp_path / phase
+        tmp_path.mkdir()
     procs = [
         subprocess.Popen(
             [sys.executable, script, str(i), port, str(logdir), str(tmp_path / f"p{i}.json"),
@@ -194,3 +176,25 @@ def test_two_processes_take_the_budgets_decisions_alike(tmp_path):
     assert decisions and {d["action"] for d in decisions} <= {"ran", "skipped"}
     ran = [d["step"] for d in decisions if d["action"] == "ran"]
     assert list(run.probe_model["step"]) == ran if ran else run.probe_model.empty
+
+
+def test_two_processes_killed_and_restarted_continue_the_same_series(tmp_path, dist_runs,
+                                                                    read_events):  # fmt: skip
+    """Two processes train 12 batches with the user's own checkpoint after the 8th, and end (as
+    if killed: 4 batches logged past the checkpoint); two new processes restore it and train
+    the 16 batches after it into the same log_dir. Only process 0 reads the logs to find where
+    the restored state is (step 8, not the optimizer's 6 iterations: 2 skipped steps before it);
+    both continue there. Read back, the run is the one-process 4-device run's series."""
+    logdir = tmp_path / "run"
+    _two_processes(tmp_path, phase="first", logdir=logdir)
+    _, got = _two_processes(tmp_path, phase="rest", logdir=logdir)
+    assert got[0]["weights"] == got[1]["weights"]
+    run = mpwatch.load_run(str(logdir))
+    one = mpwatch.load_run(str(dist_runs[0] / "data_parallel"))
+    for tag in (contract.LOSS_SCALE, contract.STEP_SKIPPED, contract.SKIPPED_STEPS_TOTAL,
+                contract.GRAD_NONFINITE_COUNT, contract.GRAD_ZERO_FRACTION):  # fmt: skip
+        mine, theirs = run.scalar(tag), one.scalar(tag)
+        assert list(mine.index) == list(theirs.index), tag
+        np.testing.assert_array_equal(mine.to_numpy(), theirs.to_numpy(), err_msg=tag)
+    # probes every 8 steps in both lives; 12: the first life's epoch end (its fit ended there)
+    assert list(run.probe_model["step"]) == [8, 12, 16, 24]
