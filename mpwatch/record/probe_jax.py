@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from mpwatch.record import probe_stats_each as each
 from mpwatch.record import underflow
 from mpwatch.record.stats import jax_segment_ids
 
@@ -433,14 +434,24 @@ class JaxProbeFunction:
             ref_grads = ref["grads"]
         else:  # no reference: the mixed gradients against themselves (unscaled)
             ref_grads = [jnp.asarray(g, jnp.float32) / scale for g in low["grads"]]
-        out["grads"] = grad_stats(low["grads"], ref_grads, scale, zero)
-        out["hist"], out["zeros"] = log2_histogram(ref_grads)
-        out["acts"] = act_stats(low["acts"], ref["acts"] if has_ref else None, zero)
+        if each.sharded():  # tensors sharded over a mesh: reduced where their shards live
+            out["grads"] = each.grad_stats(low["grads"], ref_grads, scale, _pow2_at_least)
+            out["hist"], out["zeros"] = each.log2_histogram(ref_grads)
+            out["acts"] = each.act_stats(
+                low["acts"], ref["acts"] if has_ref else None, _pow2_at_least
+            )
+        else:
+            out["grads"] = grad_stats(low["grads"], ref_grads, scale, zero)
+            out["hist"], out["zeros"] = log2_histogram(ref_grads)
+            out["acts"] = act_stats(low["acts"], ref["acts"] if has_ref else None, zero)
         if has_ref:
             pairs = [(gl, gr) for gl, gr in zip(low["act_grads"], ref["act_grads"])]
             present = [i for i, (_, gr) in enumerate(pairs) if gr is not None]
-            out["act_grads"] = act_grad_stats(
-                [pairs[i][0] for i in present], [pairs[i][1] for i in present], zero
+            mixed_ag, ref_ag = [pairs[i][0] for i in present], [pairs[i][1] for i in present]
+            out["act_grads"] = (
+                each.act_grad_stats(mixed_ag, ref_ag)
+                if each.sharded()
+                else act_grad_stats(mixed_ag, ref_ag, zero)
             )
             out["act_grads_present"] = np.array(present, np.int64)
             out["n_acts"] = len(pairs)

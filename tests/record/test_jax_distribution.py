@@ -100,8 +100,13 @@ def test_training_is_unchanged_and_the_run_reads_like_any_other(dist_runs, case)
     run = mpwatch.load_run(str(out / case))
     single = mpwatch.load_run(str(out / "single"))
     assert list(run.probe_model["step"]) == list(single.probe_model["step"]) == [8, 16, 24]
-    for col in ("ref_nonzero", "underflow_count"):
+    for col in ("ref_nonzero", "underflow_count", "nonfinite"):
         assert list(run.probe_layers[col]) == list(single.probe_layers[col]), col
+    # float16 values summed in another order across devices: within rounding of the same pass
+    for col in ("max_abs_activation", "act_grad_underflow_fraction"):
+        np.testing.assert_allclose(run.probe_layers[col], single.probe_layers[col], rtol=2e-2)
+    for col in ("grad_rel_error", "output_rel_error"):  # both tiny (1e-4): a few roundings apart
+        np.testing.assert_allclose(run.probe_layers[col], single.probe_layers[col], atol=2e-4)
     findings = mpwatch.diagnose(str(out / case))
     skipped = [f for f in findings if f.rule == "skipped-steps"]
     want = [f for f in mpwatch.diagnose(str(out / "single")) if f.rule == "skipped-steps"]
