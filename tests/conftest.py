@@ -81,19 +81,19 @@ def policy():
     return _policy
 
 
-@pytest.fixture(scope="session")
-def jax_runs(tmp_path_factory):
-    """Runs tests/jax/jax_fit.py under Keras' JAX backend (fixed at import: its own process)."""
+def _jax_script(tmp_path_factory, script: str, **env_extra: str):
+    """Runs ``tests/jax/<script>`` OUT under Keras' JAX backend in its own process (Keras fixes
+    its backend at import, XLA its host devices when JAX starts); (OUT, its truth.json)."""
     import subprocess
     import sys
 
     from repo_scripts import ROOT
 
     pytest.importorskip("jax")
-    out = tmp_path_factory.mktemp("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT))
+    out = tmp_path_factory.mktemp(script.removesuffix(".py"))
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT), **env_extra)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "jax" / "jax_fit.py"), str(out)],
+        [sys.executable, str(ROOT / "tests" / "jax" / script), str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -103,36 +103,22 @@ def jax_runs(tmp_path_factory):
     with open(out / "truth.json") as f:
         truth = json.load(f)
     return out, truth
+
+
+@pytest.fixture(scope="session")
+def jax_runs(tmp_path_factory):
+    """tests/jax/jax_fit.py's runs and truth (the JAX backend's cases)."""
+    return _jax_script(tmp_path_factory, "jax_fit.py")
 
 
 @pytest.fixture(scope="session")
 def dist_runs(tmp_path_factory):
-    """Runs tests/jax/jax_distribution.py (one model on one device, under DataParallel and under
-    ModelParallel, on 4 XLA host devices: fixed when JAX starts, so its own process)."""
-    import subprocess
-    import sys
-
-    from repo_scripts import ROOT
-
-    pytest.importorskip("jax")
-    out = tmp_path_factory.mktemp("jax_distribution")
-    env = dict(
-        os.environ,
-        KERAS_BACKEND="jax",
-        PYTHONPATH=str(ROOT),
+    """tests/jax/jax_distribution.py's runs and truth: one model on one device, under
+    DataParallel and under ModelParallel, on 4 XLA host devices."""
+    return _jax_script(
+        tmp_path_factory, "jax_distribution.py",
         XLA_FLAGS="--xla_force_host_platform_device_count=4",
-    )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "jax" / "jax_distribution.py"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    with open(out / "truth.json") as f:
-        truth = json.load(f)
-    return out, truth
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")

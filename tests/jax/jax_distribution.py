@@ -21,6 +21,7 @@ import sys
 
 import keras
 import numpy as np
+from jax_fit import Observer  # the optimizer's own state after every batch (the truth)
 
 import mpwatch
 
@@ -30,19 +31,6 @@ OVERFLOW_BATCHES = {2, 3, 9, 17}  # 0-based batches whose inputs overflow float1
 BATCHES = 24
 
 
-class Observer(keras.callbacks.Callback):
-    """After each batch: the optimizer's own loss scale and iterations (the truth)."""
-
-    def __init__(self):
-        super().__init__()
-        self.scale, self.iterations = [], []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.model.jax_state_sync()
-        self.scale.append(float(self.model.optimizer.dynamic_scale.numpy()))
-        self.iterations.append(int(self.model.optimizer.iterations.numpy()))
-
-
 def data():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCHES * 8, 16)).astype("float32")
@@ -50,6 +38,18 @@ def data():
         x[b * 8 : (b + 1) * 8] *= 1e4  # float16 overflows in the first Dense: inf loss
     y = rng.normal(size=(BATCHES * 8, 1)).astype("float32")
     return x, y
+
+
+def build_model():
+    """The model of every case (built under the distribution in force)."""
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    inp = keras.Input((16,))
+    h = keras.layers.Dense(32, activation="relu", name="d1")(inp)
+    out = keras.layers.Dense(1, dtype="float32", name="out")(h)
+    model = keras.Model(inp, out)
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    return model
 
 
 def distribution(case):
@@ -69,13 +69,7 @@ def fit(case, logdir=None):
     """The model trained under ``case``'s distribution: (observer or None, weights, shardings)."""
     keras.distribution.set_distribution(distribution(case))
     try:
-        keras.utils.set_random_seed(0)
-        keras.mixed_precision.set_global_policy("mixed_float16")
-        inp = keras.Input((16,))
-        h = keras.layers.Dense(32, activation="relu", name="d1")(inp)
-        out = keras.layers.Dense(1, dtype="float32", name="out")(h)
-        model = keras.Model(inp, out)
-        model.compile(keras.optimizers.SGD(0.01), "mse")
+        model = build_model()
         callbacks, observer = [], None
         if logdir is not None:
             observer = Observer()

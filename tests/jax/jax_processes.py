@@ -23,10 +23,9 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from jax_distribution import build_model, data  # noqa: E402  (the same model and data)
 
 import mpwatch  # noqa: E402
-
-OVERFLOW_BATCHES = {2, 3, 9, 17}
 
 
 class Checkpoint(keras.callbacks.Callback):
@@ -60,18 +59,8 @@ def main(pid: int, port: str, log_dir: str, out: str, budget: float | None = Non
     dist = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
     dist.auto_shard_dataset = False
     keras.distribution.set_distribution(dist)
-    keras.utils.set_random_seed(0)
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    inp = keras.Input((16,))
-    h = keras.layers.Dense(32, activation="relu", name="d1")(inp)
-    o = keras.layers.Dense(1, dtype="float32", name="out")(h)
-    model = keras.Model(inp, o)
-    model.compile(keras.optimizers.SGD(0.01), "mse")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(24 * 8, 16)).astype("float32")
-    for b in OVERFLOW_BATCHES:
-        x[b * 8 : (b + 1) * 8] *= 1e4
-    y = rng.normal(size=(24 * 8, 1)).astype("float32")
+    model = build_model()
+    x, y = data()
     half = slice(pid * 4, (pid + 1) * 4)  # this process' half of every batch of 8
     xl = x.reshape(24, 8, 16)[:, half].reshape(-1, 16)
     yl = y.reshape(24, 8, 1)[:, half].reshape(-1, 1)
