@@ -46,6 +46,7 @@ ring starts with never equals itself).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -328,6 +329,13 @@ class JaxTap(TapBase):
         values = self._latest()
         if values is None:
             return Collected(steps=[])
+        # the wait for the device to finish the steps queued so far is training's time, not
+        # mpwatch's: timed apart (``device_wait``) and left out of mpwatch's own time
+        import jax
+
+        t0 = time.perf_counter()
+        jax.block_until_ready(values)
+        self.device_wait += time.perf_counter() - t0
         # the counts buffer stays on the device: only the slots of new tables are fetched
         *small, counts = values
         count, scale, scale_used, skipped, in_max, in_bad, ccount, cstep = (

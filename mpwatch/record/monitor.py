@@ -146,12 +146,19 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def _charged(self, part: Any, hook: Any, *args: Any) -> None:
         """Run one hook, its wall time charged to ``part`` in the budget's ledger (on every
-        batch: two clock reads, no context manager)."""
+        batch: two clock reads, no context manager), less the time a tap read waited for the
+        device to finish the steps queued before it (training's time, not mpwatch's)."""
+        waited = self._device_wait()
         t0 = time.perf_counter()
         try:
             hook(*args)
         finally:
-            self.budget.charge(part.part, time.perf_counter() - t0)
+            spent = time.perf_counter() - t0 - (self._device_wait() - waited)
+            self.budget.charge(part.part, max(0.0, spent))
+
+    def _device_wait(self) -> float:
+        tap = getattr(self.state, "tap", None)
+        return getattr(tap, "device_wait", 0.0) if tap is not None else 0.0
 
     def _each(self, hook: str, *args: Any) -> None:
         for p in self.parts:

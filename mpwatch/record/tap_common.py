@@ -147,6 +147,7 @@ class TapBase:
         self._num_vars: int | None = None
         self._clean_fn: Any = None  # Keras' train function before the tap's (given back at park)
         self._parked_fn: Any = None  # the tapped train function, kept between mpwatch fits
+        self.device_wait = 0.0  # seconds the host reads waited for the device (not mpwatch's)
 
     # --- the host read -------------------------------------------------------------------------
     read_ready = False  # the host read is ready to run (traced, where it is a function)

@@ -242,3 +242,24 @@ def test_a_deferred_conversion_is_read_joined_to_the_runs_layers(
     assert not np.isnan(run.profile["share_16bit"])
     # and the diagnosis does not call a deferred conversion a skip
     assert not [f for f in mpwatch.diagnose(str(tmp_path)) if f.rule == "budget"]
+
+
+def test_the_devices_time_at_a_tap_read_is_not_charged_to_mpwatch(tmp_path):
+    """A tap read waits for the device to finish the steps queued before it: training's time.
+    The ledger charges a hook's wall time less that wait (the tap's ``device_wait``)."""
+    import time
+    import types
+
+    monitor = mpwatch.MixedPrecisionMonitor(str(tmp_path), budget=0.05)
+    tap = types.SimpleNamespace(device_wait=0.0)
+    monitor.state = types.SimpleNamespace(tap=tap)
+
+    def hook():  # 30 ms of which 20 ms wait for the device, as a read does
+        time.sleep(0.01)
+        t0 = time.perf_counter()
+        time.sleep(0.02)
+        tap.device_wait += time.perf_counter() - t0
+
+    monitor._charged(monitor, hook)
+    spent = monitor.budget.spent[monitor.part]
+    assert 0.009 <= spent < 0.018  # the 10 ms of its own, not the 20 ms of waiting
