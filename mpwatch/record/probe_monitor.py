@@ -224,9 +224,13 @@ class ProbeMonitor(RecordingCallback):
         self._last_probe_step = step
         budget = self.budget
         ahead = 1.0 if self._ahead else 0.0
-        if budget is not None and not _alike(
-            budget.decide("probe", step, explicit=self.explicit, ahead=ahead)
-        ):
+        from mpwatch.record import backend
+
+        # several JAX processes run one probe program: each takes process 0's decision (each
+        # budget measured its own clock)
+        if budget is not None and not backend.broadcast(
+            (int(budget.decide("probe", step, explicit=self.explicit, ahead=ahead)),)
+        )[0]:
             return  # the decision is kept: the diagnosis says it was skipped, and why
         t0 = time.perf_counter()
         source = "probe_data" if self.probe_data is not None else "training"
@@ -242,31 +246,14 @@ class ProbeMonitor(RecordingCallback):
 
 def _local_copy(value: Any) -> Any:
     """A host copy of one leaf of a training batch: this process' part of it where the batch
-    is a global array over several processes' devices (its shards here, in batch order, each
-    once), else the whole of it."""
+    is a global array over several processes' devices (its shards here, one per batch slice, in
+    batch order), else the whole of it."""
     if value is None or getattr(value, "is_fully_addressable", True):
         return None if value is None else np.array(value)
-    parts: dict[Any, np.ndarray] = {}
-    for shard in value.addressable_shards:
-        key = tuple((sl.start or 0, sl.stop) for sl in shard.index)
-        parts.setdefault(key, np.asarray(shard.data))
-    rows: dict[int, np.ndarray] = {}
-    for key, arr in sorted(parts.items()):
-        rows.setdefault(key[0][0] if key else 0, arr)  # one per batch slice (replicated: the same)
-    return np.concatenate([rows[k] for k in sorted(rows)], axis=0)
-
-
-def _alike(decision: bool) -> bool:
-    """The decision every process takes: its own in one process; process 0's where several JAX
-    processes train together (a probe is one program of all of them, and each process' budget
-    measured its own clock)."""
-    from mpwatch.record.backend import jax_processes
-
-    if jax_processes() == 1:
-        return bool(decision)
-    from jax.experimental import multihost_utils
-
-    return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(decision))))
+    rows: dict[int, Any] = {}
+    for shard in value.addressable_shards:  # replicas of a slice hold the same rows
+        rows.setdefault(shard.index[0].start or 0 if shard.index else 0, shard.data)
+    return np.concatenate([np.asarray(rows[k]) for k in sorted(rows)], axis=0)
 
 
 def _on_cpu() -> bool:
