@@ -71,6 +71,7 @@ def raw_trace(trace_dir: str) -> str:
         "so layers only where the op names say them)"
     )
 
+
 #: an ANSI/VT escape sequence: CSI (``ESC [ ... final``), OSC (``ESC ] ... BEL`` or ``ESC \\``),
 #: any other escape (``ESC``, intermediate bytes, a final byte), or a lone ``ESC``
 _ESCAPE = re.compile(

@@ -81,19 +81,22 @@ def policy():
     return _policy
 
 
-def _jax_script(tmp_path_factory, script: str, **env_extra: str):
-    """Runs ``tests/jax/<script>`` OUT under Keras' JAX backend in its own process (Keras fixes
-    its backend at import, XLA its host devices when JAX starts); (OUT, its truth.json)."""
+def _jax_script(tmp_path_factory, script: str, backend: str = "jax", **env_extra: str):
+    """Runs ``tests/jax/<script>`` OUT (or ``tests/<dir>/<script>`` for ``script`` "dir/x.py")
+    under a Keras backend (default JAX) in its own process (Keras fixes its backend at import, XLA
+    its host devices when JAX starts); (OUT, its truth.json)."""
     import subprocess
     import sys
 
     from repo_scripts import ROOT
 
-    pytest.importorskip("jax")
-    out = tmp_path_factory.mktemp(script.removesuffix(".py"))
-    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT), **env_extra)
+    if backend == "jax":
+        pytest.importorskip("jax")
+    path = ROOT / "tests" / (script if "/" in script else f"jax/{script}")
+    out = tmp_path_factory.mktemp(f"{path.stem}_{backend}")
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=str(ROOT), **env_extra)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "jax" / script), str(out)],
+        [sys.executable, str(path), str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -109,6 +112,13 @@ def _jax_script(tmp_path_factory, script: str, **env_extra: str):
 def jax_runs(tmp_path_factory):
     """tests/jax/jax_fit.py's runs and truth (the JAX backend's cases)."""
     return _jax_script(tmp_path_factory, "jax_fit.py")
+
+
+@pytest.fixture(scope="session", params=["tensorflow", "jax"])
+def beyond_runs(request, tmp_path_factory):
+    """tests/beyond/beyond_fit.py's runs and truth under each backend: keras.io's Transformer
+    under pure bfloat16 (Adam, SGD) and mixed_bfloat16."""
+    return _jax_script(tmp_path_factory, "beyond/beyond_fit.py", backend=request.param)
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,8 @@ The package, one module per job:
 - ``schema``: the payload schemas' machinery (typed fields, split tables, a kind's schema; the
   record size limit a split record keeps to);
 - one module per record kind: ``run_info``, ``layers``, ``grad_variables``, ``probe``,
-  ``profile``, ``notice``, ``train_step``, ``budget`` (its table columns, their types, its
-  payload schema);
+  ``profile``, ``notice``, ``train_step``, ``budget``, ``updates``, ``memory`` (its table
+  columns, their types, its payload schema);
 - ``payloads``: ``PAYLOAD_SCHEMAS`` by kind and ``required_keys``;
 - ``encoding``: a record's bytes (metadata, JSON + zlib, tables, plain-Python values);
 - ``events``: event files and the order of writes ("later writes win").
@@ -67,6 +67,14 @@ from mpwatch.contract.layers import (
     LAYERS_COLUMNS,
     LAYERS_GRAPH_COLUMN_TYPES,
     LAYERS_GRAPH_COLUMNS,
+)
+from mpwatch.contract.memory import (
+    MEMORY_COLUMN_TYPES,
+    MEMORY_COLUMNS,
+    MEMORY_KINDS,
+    MEMORY_POLICIES,
+    POLICY_COLUMN_TYPES,
+    POLICY_COLUMNS,
 )
 from mpwatch.contract.payloads import (
     PAYLOAD_SCHEMAS,
@@ -111,11 +119,13 @@ from mpwatch.contract.tags import (
     KIND_BUDGET,
     KIND_GRAD_VARIABLES,
     KIND_LAYERS,
+    KIND_MEMORY,
     KIND_NOTICE,
     KIND_PROBE,
     KIND_PROFILE,
     KIND_RUN_INFO,
     KIND_TRAIN_STEP,
+    KIND_UPDATES,
     LOSS_SCALE,
     PEAK_MEMORY_MB,
     PLUGIN_NAME,
@@ -134,9 +144,11 @@ from mpwatch.contract.tags import (
     STEP_SKIPPED,
     STEP_TIME_MS,
     TRAIN_LOSS,
+    UPDATES_LOST_FRACTION,
     kind_of_tag,
     record_tag,
 )
+from mpwatch.contract.updates import UPDATE_COLUMN_TYPES, UPDATE_COLUMNS
 
 __all__ = [
     "ENCODING",
@@ -153,20 +165,28 @@ __all__ = [
     "KIND_BUDGET",
     "KIND_GRAD_VARIABLES",
     "KIND_LAYERS",
+    "KIND_MEMORY",
     "KIND_NOTICE",
     "KIND_PROBE",
     "KIND_PROFILE",
     "KIND_RUN_INFO",
     "KIND_TRAIN_STEP",
+    "KIND_UPDATES",
     "LAYERS_COLUMNS",
     "LAYERS_COLUMN_TYPES",
     "LAYERS_GRAPH_COLUMNS",
     "LAYERS_GRAPH_COLUMN_TYPES",
     "LOSS_SCALE",
     "MAX_RECORD_BYTES",
+    "MEMORY_COLUMNS",
+    "MEMORY_COLUMN_TYPES",
+    "MEMORY_KINDS",
+    "MEMORY_POLICIES",
     "PAYLOAD_SCHEMAS",
     "PEAK_MEMORY_MB",
     "PLUGIN_NAME",
+    "POLICY_COLUMNS",
+    "POLICY_COLUMN_TYPES",
     "PREFIX",
     "PROBE_ACTIVATION_HEADROOM_BITS",
     "PROBE_GRAD_REL_ERROR",
@@ -200,6 +220,9 @@ __all__ = [
     "STEP_SKIPPED",
     "STEP_TIME_MS",
     "TRAIN_LOSS",
+    "UPDATES_LOST_FRACTION",
+    "UPDATE_COLUMNS",
+    "UPDATE_COLUMN_TYPES",
     "decode_payload",
     "encode_payload",
     "encode_plain",

@@ -8,12 +8,14 @@ from mpwatch.contract import (
     budget,
     grad_variables,
     layers,
+    memory,
     notice,
     probe,
     profile,
     run_info,
     tags,
     train_step,
+    updates,
 )
 
 #: record kind -> JSON Schema (draft 2020-12) of its decoded payload
@@ -26,6 +28,8 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     tags.KIND_NOTICE: notice.SCHEMA,
     tags.KIND_TRAIN_STEP: train_step.SCHEMA,
     tags.KIND_BUDGET: budget.SCHEMA,
+    tags.KIND_UPDATES: updates.SCHEMA,
+    tags.KIND_MEMORY: memory.SCHEMA,
 }
 
 

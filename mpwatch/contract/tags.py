@@ -37,6 +37,8 @@ PROBE_ACTIVATION_HEADROOM_BITS = "mpwatch/probe/activation_headroom_bits"
 # record/input_health.py)
 INPUT_MAX_ABS = "mpwatch/input/max_abs"  # max |x| over the batch's finite float inputs
 INPUT_NONFINITE_COUNT = "mpwatch/input/nonfinite_count"  # elements of the float inputs inf or nan
+# updates lost to rounding in 16-bit variables (record/lost_updates.py, gradient_health.py)
+UPDATES_LOST_FRACTION = "mpwatch/updates/lost_fraction"  # unchanged / meant to move, model-wide
 
 SCALAR_TAGS = (
     LOSS_SCALE,
@@ -57,6 +59,7 @@ SCALAR_TAGS = (
     PROBE_ACTIVATION_HEADROOM_BITS,
     INPUT_MAX_ABS,
     INPUT_NONFINITE_COUNT,
+    UPDATES_LOST_FRACTION,
 )
 
 #: what each scalar tag means. The ``mpwatch/probe/*`` scalars repeat four numbers of the ``probe``
@@ -90,6 +93,8 @@ SCALAR_DOCS = {
     "(the features the train step receives), at every step",
     INPUT_NONFINITE_COUNT: "elements of the batch's floating-point inputs that are inf or NaN, at "
     "every step",
+    UPDATES_LOST_FRACTION: "share of the 16-bit variables' elements the step meant to move "
+    "(nonzero gradient, step applied) whose value stayed the same: updates lost to rounding",
 }
 
 # --- record kinds (tag = "mpwatch/record/" + kind) ------------------------------------------------
@@ -101,6 +106,8 @@ KIND_PROFILE = "profile"  # profiler summary: per-layer time by dtype, op types 
 KIND_NOTICE = "notice"  # a recording part that stopped or is unavailable, and why (dict)
 KIND_TRAIN_STEP = "train_step"  # the train step's contract: who steps, who scales (dict)
 KIND_BUDGET = "budget"  # mpwatch's own cost in a fit, the budget's decisions (dict)
+KIND_UPDATES = "updates"  # updates lost to rounding per 16-bit variable (split table)
+KIND_MEMORY = "memory"  # training memory by kind and dtype, and under other policies (dict)
 
 RECORD_KINDS = (
     KIND_RUN_INFO,
@@ -111,6 +118,8 @@ RECORD_KINDS = (
     KIND_NOTICE,
     KIND_TRAIN_STEP,
     KIND_BUDGET,
+    KIND_UPDATES,
+    KIND_MEMORY,
 )
 RECORD_PREFIX = "mpwatch/record/"
 

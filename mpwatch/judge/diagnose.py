@@ -93,9 +93,11 @@ def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
     ``data["also"]``) instead of findings of their own."""
     return fold_into_root(
         findings,
-        lambda f: f.rule == "activation-overflow"
-        and f.severity == "error"
-        and bool(f.data.get("any_scale")),
+        lambda f: (
+            f.rule == "activation-overflow"
+            and f.severity == "error"
+            and bool(f.data.get("any_scale"))
+        ),
         lambda f: f.rule in OVERFLOW_CONSEQUENCES,
     )
 
@@ -154,9 +156,7 @@ def fold_tensor_core_use(findings: list[Finding]) -> list[Finding]:
     layer whose matrix math the profile shows on Tensor Cores (the summary's
     ``data["matrix_math_on_tensor_cores_layers"]``) becomes info, with that measurement in its
     evidence: the kernels ran on Tensor Cores with those dimensions."""
-    heads = {
-        (f.run, f.layer): f for f in findings if f.rule == "tensor-core-use" and f.layer
-    }
+    heads = {(f.run, f.layer): f for f in findings if f.rule == "tensor-core-use" and f.layer}
     on_tc: dict[str | None, set[str]] = {}
     for f in findings:
         if f.rule == "tensor-core-use" and f.layer is None:
@@ -189,8 +189,10 @@ def fold_train_step(findings: list[Finding]) -> list[Finding]:
     return fold_into_root(
         findings,
         lambda f: f.rule == "train-step" and f.severity == "error",
-        lambda f: f.rule in RESTS_ON_CONTRACT
-        or (f.rule == "activation-overflow" and not f.data.get("forward", True)),
+        lambda f: (
+            f.rule in RESTS_ON_CONTRACT
+            or (f.rule == "activation-overflow" and not f.data.get("forward", True))
+        ),
     )
 
 

@@ -201,6 +201,10 @@ def build_run(name: str, path: str, events: Events) -> Run:
         run.grad_variables["loss_scale"] = run.grad_variables["step"].map(
             {s: p.get("loss_scale") for s, p in gv}
         )
+    up = recs.get(contract.KIND_UPDATES, [])
+    run.updates = _stack_tables([(s, p.get("variables")) for s, p in up])
+    mem = recs.get(contract.KIND_MEMORY, [])
+    run.memory = dict(mem[-1][1]) if mem else None
     probes = recs.get(contract.KIND_PROBE, [])
     run.probe_layers = _stack_tables([(s, p.get("layers")) for s, p in probes])
     run.probe_variables = _stack_tables([(s, p.get("variables")) for s, p in probes])

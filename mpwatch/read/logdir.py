@@ -155,8 +155,7 @@ def load_runs(
     runs = find_runs(logdir)
     totals = [0, _sizes(runs.values()) if progress is not None else 0]
     out = {
-        name: _read_run(name, path, verify, progress, totals, traces)
-        for name, path in runs.items()
+        name: _read_run(name, path, verify, progress, totals, traces) for name, path in runs.items()
     }
     if warn:
         for run in out.values():
@@ -203,9 +202,7 @@ def load_run(
             run = next(iter(runs))
         else:
             totals = [0, _sizes(runs.values()) if progress is not None else 0]
-            loaded = {
-                n: _read_run(n, p, verify, progress, totals, traces) for n, p in runs.items()
-            }
+            loaded = {n: _read_run(n, p, verify, progress, totals, traces) for n, p in runs.items()}
             with_data = [r for r in loaded.values() if r.has_data]
             if len(with_data) == 1:
                 chosen = with_data[0]

@@ -39,6 +39,10 @@ class Run:
         layers: the latest ``layers`` record's table (empty when none).
         layer_history: every ``layers`` record as ``(step, table)``.
         grad_variables: ``step`` + the ``grad_variables`` table's columns, every record.
+        updates: ``step`` + the ``updates`` table's columns (updates lost to rounding, per 16-bit
+            variable), every record; empty when no variable is 16-bit.
+        memory: the latest ``memory`` record (memory by kind and dtype, and under other
+            policies), or None; as tables: :attr:`memory_by_dtype`, :attr:`memory_by_policy`.
         probe_layers: one row per probe step and layer: ``step`` + the probe's layers-table
             columns (``probes`` is the old name of this table).
         probe_variables: the same for the probe's variables table.
@@ -76,6 +80,8 @@ class Run:
     layers: pd.DataFrame = field(default_factory=pd.DataFrame)
     layer_history: list[tuple[int, pd.DataFrame]] = field(default_factory=list)
     grad_variables: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
+    updates: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
+    memory: dict[str, Any] | None = None
     probe_layers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     probe_variables: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     probe_inputs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
@@ -103,6 +109,16 @@ class Run:
         if tag not in self.scalars.columns:
             return pd.Series([], dtype="float64", index=pd.Index([], dtype="int64", name="step"))
         return self.scalars[tag].dropna()
+
+    @property
+    def memory_by_dtype(self) -> pd.DataFrame:
+        """The memory record's bytes per kind and dtype (empty without a record)."""
+        return frame_of((self.memory or {}).get("by_dtype"))
+
+    @property
+    def memory_by_policy(self) -> pd.DataFrame:
+        """The memory record's bytes per kind under each policy (empty without a record)."""
+        return frame_of((self.memory or {}).get("by_policy"))
 
     @property
     def probes(self) -> pd.DataFrame:

@@ -233,9 +233,7 @@ class CostBudget:
         if self._calls < 2:
             return None
         recent = list(self._recent)
-        per = [
-            max(0.0, (e1 - e0) - (o1 - o0)) for (e0, o0), (e1, o1) in zip(recent, recent[1:])
-        ]
+        per = [max(0.0, (e1 - e0) - (o1 - o0)) for (e0, o0), (e1, o1) in zip(recent, recent[1:])]
         n = self._steps_done / self._calls  # steps per call (steps_per_execution)
         return statistics.median(per) / max(1.0, n)
 

@@ -57,9 +57,7 @@ def normalized(x: Any) -> Any:
     return keras.tree.map_structure(one, x)
 
 
-def jax_pass(
-    probe: Any, x: Any, y: Any, sw: Any, scale: float, key: tuple = ()
-) -> dict[str, Any]:
+def jax_pass(probe: Any, x: Any, y: Any, sw: Any, scale: float, key: tuple = ()) -> dict[str, Any]:
     """The probe's pass (``probe_jax.forward_backward``) over Keras' training state, as one
     ``jax.jit`` program traced under the policies in force (``key`` names them: a check's
     float32 layers), kept on the probe for its later probes: one XLA compile per candidate and

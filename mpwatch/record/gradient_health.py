@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpwatch import contract
-from mpwatch.record import stats
+from mpwatch.record import lost_updates, stats
 from mpwatch.record.base import RecordingCallback, check_positive_int
 
 
@@ -74,6 +74,7 @@ class GradientHealthMonitor(RecordingCallback):
             counts = got.grad_counts.get(step)
             if counts is None or step % self.log_every:
                 continue
+            counts, moved = counts[:, : stats.NUM_COUNTS], counts[:, stats.NUM_COUNTS :]
             total = stats.shares(counts)
             self.writer.scalars(
                 step,
@@ -85,6 +86,7 @@ class GradientHealthMonitor(RecordingCallback):
                     contract.GRAD_HEADROOM_BITS: total["headroom_bits"],
                 },
             )
+            self._write_updates(step, names, moved)
             if self.per_variable:
                 rows = []
                 for j, row in enumerate(counts):
@@ -113,3 +115,39 @@ class GradientHealthMonitor(RecordingCallback):
                         "variables": contract.table(contract.GRAD_VARIABLE_COLUMNS, rows),
                     },
                 )
+
+    def _write_updates(self, step: int, names: list[str], moved: Any) -> None:
+        """The ``updates`` record and its model-wide scalar: updates lost to rounding in the
+        16-bit variables (:mod:`mpwatch.record.lost_updates`); nothing when none is 16-bit."""
+        import numpy as np
+
+        if moved.shape[1] < lost_updates.NUM_UPDATE_COUNTS:
+            return
+        measured = [j for j in range(len(moved)) if not np.isnan(moved[j]).any()]
+        if not measured:
+            return
+        tvs = {getattr(v, "path", None) or v.name: v for v in self.model.trainable_variables}
+        rows = []
+        for j in measured:
+            name = names[j] if j < len(names) else f"variable_{j}"
+            updates, unchanged = (float(x) for x in moved[j])
+            rows.append(
+                [
+                    name,
+                    self._layer_of.get(name) or variable_layer(name),
+                    str(tvs[name].dtype) if name in tvs else "unknown",
+                    int(np.prod(tvs[name].shape)) if name in tvs else 0,
+                    updates,
+                    unchanged,
+                    lost_updates.lost_shares([[updates, unchanged]])[0],
+                ]
+            )
+        total = moved[measured].sum(axis=0)
+        self.writer.scalars(
+            step, {contract.UPDATES_LOST_FRACTION: lost_updates.lost_shares([total])[0]}
+        )
+        self.writer.record(
+            contract.KIND_UPDATES,
+            step,
+            {"variables": contract.table(contract.UPDATE_COLUMNS, rows)},
+        )

@@ -51,11 +51,14 @@ from typing import Any
 
 import numpy as np
 
-from mpwatch.record import stats
+from mpwatch.record import lost_updates, stats
 from mpwatch.record.backend import host
 from mpwatch.record.tap_common import Collected, TapBase, counts_entries, from_ring, input_health
 
 logger = logging.getLogger("mpwatch")
+
+#: columns of the tap's per-variable table: the gradient counts, then the update counts
+TAP_COUNTS = stats.NUM_COUNTS + lost_updates.NUM_UPDATE_COUNTS
 
 _BUFFERS = (
     "count", "scale", "scale_used", "skipped", "in_max", "in_bad", "ccount", "cstep", "counts",
@@ -114,7 +117,7 @@ class JaxTap(TapBase):
             jnp.full((cap,), jnp.nan, jnp.float32),  # input non-finite count
             jnp.zeros((), jnp.int32),  # ccount: gradient-counts tables ever written
             jnp.zeros((k,), jnp.int32),  # cstep: the step of each counts slot
-            jnp.zeros((k, nv, stats.NUM_COUNTS), jnp.float32),  # gradient counts
+            jnp.zeros((k, nv, TAP_COUNTS), jnp.float32),  # gradient and update counts
         ]
 
     # --- installation -------------------------------------------------------------------------
@@ -248,6 +251,7 @@ class JaxTap(TapBase):
             new_tvs, new_theirs = orig(theirs, grads, trainable_variables)
             return new_tvs, list(new_theirs) + list(ours)
         new_tvs, new_theirs = orig(theirs, grads, trainable_variables)
+        before["moved"] = (list(trainable_variables), list(new_tvs))
         try:
             ours = self._after(before, list(new_theirs), ours)
         except Exception as e:  # noqa: BLE001
@@ -298,16 +302,23 @@ class JaxTap(TapBase):
             step_next = count + 1  # this batch's step
             do = jnp.equal(jnp.mod(step_next, self.grad_every), 0)
             grads = pre["grads"]
+            old, new = pre["moved"]
+            counts_of = (
+                stats.jax_counts_table_each
+                if self._sharding is not None
+                else lambda g: stats.jax_counts_table(g, jnp.minimum(count, 0))
+            )
+
+            def table_of(g: Any, old: Any, new: Any) -> Any:
+                moved = lost_updates.jax_update_counts(g, old, new, 1.0 - skip)
+                return jnp.concatenate([counts_of(g), moved], axis=1)
+
             table = jax.lax.cond(
                 do,
-                (
-                    stats.jax_counts_table_each
-                    if self._sharding is not None
-                    else lambda g: stats.jax_counts_table(g, jnp.minimum(count, 0))
-                ),
-                lambda g: jnp.zeros((len(g), stats.NUM_COUNTS), jnp.float32),
-                grads,
-            )
+                table_of,
+                lambda g, old, new: jnp.zeros((len(g), TAP_COUNTS), jnp.float32),
+                grads, old, new,
+            )  # fmt: skip
             # always into the slot after the newest table (zeros on steps without counts: that
             # slot is free), counted as written only on a counts step
             j = jnp.mod(ccount, self.count_slots)
@@ -338,9 +349,7 @@ class JaxTap(TapBase):
         self.device_wait += time.perf_counter() - t0
         # the counts buffer stays on the device: only the slots of new tables are fetched
         *small, counts = values
-        count, scale, scale_used, skipped, in_max, in_bad, ccount, cstep = (
-            host(v) for v in small
-        )
+        count, scale, scale_used, skipped, in_max, in_bad, ccount, cstep = (host(v) for v in small)
         n = int(count) - self._read_count
         first_slot = self._read_count  # the batch written at count c went into slot c % cap
         self._read_count = int(count)

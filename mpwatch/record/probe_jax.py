@@ -175,8 +175,10 @@ def forward_backward(probe: Any, tv: list, ntv: list, x: Any, y: Any, sw: Any, s
     if graph:
         shapes = jax.eval_shape(lambda t: run(t, None)[1][1], tv)
         eps = [
-            [jnp.zeros(s.shape, s.dtype) if jnp.issubdtype(s.dtype, jnp.floating) else None
-             for s in layer]
+            [
+                jnp.zeros(s.shape, s.dtype) if jnp.issubdtype(s.dtype, jnp.floating) else None
+                for s in layer
+            ]
             for layer in shapes
         ]
     grad = jax.value_and_grad(run, argnums=(0, 1), has_aux=True)
@@ -500,8 +502,12 @@ def host_tables(raw: dict) -> dict[str, np.ndarray]:
         present = np.asarray(raw["act_grads_present"], np.int64)
         got = raw["act_grads"]
         ag[present] = np.stack(
-            [f64(got["ref_nonzero"]), f64(got["underflow"]), f64(got["max_ref"]),
-             f64(got["nonfinite"])],
+            [
+                f64(got["ref_nonzero"]),
+                f64(got["underflow"]),
+                f64(got["max_ref"]),
+                f64(got["nonfinite"]),
+            ],
             axis=1,
         ).reshape(-1, 4)
         out["act_grads"] = ag

@@ -228,9 +228,12 @@ class ProbeMonitor(RecordingCallback):
 
         # several JAX processes run one probe program: each takes process 0's decision (each
         # budget measured its own clock)
-        if budget is not None and not backend.broadcast(
-            (int(budget.decide("probe", step, explicit=self.explicit, ahead=ahead)),)
-        )[0]:
+        if (
+            budget is not None
+            and not backend.broadcast(
+                (int(budget.decide("probe", step, explicit=self.explicit, ahead=ahead)),)
+            )[0]
+        ):
             return  # the decision is kept: the diagnosis says it was skipped, and why
         t0 = time.perf_counter()
         source = "probe_data" if self.probe_data is not None else "training"

@@ -325,11 +325,7 @@ class ProfileMonitor(RecordingCallback):
     def _end(self) -> None:
         if self._profiling:  # fit ended inside the range
             self._stop()
-        if (
-            self._pending is not None
-            and self.convert is not None
-            and self._conversion_affordable()
-        ):
+        if self._pending is not None and self.convert is not None and self._conversion_affordable():
             self._convert_timed()
         self._range = None
 

@@ -64,8 +64,7 @@ def find_resume_point(
     anchors = [
         (int(step), info["start"])
         for step, info in logs.run_infos
-        if isinstance(info.get("start"), dict)
-        and isinstance(info["start"].get("iterations"), int)
+        if isinstance(info.get("start"), dict) and isinstance(info["start"].get("iterations"), int)
     ]
     if not anchors:
         return None

@@ -236,10 +236,7 @@ class ModelState:
             self.step += n
             self._pending += n
             every = self.read_interval()
-            if (
-                any(s % every == 0 for s in steps)
-                or self._pending + self._spe() > tap.capacity
-            ):
+            if any(s % every == 0 for s in steps) or self._pending + self._spe() > tap.capacity:
                 data = self._read()
             elif not tap.read_ready:  # the step is traced: trace the read now, off the interval
                 tap.prepare_read()  # steps (a one-time cost, not a per-interval one)

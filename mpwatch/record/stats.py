@@ -163,9 +163,7 @@ def jax_counts_table(
     return jnp.stack([zero, sub, nonfinite, max_abs, jnp.asarray(sizes, jnp.float32)], axis=1)
 
 
-def jax_counts_table_each(
-    tensors: list[Any], normal_min: float = FLOAT16.smallest_normal
-) -> Any:
+def jax_counts_table_each(tensors: list[Any], normal_min: float = FLOAT16.smallest_normal) -> Any:
     """:func:`jax_counts_table` with one reduction per tensor and count instead of segment
     reductions over the tensors concatenated: for tensors sharded over a device mesh (a
     ``keras.distribution``), where each device reduces its shard and XLA combines the partial

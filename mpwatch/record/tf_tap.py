@@ -22,10 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from mpwatch.record import stats
+from mpwatch.record import lost_updates, stats
 from mpwatch.record.tap_common import Collected, TapBase, counts_entries, from_ring, input_health
 
 logger = logging.getLogger("mpwatch")
+
+#: columns of the tap's per-variable table: the gradient counts, then the update counts
+TAP_COUNTS = stats.NUM_COUNTS + lost_updates.NUM_UPDATE_COUNTS
 
 
 class Tap(TapBase):
@@ -85,7 +88,9 @@ class Tap(TapBase):
                 self.in_bad.read_value(),
                 self.ccount.read_value(),
                 self.cstep.read_value(),
-                self.counts.read_value() if self.counts is not None else tf.zeros([k, 0, 5]),
+                self.counts.read_value()
+                if self.counts is not None
+                else tf.zeros([k, 0, TAP_COUNTS]),
             )
             with tf.control_dependencies(list(out)):
                 self.count.assign(0)
@@ -243,8 +248,8 @@ class Tap(TapBase):
         if self._num_vars is None:
             self._num_vars = len(grads)
         if self.grad_every and len(grads) == self._num_vars:
+            tvs = list(trainable_variables or self.model.trainable_variables)
             if not self.variable_names:
-                tvs = trainable_variables or self.model.trainable_variables
                 self.variable_names = [getattr(v, "path", None) or v.name for v in tvs]
             step_next = self.step.read_value() + 1
             do = tf.equal(step_next % self.grad_every, 0)
@@ -256,6 +261,9 @@ class Tap(TapBase):
             )
             pre["counts_done"] = tf.cast(do, tf.int32)
             pre["counts_step"] = step_next
+            # updates lost to rounding: the 16-bit variables' values before the update
+            which = [i for i, v in enumerate(tvs) if lost_updates.is_16bit(v)]
+            pre["updates"] = (grads, tvs, which, do, lost_updates.tf_snapshot(tvs, which, do))
         elif self.grad_every:
             self._fail(
                 f"the optimizer got {len(grads)} gradients for {self._num_vars} trainable variables"
@@ -269,6 +277,11 @@ class Tap(TapBase):
         it_after = self._iterations()
         values["skipped"] = tf.cast(tf.equal(it_after, pre["it"]), tf.float32)
         del values["it"]
+        if "updates" in values:
+            grads, tvs, which, do, old = values.pop("updates")
+            applied = 1.0 - values["skipped"]
+            moved = lost_updates.tf_update_counts(grads, old, tvs, which, applied, do)
+            values["counts"] = tf.concat([values["counts"], moved], axis=1)
         if self.lso is not None:
             values["scale"] = tf.identity(self.lso.dynamic_scale.value)
         else:
@@ -290,7 +303,7 @@ class Tap(TapBase):
         if self.counts is None:
             with tf.init_scope(), self._strategy.scope():
                 self.counts = tf.Variable(
-                    tf.zeros([self.count_slots, self._num_vars, stats.NUM_COUNTS], tf.float32),
+                    tf.zeros([self.count_slots, self._num_vars, TAP_COUNTS], tf.float32),
                     trainable=False,
                     name="mpwatch_counts",
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,

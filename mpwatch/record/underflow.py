@@ -192,8 +192,14 @@ def activation_table(mixed: list[Any], refs: list[Any] | None) -> Any:
         return tf.stack([size, zero, zero, max_m, nonfinite, zero], axis=1)
     r = tf.concat([_flat64(a) for a in refs], 0)
     return tf.stack(
-        [size, total(tf.square(m - r)), total(tf.square(r)), max_m, nonfinite,
-         largest(_abs_finite(r))],
+        [
+            size,
+            total(tf.square(m - r)),
+            total(tf.square(r)),
+            max_m,
+            nonfinite,
+            largest(_abs_finite(r)),
+        ],
         axis=1,
     )
 

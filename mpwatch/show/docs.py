@@ -61,8 +61,9 @@ def _properties(schema: dict[str, Any], depth: int, required: list[str] | None =
         desc = f": {sub['description']}" if sub.get("description") else ""
         if _is_table(sub):
             cols = _table_columns(sub)
-            out.append(f"{pad}- `{name}`{req}: table, columns {', '.join(f'`{c}`' for c in cols)}"
-                       f"{desc}")
+            out.append(
+                f"{pad}- `{name}`{req}: table, columns {', '.join(f'`{c}`' for c in cols)}{desc}"
+            )
         elif sub.get("type") == "object" and sub.get("properties"):
             out.append(f"{pad}- `{name}`{req}: object{desc}")
             out += _properties(sub, depth + 1)

@@ -31,6 +31,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
         "bad_batches",
         "output_rel_error",
         "gradient_error",
+        "lost_updates",
         "float32_inside",
         "tensor_core_alignment",
         "tensor_core_use",

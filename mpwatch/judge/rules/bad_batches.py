@@ -110,7 +110,11 @@ def check(run: Run) -> list[Finding]:
                 "# and normalize features to a small range (keras.layers.Normalization adapted "
                 "on clean data)"
             ),
-            data={"cause": "input", "steps": steps, "skipped_steps": hit,
-                  "nonfinite_steps": nonfinite},  # fmt: skip
+            data={
+                "cause": "input",
+                "steps": steps,
+                "skipped_steps": hit,
+                "nonfinite_steps": nonfinite,
+            },  # fmt: skip
         )
     ]

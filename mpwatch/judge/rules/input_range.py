@@ -111,7 +111,11 @@ def check(run: Run) -> list[Finding]:
                 "norm.adapt(x_train)               # the training features, once\n"
                 "x = norm(inputs)                  # first thing the model does with them"
             ),
-            data={"cause": "input_range", "step": step, "fix_checks": checks,
-                  "input_max_abs": dict(peaks)},  # fmt: skip
+            data={
+                "cause": "input_range",
+                "step": step,
+                "fix_checks": checks,
+                "input_max_abs": dict(peaks),
+            },  # fmt: skip
         )
     ]

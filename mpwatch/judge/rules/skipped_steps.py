@@ -125,9 +125,7 @@ def _by_cause(run: Run) -> list[Finding]:
     total = sum(len(v) for v in groups.values())
     initial, growth_interval = sf.growth_facts(run)
     if sev_rate is not None:
-        title = (
-            f"{len(judged)} of {n_steps} steps skipped for non-finite gradients ({pct(rate)})"
-        )
+        title = f"{len(judged)} of {n_steps} steps skipped for non-finite gradients ({pct(rate)})"
     else:  # the descent need not be consecutive (a new lowest scale): count its halvings
         title = (
             f"{len(descent)} steps skipped while the loss scale fell from "
@@ -150,8 +148,13 @@ def _by_cause(run: Run) -> list[Finding]:
         )
     if groups["bad_input"]:
         after.append(f"{len(groups['bad_input'])} on bad batches (bad-batches)")
-    roots = list(dict.fromkeys(c.detail.rsplit("first in ", 1)[-1]
-                               for c in groups["model_overflow"] if "first in " in c.detail))
+    roots = list(
+        dict.fromkeys(
+            c.detail.rsplit("first in ", 1)[-1]
+            for c in groups["model_overflow"]
+            if "first in " in c.detail
+        )
+    )
     twin_fits = [c for c in groups["model_overflow"] if c.detail.startswith(TWIN_FITS)]
     probed = len(groups["model_overflow"]) - len(twin_fits)
     if probed:

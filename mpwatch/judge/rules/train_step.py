@@ -106,6 +106,8 @@ def check(run: Run) -> list[Finding]:
 
 # --- 16-bit variables ----------------------------------------------------------------------------
 def _variables_16bit(run: Run) -> Finding | None:
+    if len(run.updates) and "updates" in run.updates.columns:
+        return None  # measured: the lost-updates rule judges what the steps really did
     var_dtype = str(run.info.get("variable_dtype") or "")
     lt = run.layers
     layers: list[str] = []
@@ -116,8 +118,10 @@ def _variables_16bit(run: Run) -> Finding | None:
         layers = [str(n) for n in lt.loc[m, "name"]]
     if var_dtype not in SIXTEEN_BIT and not layers:
         return None
-    dtype = var_dtype if var_dtype in SIXTEEN_BIT else str(
-        lt.loc[lt["name"].astype(str) == layers[0], "variable_dtype"].iloc[0]
+    dtype = (
+        var_dtype
+        if var_dtype in SIXTEEN_BIT
+        else str(lt.loc[lt["name"].astype(str) == layers[0], "variable_dtype"].iloc[0])
     )
     policy = str(run.info.get("policy") or "")
     whole = var_dtype in SIXTEEN_BIT
@@ -143,9 +147,10 @@ def _variables_16bit(run: Run) -> Finding | None:
             "variables" + (", loss scaling" if dtype == "float16" else "")
         )
     else:
-        fix = "\n".join(
-            f'keras.layers.<Layer>(..., dtype="{mixed}", name="{n}")' for n in layers[:3]
-        ) + f"  # {dtype} math, float32 variables"
+        fix = (
+            "\n".join(f'keras.layers.<Layer>(..., dtype="{mixed}", name="{n}")' for n in layers[:3])
+            + f"  # {dtype} math, float32 variables"
+        )
     return RULE.finding(
         "error" if dtype == "float16" else "warning",
         f"Variables in {dtype}: the weights cannot take small updates"
@@ -214,8 +219,11 @@ def _unscaled_optimizers(run: Run, already: bool) -> Finding | None:
         f"{names_list(names)} step{'s' if len(names) == 1 else ''} without loss scaling{where}",
         evidence,
         fix="\n".join(lines),
-        data={"cause": "optimizer_not_loss_scaled", "optimizers": names,
-              "idle_compiled": bool(idle)},  # fmt: skip
+        data={
+            "cause": "optimizer_not_loss_scaled",
+            "optimizers": names,
+            "idle_compiled": bool(idle),
+        },  # fmt: skip
     )
 
 
@@ -286,8 +294,13 @@ def _loss_not_scaled(run: Run) -> Finding | None:
             "right one",
             evidence,
             fix=_scale_loss_fix(backend),
-            data={"cause": "loss_not_scaled", "log2_ratio": got, "loss_scale": scale,
-                  "comparisons": len(excess), "train_step_owner": owner},  # fmt: skip
+            data={
+                "cause": "loss_not_scaled",
+                "log2_ratio": got,
+                "loss_scale": scale,
+                "comparisons": len(excess),
+                "train_step_owner": owner,
+            },  # fmt: skip
         )
     if got > TWICE_FACTOR * k:  # the margin is k / 2 >= 4 bits (MIN_SCALE_LOG2)
         return RULE.finding(
@@ -296,8 +309,13 @@ def _loss_not_scaled(run: Run) -> Finding | None:
             f"{measured}: the loss was multiplied by the scale twice (scale_loss called on a "
             "loss Keras already scales, or by hand as well)",
             fix="# call optimizer.scale_loss(loss) once, on the loss you differentiate",
-            data={"cause": "loss_scaled_twice", "log2_ratio": got, "loss_scale": scale,
-                  "comparisons": len(excess), "train_step_owner": owner},  # fmt: skip
+            data={
+                "cause": "loss_scaled_twice",
+                "log2_ratio": got,
+                "loss_scale": scale,
+                "comparisons": len(excess),
+                "train_step_owner": owner,
+            },  # fmt: skip
         )
     return None
 
