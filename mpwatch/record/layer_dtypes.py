@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from mpwatch import contract
 from mpwatch.formats import FLOAT32_INSIDE, is_16bit
 from mpwatch.layers import sublayers, walk
+from mpwatch.record import memory
 from mpwatch.record.base import RecordingCallback
 from mpwatch.record.layer_graph import graph_columns
+
+logger = logging.getLogger("mpwatch")
 
 COLUMNS = contract.LAYERS_COLUMNS + contract.LAYERS_GRAPH_COLUMNS
 
@@ -150,6 +154,8 @@ class _OutputDtypeTracer:
     def __init__(self, model: Any) -> None:
         self.dtypes: dict[int, str] = {}
         self.widths: dict[int, int] = {}
+        #: id(layer) -> [(shape, dtype)] of each tensor it returns (None where a dim is unknown)
+        self.shapes: dict[int, list[tuple[tuple[int | None, ...], str]]] = {}
         self._patched: list[Any] = []
         for layer, _, _ in walk(model):
             if sublayers(layer) or "call" in layer.__dict__:
@@ -160,12 +166,19 @@ class _OutputDtypeTracer:
         import keras
 
         orig = layer.call
-        dtypes, widths = self.dtypes, self.widths
+        dtypes, widths, shapes = self.dtypes, self.widths, self.shapes
 
         def call(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
             try:
-                first = keras.tree.flatten(out)[0]
+                flat = keras.tree.flatten(out)
+                shapes[id(layer)] = [
+                    (tuple(None if d is None else int(d) for d in t.shape),
+                     str(keras.backend.standardize_dtype(t.dtype)))
+                    for t in flat
+                    if hasattr(t, "shape") and hasattr(t, "dtype")
+                ]  # fmt: skip
+                first = flat[0]
                 dtypes[id(layer)] = str(keras.backend.standardize_dtype(first.dtype))
                 last = first.shape[-1] if len(first.shape) else None
                 if last is not None:
@@ -239,6 +252,18 @@ class LayerDtypeMonitor(RecordingCallback):
             tracer, self._tracer = self._tracer, None
             tracer.undo()
             self._write_if_changed(self.table(tracer.dtypes, tracer.widths), got.steps[0])
+            self._write_memory(tracer.shapes, got.steps[0])
+
+    def _write_memory(self, shapes: dict[int, list[Any]], step: int) -> None:
+        """The ``memory`` record (:mod:`mpwatch.record.memory`), once the first step has built
+        the optimizer and noted every leaf layer's outputs."""
+        try:
+            outputs, batch = memory.layer_outputs(shapes)
+            payload = memory.memory_payload(self.model, outputs, batch)
+        except Exception as e:  # noqa: BLE001  (a fact mpwatch could not count: no record)
+            logger.debug("mpwatch: no memory record: %r", e)
+            return
+        self.writer.record(contract.KIND_MEMORY, step, payload)
 
     def _write_if_changed(self, payload: dict[str, Any], step: int) -> None:
         if payload == self._last:

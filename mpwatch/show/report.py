@@ -35,6 +35,7 @@ from mpwatch.contract import json_safe
 from mpwatch.judge import SEVERITIES, Finding
 from mpwatch.read import Run
 from mpwatch.show.html import render_html
+from mpwatch.show.memory import memory_view
 from mpwatch.show.summary import (
     NO_DATA,
     no_findings,
@@ -152,6 +153,13 @@ JSON_SCHEMA: dict[str, Any] = {
                             },
                         },
                     },
+                    "memory": {
+                        "type": ["object", "null"],
+                        "description": "training memory by kind and dtype, and what float32, "
+                        "mixed_float16 and mixed_bfloat16 would need (show/memory.py); null "
+                        "without a memory record",
+                        "required": ["policy", "by_dtype", "by_policy", "lines"],
+                    },
                     "profile": {
                         "type": ["object", "null"],
                         "description": "where the profiled time went; null when not profiled",
@@ -253,6 +261,7 @@ def to_json(
                 "steps": step_range(r),
                 "summary": run_summary(r),
                 "profile": profile_summary(r),
+                "memory": memory_view(r),
                 "warnings": list(r.warnings),
             }
             for r in rl
@@ -351,6 +360,11 @@ def _text(rl: list[Run], findings: Sequence[Finding], logdir: str | None, color:
             first, *rest = profile_lines(ps)
             lines.append(f"  profile: {first}")
             lines += [f"           {x}" for x in rest]
+        mv = memory_view(r)
+        if mv is not None and mv["lines"]:
+            first, *rest = mv["lines"]
+            lines.append(f"  memory: {first}")
+            lines += [f"          {x}" for x in rest]
         mine = [f for f in findings if f.run == r.name]
         if not mine:
             lines.append(f"  {no_findings(r)}")
@@ -405,6 +419,11 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
         if ps is not None:
             first, *rest = profile_lines(ps)
             out += ["", f"**Profile of run `{_md_escape(r.name)}`:** {_md_escape(first)}", ""]
+            out += [f"- {_md_escape(x)}" for x in rest]
+        mv = memory_view(r)
+        if mv is not None and mv["lines"]:
+            first, *rest = mv["lines"]
+            out += ["", f"**Memory of run `{_md_escape(r.name)}`:** {_md_escape(first)}", ""]
             out += [f"- {_md_escape(x)}" for x in rest]
     out += ["", f"**{_counts_line(findings)}**", ""]
     icons = {"error": "🔴", "warning": "🟠", "info": "🔵"}

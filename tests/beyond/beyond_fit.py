@@ -105,6 +105,33 @@ class Truth(keras.callbacks.Callback):
         self._before = None
 
 
+def _activations(model, x):
+    """Elements and dtype of every leaf layer's outputs for one batch, from an eager call of the
+    model with each leaf layer's ``call`` wrapped here: {dtype: elements}."""
+    found = {}
+    leaves = [
+        layer for layer in model._flatten_layers(include_self=False, recursive=True)
+        if not list(layer._flatten_layers(include_self=False, recursive=False))
+    ]  # fmt: skip
+    for layer in leaves:
+        orig = layer.call
+
+        def call(*args, __orig=orig, **kwargs):
+            out = __orig(*args, **kwargs)
+            for t in keras.tree.flatten(out):
+                dtype = keras.backend.standardize_dtype(t.dtype)
+                found[dtype] = found.get(dtype, 0) + int(np.prod(t.shape))
+            return out
+
+        layer.call = call
+    try:
+        model(x, training=True)
+    finally:
+        for layer in leaves:
+            del layer.call
+    return found
+
+
 def _sizes(variables):
     return [[v.path, str(v.dtype), int(np.prod(v.shape))] for v in variables]
 
@@ -127,13 +154,18 @@ def _case(out, name, policy, sgd=False):
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
               callbacks=[monitor, truth])  # fmt: skip
     opt = model.optimizer
+    optimizer = list(opt.variables)
+    inner = getattr(opt, "inner_optimizer", None)
+    if inner is not None:
+        optimizer += [v for v in inner.variables if all(v is not o for o in optimizer)]
     return {
         "policy": policy,
         "updates": truth.rows,
         "trainable": _sizes(model.trainable_variables),
         "variables": _sizes(model.variables),
-        "optimizer": _sizes(opt.variables),
+        "optimizer": _sizes(optimizer),
         "batch_size": BATCH,
+        "activations": _activations(model, x[:BATCH]),
     }
 
 

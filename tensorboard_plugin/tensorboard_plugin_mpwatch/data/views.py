@@ -16,6 +16,7 @@ from mpwatch import contract, words
 from mpwatch.contract import json_safe
 from mpwatch.read import ProbeResult, Run
 from mpwatch.read.run import PROBE_TOP_KEYS
+from mpwatch.show.memory import memory_view
 from mpwatch.words import plain
 
 __all__ = ["info_view", "layers_view", "probes_view", "profile_summary", "profile_view"]
@@ -306,4 +307,5 @@ def info_view(model: Run) -> dict[str, Any]:
         "info": model.info or None,
         "notices": [{**n, "message": plain(n.get("message") or "")} for n in model.notices],
         "errors": list(model.warnings),
+        "memory": memory_view(model),
     }

@@ -54,6 +54,8 @@ function layout() {
   ui.probeFacts = el('div', {class: 'mpw-facts'});
   ui.heatmap = el('div', {id: 'mpw-heatmap'});
   ui.profile = el('div', {id: 'mpw-profile'});
+  ui.memory = el('div', {id: 'mpw-memory'});
+  ui.memorySection = section('Memory by dtype', 'mpw-memory-section', ui.memory);
   ui.profileSection = section('Profile', 'mpw-profile-section', ui.profile);
   ui.table = new LayerTable((name) => { ui.table.input.value = name; ui.table.filter = name.toLowerCase(); ui.table.draw(); });
   ui.main = el('main', {class: 'mpw-main'},
@@ -70,6 +72,7 @@ function layout() {
         el('label', {}, 'Probe step ', ui.probeSelect), ui.histogram, ui.probeFacts),
       section('Underflow by layer and probe step', 'mpw-heatmap-section', ui.heatmap)),
     ui.profileSection,
+    ui.memorySection,
     section('Layers', 'mpw-layers-section', ui.table.root));
   document.body.appendChild(ui.main);
 }
@@ -105,6 +108,22 @@ function renderFacts(findings) {
   for (const e of findings.errors || []) {
     ui.facts.appendChild(el('div', {class: 'mpw-notice mpw-error mpw-read-error', text: `reading: ${e}`}));
   }
+}
+
+// A table of text cells from the server ({columns, rows}): nothing is formatted here.
+export function textTable(table, cls) {
+  return el('table', {class: `mpw-text-table ${cls}`},
+    el('thead', {}, el('tr', {}, table.columns.map((c) => el('th', {text: c})))),
+    el('tbody', {}, table.rows.map((row) => el('tr', {}, row.map((c) => el('td', {text: c}))))));
+}
+
+function renderMemory(memory) {
+  clear(ui.memory);
+  ui.memorySection.hidden = !memory;
+  if (!memory) return;
+  for (const line of memory.lines) ui.memory.appendChild(el('p', {class: 'mpw-memory-line', text: line}));
+  ui.memory.appendChild(textTable(memory.dtype_table, 'mpw-memory-by-dtype'));
+  ui.memory.appendChild(textTable(memory.policy_table, 'mpw-memory-by-policy'));
 }
 
 function renderFindings(view) {
@@ -339,6 +358,7 @@ async function refresh() {
       if (run !== state.run) return;
       renderFacts(findings);
       renderFindings(findings);
+      renderMemory(findings.memory);
       renderScalars(scalars);
       renderProbes(probes);
       renderProfile(profile);
