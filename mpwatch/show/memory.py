@@ -64,8 +64,12 @@ def memory_view(run: Run) -> dict[str, Any] | None:
         "dtype_table": {
             "columns": ["kind", "dtype", "elements", "size"],
             "rows": [
-                [KIND_WORDS.get(r["kind"], r["kind"]), str(r["dtype"]), f"{int(r['elements']):,}",
-                 mib(r["bytes"])]
+                [
+                    KIND_WORDS.get(r["kind"], r["kind"]),
+                    str(r["dtype"]),
+                    f"{int(r['elements']):,}",
+                    mib(r["bytes"]),
+                ]
                 for r in by_dtype
             ],
         },

@@ -15,8 +15,10 @@ said of a bfloat16 run.
 ## Why it matters
 Gradient values below the format's smallest subnormal (2^-24 in float16, after the loss scale)
 become zero: those weights stop learning. The probe counts them against a float32 reference, so
-dead ReLUs are not counted. bfloat16 has float32's exponent range: there, gradients rarely
-underflow, and no loss scale is used.
+dead ReLUs are not counted. bfloat16 has float32's exponent range: a gradient float32 computes
+as a normal number is never too small for it, so zeros in bfloat16 where float32 has none are the
+16-bit computation taking another path (a ReLU off, an exact cancellation, rounded inputs), not
+underflow: said as info, with nothing to change for underflow. No loss scale is used there.
 
 ## Threshold
 Latest probe's model-wide underflow fraction > {UNDERFLOW_WARN:g}: warning, > {UNDERFLOW_ERROR:g}:
@@ -144,6 +146,40 @@ def check(run: Run) -> list[Finding]:
     ]
 
 
+def _bfloat16_zeros(
+    run: Run, probe: ProbeResult, model: dict[str, Any], uf: float | None, layers_table: Any,
+    note: str,
+) -> list[Finding]:  # fmt: skip
+    """bfloat16 has float32's exponent range: a gradient float32 computes as a normal number is
+    never too small for bfloat16, so its zeros there are a different computation, not underflow.
+    At most an info, with nothing to change for underflow."""
+    layers = se.underflowing_layers(run, layers_table, LAYER_UNDERFLOW_WARN, UNDERFLOW_WARN)
+    if not (uf is not None and uf > UNDERFLOW_WARN) and not layers:
+        return []
+    where = f"; most in {sa.names_text(layers)}" if layers else ""
+    return [
+        RULE.finding(
+            "info",
+            f"{pct(uf)} of gradient values are zero in bfloat16 where float32's are not: not "
+            "underflow",
+            f"probe at step {probe.step}: {fmt(finite(model.get('underflow_count')))} of "
+            f"{fmt(finite(model.get('ref_nonzero')))} reference-nonzero gradient elements are "
+            f"zero in bfloat16{note}{where}; bfloat16 has float32's exponent range (smallest "
+            "normal 2^-126), so these zeros come from the 16-bit computation taking another "
+            "path (a ReLU off where float32's is on, terms that cancel exactly at bfloat16's "
+            "precision, rounded inputs), not from the gradients' size",
+            fix="# nothing to change for underflow: the output-error findings say where the "
+            "16-bit forward pass departs from float32",
+            data={
+                "step": probe.step,
+                "mode": "bfloat16",
+                "underflow_fraction": uf,
+                "layers": [n for n, _ in layers],
+            },  # fmt: skip
+        )
+    ]
+
+
 def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
     step, model = probe.step, dict(probe.model)
     uf = finite(model.get("underflow_fraction"))
@@ -161,6 +197,8 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
         if excluded
         else ""
     )
+    if mode == "bfloat16":
+        return _bfloat16_zeros(run, probe, model, uf, layers_table, note)
     scale = finite(model.get("loss_scale")) if mode == "float16" else None
     at = f" at loss scale {se.scale_text(scale)}" if scale else ""
     if uf is not None and uf > UNDERFLOW_WARN:
