@@ -81,6 +81,8 @@ from mpwatch.contract.payloads import (
     required_keys,
 )
 from mpwatch.contract.probe import (
+    PROBE_FLOAT8_COLUMN_TYPES,
+    PROBE_FLOAT8_COLUMNS,
     PROBE_INPUT_COLUMN_TYPES,
     PROBE_INPUT_COLUMNS,
     PROBE_LAYER_COLUMN_TYPES,
@@ -189,6 +191,8 @@ __all__ = [
     "POLICY_COLUMN_TYPES",
     "PREFIX",
     "PROBE_ACTIVATION_HEADROOM_BITS",
+    "PROBE_FLOAT8_COLUMNS",
+    "PROBE_FLOAT8_COLUMN_TYPES",
     "PROBE_GRAD_REL_ERROR",
     "PROBE_INPUT_COLUMNS",
     "PROBE_INPUT_COLUMN_TYPES",

@@ -79,6 +79,38 @@ PROBE_LAYER_COLUMN_TYPES: dict[str, Any] = {
     ),
     "nonfinite": s._int("non-finite activation and gradient elements"),
 }
+PROBE_FLOAT8_COLUMNS = [
+    "layer",
+    "class",
+    "out_error_16",
+    "out_error_8",
+    "dx_error_16",
+    "dx_error_8",
+    "dw_error_16",
+    "dw_error_8",
+    "x_flush",
+    "w_flush",
+    "g_flush",
+    "ready",
+    "reason",
+]
+_ERR = "relative error ||a - ref|| / ||ref|| against the layer in float32 on the same inputs"
+PROBE_FLOAT8_COLUMN_TYPES: dict[str, Any] = {
+    "layer": s._str("the layer's path"),
+    "class": s._str("Dense or EinsumDense"),
+    "out_error_16": s._num(f"its output before the activation in the run's 16-bit dtype: {_ERR}"),
+    "out_error_8": s._num(f"the same in Keras' float8 (E4M3 inputs and kernel): {_ERR}"),
+    "dx_error_16": s._num(f"the gradient w.r.t. its input in 16 bits: {_ERR}"),
+    "dx_error_8": s._num(f"the same in float8 (E5M2 output gradient): {_ERR}"),
+    "dw_error_16": s._num(f"the gradient w.r.t. its kernel in 16 bits: {_ERR}"),
+    "dw_error_8": s._num(f"the same in float8: {_ERR}"),
+    "x_flush": s._num("share of its nonzero inputs float8 flushes to zero at their scale"),
+    "w_flush": s._num("share of its nonzero kernel elements flushed to zero"),
+    "g_flush": s._num("share of its nonzero output-gradient elements flushed to zero (E5M2)"),
+    "ready": s._bool("float8 keeps the output and both gradients within the readiness bounds"),
+    "reason": s._str("why it is not ready (None when ready)", nullable=True),
+}
+
 PROBE_INPUT_COLUMN_TYPES: dict[str, Any] = {
     "input": s._str("the model input's name"),
     "dtype": s._str("the dtype the batch holds it in"),
@@ -232,6 +264,12 @@ SCHEMA = s._record_schema(
             PROBE_INPUT_COLUMNS,
             PROBE_INPUT_COLUMN_TYPES,
             "one row per float model input: integer ids a 16-bit cast rounds (record/inputs.py)",
+        ),
+        "float8": s._table_schema(
+            PROBE_FLOAT8_COLUMNS,
+            PROBE_FLOAT8_COLUMN_TYPES,
+            "float8 readiness: one row per Dense/EinsumDense layer, its errors in Keras' float8 "
+            "and in 16 bits on the probe's batch (record/float8.py)",
         ),
         "reference_note": s._str("how the reference was made, or why there is none", True),
         "model_kind": s._enum(s._MODEL_KIND, "how the model was built (a twin needs its config)"),

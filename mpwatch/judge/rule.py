@@ -85,6 +85,8 @@ PUBLIC_REFERENCES = {
         "openxla/xprof, kernel_stats_utils.cc"
     ),
     "https://github.com/tensorflow/tensorflow/issues/51812": "tensorflow/tensorflow#51812",
+    "https://keras.io/api/quantizers/": "Keras quantizers API",
+    "https://arxiv.org/abs/2209.05433": "Micikevicius et al. 2022, FP8 Formats for Deep Learning",
 }
 
 _HEADING = re.compile(r"^## (.+?)\s*$")

@@ -209,6 +209,7 @@ def build_run(name: str, path: str, events: Events) -> Run:
     run.probe_layers = _stack_tables([(s, p.get("layers")) for s, p in probes])
     run.probe_variables = _stack_tables([(s, p.get("variables")) for s, p in probes])
     run.probe_inputs = _stack_tables([(s, p.get("inputs")) for s, p in probes])
+    run.probe_float8 = _stack_tables([(s, p.get("float8")) for s, p in probes])
     run.sweeps = _stack_tables([(s, p.get("sweep")) for s, p in probes])
     rows = []
     for s, p in probes:

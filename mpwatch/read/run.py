@@ -46,6 +46,7 @@ class Run:
         probe_layers: one row per probe step and layer: ``step`` + the probe's layers-table
             columns (``probes`` is the old name of this table).
         probe_variables: the same for the probe's variables table.
+        probe_float8: the same for the probe's float8 readiness table (per Dense/EinsumDense).
         probe_inputs: the same for the probe's inputs table (float model inputs: integer ids a
             16-bit cast rounds).
         probe_model: one row per probe step: ``step``, the probe's ``model`` dict's keys,
@@ -85,6 +86,7 @@ class Run:
     probe_layers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     probe_variables: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     probe_inputs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
+    probe_float8: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     probe_model: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
     histograms: dict[int, dict[str, Any]] = field(default_factory=dict)
     sweeps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
@@ -163,6 +165,7 @@ class Run:
             sweep=at(self.sweeps),
             histogram=self.histograms.get(step),
             inputs=at(self.probe_inputs),
+            float8=at(self.probe_float8),
         )
 
     def unreliable_probe_steps(self) -> list[int]:
@@ -293,6 +296,8 @@ class ProbeResult:
         sweep: predicted underflow and overflow at each power-of-two scale.
         histogram: the log2 histogram of the reference gradients, or None.
         inputs: the probe's inputs table (float model inputs and what a 16-bit cast changes).
+        float8: the probe's float8 readiness table (one row per Dense/EinsumDense layer; empty
+            when not measured).
     """
 
     step: int
@@ -302,6 +307,7 @@ class ProbeResult:
     sweep: pd.DataFrame
     histogram: dict[str, Any] | None = None
     inputs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    float8: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 #: the probe record's top-level keys that ``probe_model`` carries beside its ``model`` dict

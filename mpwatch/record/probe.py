@@ -193,6 +193,8 @@ class Probe:
         self._prepared = False
         self.view: PolicyView | None = None
         self.random_off: list[Any] = []
+        #: measure float8 readiness of the Dense/EinsumDense layers at each probe
+        self.float8 = True
 
     # --- setup ---------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -425,6 +427,18 @@ class Probe:
                     payload["grad_fix_checks"] = checks
             except Exception as e:  # noqa: BLE001
                 logger.warning("mpwatch: probe: could not check the gradient fixes: %r", e)
+        if self.float8 and self.has_ref and not payload["model"].get("first_nonfinite_layer"):
+            from mpwatch.record import backend, float8_capture
+
+            try:
+                if backend.jax_processes() <= 1:  # one process' eager pass, not a program
+                    rows = float8_capture.readiness(
+                        self, x, y, sw, s if self.mode != "bfloat16" else 1.0
+                    )
+                    if rows:
+                        payload["float8"] = contract.table(contract.PROBE_FLOAT8_COLUMNS, rows)
+            except Exception as e:  # noqa: BLE001  (the probe's record stands without it)
+                logger.warning("mpwatch: probe: could not measure float8 readiness: %r", e)
         return payload
 
     def _payload(self, out: dict[str, np.ndarray], scale: float) -> dict[str, Any]:

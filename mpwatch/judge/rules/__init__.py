@@ -32,6 +32,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
         "output_rel_error",
         "gradient_error",
         "lost_updates",
+        "float8_readiness",
         "float32_inside",
         "tensor_core_alignment",
         "tensor_core_use",

@@ -1,0 +1,122 @@
+"""Rule `float8-readiness`: which Dense/EinsumDense layers could train in float8, and which not.
+
+## What it finds
+From the latest reliable probe's ``float8`` table: for every Dense and EinsumDense layer, the
+error its output and its two gradients would have if Keras trained it in float8
+(``quantize("float8")``: E4M3 inputs and kernel, E5M2 output gradient, per-tensor scales from
+the tensors' largest values), measured on the probe's batch against the layer in float32, beside
+the run's 16-bit error. The layers float8 keeps within the bounds are listed with the code that
+converts them; the others with the reason (values flushed to zero: a few large values set the
+scale; or too few mantissa bits for its gradients).
+
+## Why it matters
+On GPUs of compute capability 8.9 and above (H100, L4, RTX 40) float8 matmuls run at twice the
+16-bit Tensor Core rate and halve the bytes those layers read. float8 keeps 3 (E4M3) or 2 (E5M2)
+mantissa bits, so each layer's error grows about ten times over bfloat16's: fine for most
+projections, not for a layer whose inputs hold outliers or whose gradients need the precision.
+
+## Threshold
+Ready: float8 output error at most {READY_OUT:.0%} and both gradient errors at most
+{READY_GRAD:.0%}. Always info (an opportunity, never a problem of the run).
+
+## Example evidence
+```text
+float8: 8 of 8 Dense/EinsumDense layers are ready
+probe at step 8: ready: query (output 3.8%, gradients 7.0%; bfloat16 0.33%), ...
+```
+
+## Fix
+```python
+ready = {{"query", "key", "value"}}  # the ready layers' names
+model.quantize("float8", filters=lambda layer: layer.name in ready)  # built model, before fit
+```
+
+## References
+- Keras quantizers API: float8 training of Dense and EinsumDense
+  <https://keras.io/api/quantizers/>
+- Micikevicius et al. 2022, FP8 Formats for Deep Learning <https://arxiv.org/abs/2209.05433>
+"""
+
+from __future__ import annotations
+
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.rule import Rule, pct
+from mpwatch.read.run import Run
+from mpwatch.record.float8 import READY_GRAD, READY_OUT
+
+RULE = Rule(
+    id="float8-readiness",
+    title="Layers ready for float8 training",
+    severities=("info",),
+    doc=__doc__,
+    thresholds={"READY_OUT": READY_OUT, "READY_GRAD": READY_GRAD},
+)
+
+SHOWN = 8  # layers named in the evidence, each side
+
+
+def _name(path: str) -> str:
+    return str(path).rsplit("/", 1)[-1]
+
+
+def check(run: Run) -> list[Finding]:
+    """Findings of this rule on one run."""
+    probe = run.latest_probe()
+    if probe is None or probe.float8 is None or not len(probe.float8):
+        return []
+    t = probe.float8
+    mode = str(probe.model.get("mode") or "")
+    low = "bfloat16" if mode == "bfloat16" else "float16"
+    ready = t[t["ready"].astype(bool)]
+    not_ready = t[~t["ready"].astype(bool)]
+
+    def grads(r: dict) -> float:
+        return max(float(r["dx_error_8"]), float(r["dw_error_8"]))
+
+    shown_ready = [
+        f"{_name(r['layer'])} (output {pct(r['out_error_8'])}, gradients {pct(grads(r))}; "
+        f"{low} {pct(r['out_error_16'])})"
+        for r in ready.head(SHOWN).to_dict("records")
+    ]
+    shown_not = [
+        f"{_name(r['layer'])} ({r['reason']})" for r in not_ready.head(SHOWN).to_dict("records")
+    ]
+    parts = []
+    if shown_ready:
+        more = f", and {len(ready) - SHOWN} more" if len(ready) > SHOWN else ""
+        parts.append("ready: " + ", ".join(shown_ready) + more)
+    if shown_not:
+        more = f", and {len(not_ready) - SHOWN} more" if len(not_ready) > SHOWN else ""
+        parts.append("not ready: " + "; ".join(shown_not) + more)
+    device = run.info.get("device") or {}
+    cc = device.get("compute_capability")
+    where = (
+        f"this GPU (compute capability {cc}) runs float8 matmuls"
+        if isinstance(cc, (int, float)) and cc >= 8.9
+        else "float8 matmuls need a GPU of compute capability 8.9 or more (H100, L4, RTX 40); "
+        f"this run's device: {device.get('name') or device.get('type') or 'unknown'}"
+    )
+    names = sorted({_name(p) for p in ready["layer"]})
+    if not names:
+        fix = "# no layer is ready: keep the model in " + low
+    elif not len(not_ready):
+        fix = 'model.quantize("float8")  # every Dense/EinsumDense; built model, before fit'
+    else:
+        fix = (
+            f"ready = {{{', '.join(repr(n) for n in names)}}}\n"
+            'model.quantize("float8", filters=lambda layer: layer.name in ready)'
+            "  # built model, before fit"
+        )
+    return [
+        RULE.finding(
+            "info",
+            f"float8: {len(ready)} of {len(t)} Dense/EinsumDense layers are ready",
+            f"probe at step {probe.step}: " + "; ".join(parts) + f" ({where})",
+            fix=fix,
+            data={
+                "step": probe.step,
+                "ready": list(ready["layer"]),
+                "not_ready": {r["layer"]: r["reason"] for r in not_ready.to_dict("records")},
+            },
+        )
+    ]

@@ -1,0 +1,195 @@
+"""What float8 readiness needs from a model, on both backends: each Dense/EinsumDense layer's
+input and the gradient of the loss w.r.t. its output before the activation, in one
+training-mode pass of the float32 reference on the probe's batch (:mod:`mpwatch.record.float8`
+does the arithmetic, in numpy).
+
+Every eligible layer's ``call`` is wrapped (an instance attribute, removed afterwards): it runs
+the layer with its activation off, notes the input, adds a zero tensor ``eps`` to the result and
+applies the activation; the gradient of the loss w.r.t. ``eps`` is the output gradient Keras'
+float8 layers quantize. TensorFlow: eager, under a ``GradientTape``; JAX: ``jax.value_and_grad``
+over the ``eps`` inside a ``StatelessScope`` of the model's values (as the probe's pass).
+
+Example:
+    >>> layers = eligible_layers(model)  # doctest: +SKIP
+    >>> captured = capture(probe, layers, x, y, sw)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from mpwatch.layers import sublayers, walk
+
+#: the layer classes Keras trains in float8 (``quantize("float8")``); subclasses are skipped by
+#: ``model.quantize``, so by this too
+FLOAT8_CLASSES = ("Dense", "EinsumDense")
+
+
+def eligible_layers(model: Any) -> list[tuple[Any, str]]:
+    """(layer, path) of every built Dense/EinsumDense leaf of Keras' own (not a subclass), not
+    already quantized, in the layer table's order."""
+    out = []
+    for layer, path, _ in walk(model):
+        cls = type(layer)
+        if cls.__name__ not in FLOAT8_CLASSES or not cls.__module__.startswith("keras."):
+            continue
+        if sublayers(layer) or not layer.built or getattr(layer, "quantization_mode", None):
+            continue
+        out.append((layer, path))
+    return out
+
+
+def equation(layer: Any) -> str:
+    """The contraction the layer computes, as an einsum equation."""
+    return getattr(layer, "equation", None) or "...i,ij->...j"
+
+
+def values_of(model: Any) -> dict[int, Any]:
+    """id(variable) -> its current value: on JAX during ``fit`` the values live in Keras' state
+    (the variables themselves are purged), read as the probe reads them."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return {}
+    from mpwatch.record.probe_jax import model_values
+
+    tv, ntv = model_values(model)
+    pairs = zip([*model.trainable_variables, *model.non_trainable_variables], [*tv, *ntv])
+    return {id(v): value for v, value in pairs}
+
+
+def weights(layer: Any, values: dict[int, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    """(kernel, bias or None) as float32 numpy arrays (``values``: :func:`values_of`)."""
+    kernel, bias = layer.kernel, getattr(layer, "bias", None)
+
+    def arr(v: Any) -> np.ndarray:
+        return _np(values.get(id(v), v))
+
+    return arr(kernel), (None if bias is None else arr(bias))
+
+
+@contextlib.contextmanager
+def _wrapped(layers: list[Any], eps: list[Any] | None, seen: dict[int, Any]) -> Iterator[None]:
+    import keras
+
+    linear = keras.activations.get("linear")
+    for i, layer in enumerate(layers):
+        orig = layer.call
+
+        def call(inputs: Any, *args: Any, __i: int = i, __layer: Any = layer, __orig: Any = orig,
+                 **kwargs: Any) -> Any:  # fmt: skip
+            act = __layer.activation
+            __layer.activation = linear
+            try:
+                z = __orig(inputs, *args, **kwargs)
+            finally:
+                __layer.activation = act
+            if eps is not None:
+                z = z + eps[__i]
+            seen[__i] = (inputs, z)
+            return act(z) if act is not None else z
+
+        object.__setattr__(layer, "call", call)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            if "call" in layer.__dict__:
+                object.__delattr__(layer, "call")
+
+
+def capture(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[tuple[Any, Any]]:
+    """(input, output gradient) of each layer, numpy float32, from one training-mode pass of the
+    probe's model as the current policies are (call it inside the float32 view), random layers
+    off as the probe has them. The gradient is of the unscaled loss."""
+    import keras
+
+    if keras.backend.backend() == "jax":
+        return _capture_jax(probe, layers, x, y, sw)
+    return _capture_tf(probe, layers, x, y, sw)
+
+
+def _np(t: Any) -> np.ndarray:
+    import keras
+
+    return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")), np.float32)
+
+
+def _capture_tf(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[tuple[Any, Any]]:
+    import tensorflow as tf
+
+    seen: dict[int, Any] = {}
+    with _wrapped(layers, None, seen):
+        probe.model(x, training=True)  # the outputs' shapes and dtypes
+    eps = [tf.zeros_like(seen[i][1]) for i in range(len(layers))]
+    seen.clear()
+    with tf.GradientTape() as tape:
+        tape.watch(eps)
+        with _wrapped(layers, eps, seen):
+            loss = probe._loss(x, y, probe.model(x, training=True), sw)
+    grads = tape.gradient(loss, eps)
+    return [
+        (_np(seen[i][0]), _np(g) if g is not None else np.zeros(seen[i][1].shape, np.float32))
+        for i, g in enumerate(grads)
+    ]
+
+
+def _capture_jax(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[tuple[Any, Any]]:
+    import jax
+    import jax.numpy as jnp
+
+    from mpwatch.record.probe_jax import _scope, model_values
+
+    tv, ntv = model_values(probe.model)
+
+    def run(eps: list[Any] | None) -> tuple[Any, list[Any]]:
+        seen: dict[int, Any] = {}
+        with _scope(probe, tv, ntv), _wrapped(layers, eps, seen):
+            loss = probe._loss(x, y, probe.model(x, training=True), sw)
+        return loss, [seen[i][0] for i in range(len(layers))]
+
+    def shapes(eps: None) -> list[Any]:
+        seen: dict[int, Any] = {}
+        with _scope(probe, tv, ntv), _wrapped(layers, None, seen):
+            probe.model(x, training=True)
+        return [seen[i][1] for i in range(len(layers))]
+
+    eps = [jnp.zeros(s.shape, s.dtype) for s in jax.eval_shape(shapes, None)]
+    (_, inputs), grads = jax.value_and_grad(run, has_aux=True)(eps)
+    return [(_np(a), _np(g)) for a, g in zip(inputs, grads)]
+
+
+def readiness(probe: Any, x: Any, y: Any, sw: Any, scale: float) -> list[list[Any]]:
+    """The probe record's ``float8`` rows (``contract.PROBE_FLOAT8_COLUMNS``): each eligible
+    layer's float8 and 16-bit errors on this batch (:func:`mpwatch.record.float8.layer_errors`)
+    and its verdict; [] for a model without one."""
+    from mpwatch.record import float8
+    from mpwatch.record.twin import random_layers_off
+
+    found = eligible_layers(probe.model)
+    if not found:
+        return []
+    layers = [layer for layer, _ in found]
+    cd = "bfloat16" if probe.mode == "bfloat16" else "float16"
+    view = probe.view if probe.mode != "preflight" else None
+    with (
+        view if view is not None else contextlib.nullcontext(),
+        random_layers_off(probe.random_off),
+    ):
+        captured = capture(probe, layers, x, y, sw)
+    rows = []
+    values = values_of(probe.model)
+    for (layer, path), (inputs, grad) in zip(found, captured):
+        kernel, bias = weights(layer, values)
+        e = float8.layer_errors(equation(layer), inputs, kernel, bias, grad, cd, scale)
+        ready, why = float8.verdict(e)
+        rows.append(
+            [path, type(layer).__name__, e["out_error_16"], e["out_error_8"], e["dx_error_16"],
+             e["dx_error_8"], e["dw_error_16"], e["dw_error_8"], e["x_flush"], e["w_flush"],
+             e["g_flush"], ready, why or None]
+        )  # fmt: skip
+    return rows
