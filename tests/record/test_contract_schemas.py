@@ -8,6 +8,7 @@ zlib + JSON by hand) and each record is validated with ``jsonschema``. Fits:
 - a small ``mixed_bfloat16`` fit (no loss scale: a ``notice``; a bfloat16 probe, which has no sweep
   and no recommended scale);
 - a ``float32`` fit (a pre-flight probe: what mixed_float16 would do);
+- a pure ``bfloat16`` fit (16-bit variables: the ``updates`` record of updates lost to rounding);
 - a ``mixed_float16`` model with a user layer that cannot compute in float32 (no float32 reference:
   a probe with ``reference: "none"``, ``model.zero_fraction``, a histogram of the mixed gradients,
   a notice).
@@ -84,6 +85,7 @@ def extra_logdirs(tmp_path_factory):
     return {
         "bfloat16": _fit(str(root / "bf16"), "mixed_bfloat16", _sequential),
         "preflight": _fit(str(root / "f32"), "float32", _sequential),
+        "pure_bfloat16": _fit(str(root / "pure_bf16"), "bfloat16", _sequential),
         "no_twin": _fit(str(root / "opaque"), "mixed_float16", lambda: Opaque(object())),
     }
 
