@@ -94,7 +94,10 @@ PROBE_FLOAT8_COLUMNS = [
     "ready",
     "reason",
 ]
-_ERR = "relative error ||a - ref|| / ||ref|| against the layer in float32 on the same inputs"
+_ERR = (
+    "relative error against the layer in float32 on the same inputs (output and dx: the mean "
+    "over rows of each row's ||a - ref|| / ||ref||; dW: over the tensor)"
+)
 PROBE_FLOAT8_COLUMN_TYPES: dict[str, Any] = {
     "layer": s._str("the layer's path"),
     "class": s._str("Dense or EinsumDense"),

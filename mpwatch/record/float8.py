@@ -16,11 +16,13 @@ Keras 3's own quantized layers on both backends: ``tests/beyond/test_float8.py``
   data like this batch; outliers in other batches make it coarser).
 
 Per layer, against the layer in float32 on the same (float32 reference) inputs, kernel and
-output gradient: the relative errors (``||a - ref|| / ||ref||``) of the output ``z`` (before the
-activation), of ``dx`` and of ``dW``, in float8 and in the run's 16-bit compute dtype, and the
-share of nonzero elements of x, W and g that float8 flushes to zero at that scale (few bits of
-range: values far below the tensor's largest). Under a loss scale (mixed_float16) the gradient is
-taken scaled, as Keras' float8 layers see it (``S * g``).
+output gradient: the relative errors of the output ``z`` (before the activation) and of ``dx``,
+per row (:func:`row_error`: the mean over tokens or examples of each one's ``||a - ref|| /
+||ref||``, so a few outlier rows cannot hide the rest), and of ``dW`` (``||a - ref|| / ||ref||``
+over the tensor), in float8 and in the run's 16-bit compute dtype; and the share of nonzero
+elements of x, W and g that float8 flushes to zero at that scale (few bits of range: values far
+below the tensor's largest). Under a loss scale (mixed_float16) the gradient is taken scaled, as
+Keras' float8 layers see it (``S * g``).
 
 Example:
     >>> import numpy as np
@@ -94,11 +96,26 @@ def _einsum(eq: str, a: np.ndarray, b: np.ndarray, cd: str) -> np.ndarray:
 
 
 def _rel(a: np.ndarray, ref: np.ndarray) -> float:
+    """``||a - ref|| / ||ref||`` over the whole tensor."""
     ref64 = np.asarray(ref, np.float64)
     den = float(np.linalg.norm(ref64))
     if den == 0.0:
         return 0.0 if not np.any(np.asarray(a, np.float64)) else math.inf
     return float(np.linalg.norm(np.asarray(a, np.float64) - ref64) / den)
+
+
+def row_error(a: np.ndarray, ref: np.ndarray) -> float:
+    """The mean over rows (every position but the last axis: a token, an example) of each row's
+    ``||a - ref|| / ||ref||`` (rows whose reference is 0 left out): what a typical row loses, so
+    one row of outliers cannot hide the others' damage in a tensor-wide norm."""
+    last = np.shape(ref)[-1] if np.ndim(ref) else 1
+    r = np.asarray(ref, np.float64).reshape(-1, last)
+    d = np.asarray(a, np.float64).reshape(-1, last) - r
+    den = np.linalg.norm(r, axis=1)
+    keep = den > 0
+    if not keep.any():
+        return 0.0
+    return float(np.mean(np.linalg.norm(d[keep], axis=1) / den[keep]))
 
 
 def _flushed(t: np.ndarray, q: np.ndarray) -> float:
@@ -137,8 +154,9 @@ def layer_errors(
     gq = qdq(g_cd, jit_scale(g_cd, E5M2_MAX), "e5m2", cd)
     f8 = {"out": z_of(xq, wq, cd), "dx": _einsum(dx_eq, gq, wq, cd),
           "dw": _einsum(dw_eq, xq, gq, cd)}  # fmt: skip
-    out = {f"{k}_error_8": _rel(f8[k], ref[k]) for k in ref}
-    out |= {f"{k}_error_16": _rel(low[k], ref[k]) for k in ref}
+    err = {"out": row_error, "dx": row_error, "dw": _rel}
+    out = {f"{k}_error_8": err[k](f8[k], ref[k]) for k in ref}
+    out |= {f"{k}_error_16": err[k](low[k], ref[k]) for k in ref}
     out |= {"x_flush": _flushed(x_cd, xq), "w_flush": _flushed(w_cd, wq),
             "g_flush": _flushed(g_cd, gq)}  # fmt: skip
     out["x_amax"] = float(np.max(np.abs(x32))) if x32.size else 0.0

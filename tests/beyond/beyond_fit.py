@@ -19,7 +19,9 @@ so that this script's own gradients equal the train step's):
   float16 does not run on JAX's CPU backend: its float16 dot with float32 accumulation is not
   supported there.)
 - ``mixed``: ``mixed_bfloat16`` (float32 variables, the fix): no variable is 16-bit; the truth
-  counts the float32 variables' unchanged elements the same way.
+  counts the float32 variables' unchanged elements the same way. mpwatch probes every 4 steps
+  (on the first training batch); after the last step the truth has, per Dense/EinsumDense layer,
+  the errors Keras' own float8 copy of it makes on that batch (``float8_truth.py``).
 Every case's truth also has the model's variables' sizes and dtypes (trainable, all, and the
 optimizer's), the batch size, and the leaf layers' output sizes for one batch.
 """
@@ -36,6 +38,7 @@ import numpy as np
 import mpwatch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from tests.beyond.float8_truth import float8_truth  # noqa: E402
 from tests.repo_scripts import load_script  # noqa: E402
 
 BACKEND = keras.backend.backend()
@@ -68,11 +71,14 @@ def _gradients(model, x, y):
 
 
 class Truth(keras.callbacks.Callback):
-    """Before and after every EVERY-th step: the variables' values and the step's gradients."""
+    """Before and after every EVERY-th step: the variables' values and the step's gradients; with
+    ``float8`` (a function of the model), its value after the last step (mpwatch's probe ran
+    there first, on the first training batch)."""
 
-    def __init__(self, x, y):
+    def __init__(self, x, y, float8=None):
         super().__init__()
         self.x, self.y, self.rows, self._before = x, y, {}, None
+        self.float8, self.float8_truth = float8, None
 
     def _sync(self):
         if BACKEND == "jax" and getattr(self.model, "_jax_state", None):
@@ -103,6 +109,8 @@ class Truth(keras.callbacks.Callback):
             rows[v.path] = [int(moved.sum()), int((moved & (a == b)).sum())]
         self.rows[str(step)] = rows
         self._before = None
+        if self.float8 is not None and step == STEPS:
+            self.float8_truth = self.float8(self.model)
 
 
 def _activations(model, x):
@@ -136,20 +144,33 @@ def _sizes(variables):
     return [[v.path, str(v.dtype), int(np.prod(v.shape))] for v in variables]
 
 
-def _case(out, name, policy, sgd=False):
+def _no_dropout(model):
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.Dropout):
+            layer.rate = 0.0
+    return model
+
+
+def _case(out, name, policy, sgd=False, probe=False):
     real = load_script("examples/real_models.py")
     with real.policy_scope(policy):
         model, x, y = real.build_transformer(seed=0, n=STEPS * BATCH)
         if sgd:
             model.compile(optimizer=keras.optimizers.SGD(0.01),
                           loss="sparse_categorical_crossentropy")  # fmt: skip
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        if isinstance(layer, keras.layers.Dropout):
-            layer.rate = 0.0
-    truth = Truth(x, y)
+    _no_dropout(model)
+
+    def float8(model):
+        def build32():
+            with real.policy_scope("float32"):
+                return _no_dropout(real.build_transformer(seed=0, n=BATCH)[0])
+
+        return float8_truth(model, build32, x[:BATCH], y[:BATCH])
+
+    truth = Truth(x, y, float8 if probe else None)
     monitor = mpwatch.MixedPrecisionMonitor(
-        log_dir=os.path.join(out, name), log_every=EVERY, probe_every=None, profile=False,
-        budget=None,
+        log_dir=os.path.join(out, name), log_every=EVERY, probe_every=EVERY if probe else None,
+        profile=False, budget=None,
     )  # fmt: skip
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
               callbacks=[monitor, truth])  # fmt: skip
@@ -166,6 +187,7 @@ def _case(out, name, policy, sgd=False):
         "optimizer": _sizes(optimizer),
         "batch_size": BATCH,
         "activations": _activations(model, x[:BATCH]),
+        "float8": truth.float8_truth,
     }
 
 
@@ -174,7 +196,7 @@ def main(out):
         "backend": BACKEND,
         "bfloat16": _case(out, "bfloat16", "bfloat16"),
         "sgd": _case(out, "sgd", "bfloat16", sgd=True),
-        "mixed": _case(out, "mixed", "mixed_bfloat16"),
+        "mixed": _case(out, "mixed", "mixed_bfloat16", probe=True),
     }
     with open(os.path.join(out, "truth.json"), "w") as f:
         json.dump(truth, f)

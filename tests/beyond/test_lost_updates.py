@@ -40,7 +40,7 @@ def test_counts_equal_the_variables_before_and_after(beyond_runs, read_events, c
         for var, (updates, unchanged) in rows.items():
             r = got[(step, var)]
             assert r["dtype"] == "bfloat16" and r["size"] == sizes[var]
-            slack = max(6, 2e-4 * sizes[var])  # float-noise gradients (module docstring)
+            slack = 6 + 2e-3 * sizes[var]  # float-noise gradients (module docstring)
             assert abs(r["updates"] - updates) <= slack, (step, var, r, updates)
             assert abs(r["unchanged"] - unchanged) <= slack, (step, var, r, unchanged)
             if r["updates"]:

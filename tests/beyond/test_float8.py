@@ -1,0 +1,94 @@
+"""Float8 readiness, against Keras' own float8 layers on the same batch.
+
+tests/beyond/beyond_fit.py trains keras.io's Transformer under mixed_bfloat16 with a probe every
+4 steps; after the last step (probe at step 12, on the first training batch) its truth has, for
+every Dense and EinsumDense layer, the errors a Keras float8 copy of that layer makes there
+(tests/beyond/float8_truth.py: a float32 copy of the model gives each layer's input and output
+gradient; Keras' ``quantize("float8")`` with the scales this batch's amax gives). mpwatch's
+record must say the same, within 0.006 absolute: the two captures of a layer's input and
+gradient come from different float32 computations, and one E5M2 rounding flipped among the few
+dozen elements of the 2-unit output layer moves its error by that much (0.005, measured on JAX).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpwatch
+from mpwatch.record import float8
+
+TOLERANCE = 0.006
+
+
+def test_float8_errors_equal_keras_own_float8_layers(beyond_runs):
+    out, truth = beyond_runs
+    want = truth["mixed"]["float8"]
+    probe = mpwatch.load_run(str(out / "mixed")).latest_probe()
+    assert probe.step == 12 and probe.model["batch_source"] == "training"
+    got = {row["layer"].rsplit("/", 1)[-1]: row for row in probe.float8.to_dict("records")}
+    assert sorted(got) == sorted(want) and len(want) == 8  # 4 EinsumDense of attention, 4 Dense
+    classes = {name: row["class"] for name, row in got.items()}
+    assert sorted(set(classes.values())) == ["Dense", "EinsumDense"]
+    for name, errors in want.items():
+        for key, value in errors.items():
+            assert got[name][key] == pytest.approx(value, abs=TOLERANCE), (name, key)
+        # float8 loses about ten times what bfloat16 loses on the same layer
+        assert got[name]["out_error_16"] < got[name]["out_error_8"] / 4
+
+
+@pytest.mark.parametrize(
+    "outlier, ready", [(None, True), (1e6, False)], ids=["spread", "one_outlier"]
+)
+def test_the_numpy_arithmetic_is_keras_float8(outlier, ready):
+    """Known tensors, Keras' float8 Dense (this process' backend) against
+    :func:`mpwatch.record.float8.layer_errors`; one input a million times the rest sets the
+    scale so the others fall below E4M3's range (2^-9 of 448 / 1e6): not ready, for that reason,
+    though a tensor-wide norm, which that one row dominates, would call the output fine."""
+    import keras
+    from float8_truth import keras_float8_errors
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    if outlier is not None:
+        x[0, 0] = outlier
+    w = (0.05 * rng.standard_normal((64, 24))).astype(np.float32)
+    b = (0.1 * rng.standard_normal(24)).astype(np.float32)
+    g = (1e-3 * rng.standard_normal((32, 24))).astype(np.float32)
+    layer = keras.layers.Dense(24, dtype="mixed_bfloat16")
+    layer.build((None, 64))
+    want = keras_float8_errors(layer, w, b, x, g)
+    got = float8.layer_errors("...i,ij->...j", x, w, b, g, "bfloat16")
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-3, abs=1e-5), key
+    is_ready, why = float8.verdict(got)
+    assert is_ready is ready
+    if not ready:
+        assert got["x_flush"] > 0.5 and "flush to zero in E4M3" in why and "inputs" in why
+
+
+def test_the_finding_lists_the_ready_layers_and_its_code_converts_them(beyond_runs):
+    out, truth = beyond_runs
+    (f,) = [f for f in mpwatch.diagnose(str(out / "mixed")) if f.rule == "float8-readiness"]
+    assert f.severity == "info" and f.title == "float8: 8 of 8 Dense/EinsumDense layers are ready"
+    assert "compute capability 8.9" in f.evidence  # a CPU run says where float8 pays
+    assert f.fix.startswith('model.quantize("float8")')
+    # the code, run on the model as its user builds it: every layer named is float8 and trains
+    import keras
+    from repo_scripts import load_script
+
+    real = load_script("examples/real_models.py")
+    with real.policy_scope("mixed_bfloat16"):
+        model, x, y = real.build_transformer(seed=0, n=32)
+        model(x[:2])
+        exec(f.fix.split("#")[0], {"model": model, "keras": keras})  # noqa: S102
+        quantized = {
+            layer.name for layer in model._flatten_layers()
+            if getattr(layer, "quantization_mode", None) == "float8"
+        }  # fmt: skip
+        # the same layers (Keras numbers the Dense names of a second model on: dense_8, ...)
+        assert len(quantized) == len(f.data["ready"]) == 8
+        assert {"query", "key", "value", "attention_output"} <= quantized
+        real._compile(model)
+        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
