@@ -21,6 +21,7 @@ from mpwatch._version import __version__
 from mpwatch.judge import SEVERITIES, Finding
 from mpwatch.read import Run
 from mpwatch.show.charts_svg import heatmap_chart, histogram_chart, line_chart
+from mpwatch.show.float8 import float8_html
 from mpwatch.show.memory import memory_html
 from mpwatch.show.summary import (
     NO_DATA,
@@ -380,6 +381,7 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
             body.append(f"<p>{escape(first)}</p><ul>")
             body += [f"<li>{escape(x)}</li>" for x in rest]
             body.append("</ul></section>")
+        body.append(float8_html(r))
         body.append(memory_html(r))
         body.append("<h3>Layers</h3>")
         body.append(_layer_table(r, mine))

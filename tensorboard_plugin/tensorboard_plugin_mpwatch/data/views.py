@@ -16,6 +16,7 @@ from mpwatch import contract, words
 from mpwatch.contract import json_safe
 from mpwatch.read import ProbeResult, Run
 from mpwatch.read.run import PROBE_TOP_KEYS
+from mpwatch.show.float8 import float8_view
 from mpwatch.show.memory import memory_view
 from mpwatch.words import plain
 
@@ -308,4 +309,5 @@ def info_view(model: Run) -> dict[str, Any]:
         "notices": [{**n, "message": plain(n.get("message") or "")} for n in model.notices],
         "errors": list(model.warnings),
         "memory": memory_view(model),
+        "float8": float8_view(model),
     }

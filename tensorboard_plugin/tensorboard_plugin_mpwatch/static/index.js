@@ -54,6 +54,8 @@ function layout() {
   ui.probeFacts = el('div', {class: 'mpw-facts'});
   ui.heatmap = el('div', {id: 'mpw-heatmap'});
   ui.profile = el('div', {id: 'mpw-profile'});
+  ui.float8 = el('div', {id: 'mpw-float8'});
+  ui.float8Section = section('Float8 readiness', 'mpw-float8-section', ui.float8);
   ui.memory = el('div', {id: 'mpw-memory'});
   ui.memorySection = section('Memory by dtype', 'mpw-memory-section', ui.memory);
   ui.profileSection = section('Profile', 'mpw-profile-section', ui.profile);
@@ -72,6 +74,7 @@ function layout() {
         el('label', {}, 'Probe step ', ui.probeSelect), ui.histogram, ui.probeFacts),
       section('Underflow by layer and probe step', 'mpw-heatmap-section', ui.heatmap)),
     ui.profileSection,
+    ui.float8Section,
     ui.memorySection,
     section('Layers', 'mpw-layers-section', ui.table.root));
   document.body.appendChild(ui.main);
@@ -124,6 +127,15 @@ function renderMemory(memory) {
   for (const line of memory.lines) ui.memory.appendChild(el('p', {class: 'mpw-memory-line', text: line}));
   ui.memory.appendChild(textTable(memory.dtype_table, 'mpw-memory-by-dtype'));
   ui.memory.appendChild(textTable(memory.policy_table, 'mpw-memory-by-policy'));
+}
+
+function renderFloat8(view) {
+  clear(ui.float8);
+  ui.float8Section.hidden = !view;
+  if (!view) return;
+  ui.float8.appendChild(el('p', {class: 'mpw-float8-line',
+    text: `probe at step ${view.step}: ${view.ready} of ${view.total} Dense/EinsumDense layers ready for float8 (errors against float32, beside ${view.mode})`}));
+  ui.float8.appendChild(textTable(view, 'mpw-float8-layers'));
 }
 
 function renderFindings(view) {
@@ -359,6 +371,7 @@ async function refresh() {
       renderFacts(findings);
       renderFindings(findings);
       renderMemory(findings.memory);
+      renderFloat8(findings.float8);
       renderScalars(scalars);
       renderProbes(probes);
       renderProfile(profile);
