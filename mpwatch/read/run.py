@@ -168,6 +168,30 @@ class Run:
             float8=at(self.probe_float8),
         )
 
+    def latest_float8(self) -> ProbeResult | None:
+        """The latest reliable probe that measured float8 readiness (a probe measures it at
+        the first probe and every few after: ``mpwatch.record.probe.FLOAT8_EVERY``), or None."""
+        pf = self.probe_float8
+        if not len(pf) or "step" not in pf:
+            return None
+        steps = set(int(s) for s in pf["step"].unique())
+        pm = self.probe_model
+        if len(pm) and "reliable" in pm:
+            bad = pm.loc[pm["reliable"].astype(object).eq(False), "step"]
+            steps -= set(int(s) for s in bad)
+        if not steps:
+            return None
+        step = max(steps)
+        at = pm[pm["step"] == step]
+        return ProbeResult(
+            step=step,
+            model=at.iloc[-1].to_dict() if len(at) else {},
+            layers=pd.DataFrame(),
+            variables=pd.DataFrame(),
+            sweep=pd.DataFrame(),
+            float8=pf[pf["step"] == step].reset_index(drop=True),
+        )
+
     def unreliable_probe_steps(self) -> list[int]:
         """The steps of the probes marked unreliable (their loss disagreed with the train step's
         on the same batch and weights), sorted.

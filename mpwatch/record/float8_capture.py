@@ -6,8 +6,10 @@ does the arithmetic, in numpy).
 Every eligible layer's ``call`` is wrapped (an instance attribute, removed afterwards): it runs
 the layer with its activation off, notes the input, adds a zero tensor ``eps`` to the result and
 applies the activation; the gradient of the loss w.r.t. ``eps`` is the output gradient Keras'
-float8 layers quantize. TensorFlow: eager, under a ``GradientTape``; JAX: ``jax.value_and_grad``
-over the ``eps`` inside a ``StatelessScope`` of the model's values (as the probe's pass).
+float8 layers quantize. TensorFlow: one pass in a ``tf.function`` under a ``GradientTape`` that
+watches each such output where it is made (the state it writes restored); JAX:
+``jax.value_and_grad`` over the ``eps`` inside a ``StatelessScope`` of the model's values (as the
+probe's pass).
 
 Example:
     >>> layers = eligible_layers(model)  # doctest: +SKIP
@@ -120,22 +122,56 @@ def _np(t: Any) -> np.ndarray:
 
 
 def _capture_tf(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[tuple[Any, Any]]:
+    """One pass in a ``tf.function`` (traced once per probe and layer set, like the probe's):
+    the tape watches each layer's pre-activation output where it is made. The state the pass
+    writes (BatchNormalization's moving statistics, seed states) is restored afterwards."""
     import tensorflow as tf
 
-    seen: dict[int, Any] = {}
-    with _wrapped(layers, None, seen):
-        probe.model(x, training=True)  # the outputs' shapes and dtypes
-    eps = [tf.zeros_like(seen[i][1]) for i in range(len(layers))]
-    seen.clear()
-    with tf.GradientTape() as tape:
-        tape.watch(eps)
-        with _wrapped(layers, eps, seen):
-            loss = probe._loss(x, y, probe.model(x, training=True), sw)
-    grads = tape.gradient(loss, eps)
-    return [
-        (_np(seen[i][0]), _np(g) if g is not None else np.zeros(seen[i][1].shape, np.float32))
-        for i, g in enumerate(grads)
-    ]
+    from mpwatch.record.twin import backend_value, state_variables
+
+    key = tuple(id(layer) for layer in layers)
+    cached = getattr(probe, "_float8_tf", None)
+    if cached is None or cached[0] != key:
+
+        def run(x: Any, y: Any, sw: Any) -> tuple[list[Any], list[Any]]:
+            seen: dict[int, Any] = {}
+            with tf.GradientTape() as tape:
+
+                class Watch(list):  # eps[i] is 0: adding it makes z the tensor the tape watches
+                    def __getitem__(self, i: int) -> Any:
+                        return _Watched(tape)
+
+                with _wrapped(layers, Watch(), seen):
+                    loss = probe._loss(x, y, probe.model(x, training=True), sw)
+            zs = [seen[i][1] for i in range(len(layers))]
+            grads = tape.gradient(loss, zs)
+            grads = [tf.zeros_like(z) if g is None else g for z, g in zip(zs, grads)]
+            return [seen[i][0] for i in range(len(layers))], grads
+
+        cached = (key, tf.function(run, reduce_retracing=True, autograph=False))
+        probe._float8_tf = cached
+    state = state_variables(probe.model)
+    saved = [tf.identity(backend_value(v)) for v in state]
+    try:
+        inputs, grads = cached[1](x, y, sw)
+    finally:
+        for v, value in zip(state, saved):
+            backend_value(v).assign(value)
+    return [(_np(a), _np(g)) for a, g in zip(inputs, grads)]
+
+
+class _Watched:
+    """``z + _Watched(tape)`` is ``z`` itself, watched by ``tape`` (TensorFlow)."""
+
+    def __init__(self, tape: Any) -> None:
+        self.tape = tape
+
+    def __radd__(self, z: Any) -> Any:
+        import tensorflow as tf
+
+        z = tf.identity(z)
+        self.tape.watch(z)
+        return z
 
 
 def _capture_jax(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[tuple[Any, Any]]:

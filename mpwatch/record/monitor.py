@@ -49,6 +49,8 @@ class MixedPrecisionMonitor(RecordingCallback):
             first training batch); ``probe=False`` switches it off. Without ``probe_every`` the
             budget decides (every 500 steps and each epoch's end, when it fits); with it, the
             probe runs at those steps whatever it costs.
+        float8: at each probe, also measure each Dense/EinsumDense layer's error in Keras'
+            float8 (:mod:`mpwatch.record.float8`: float8 readiness); ``False`` switches it off.
         loss_fn: the probe's loss, ``loss_fn(y_true, y_pred) -> scalar`` (default: the model's
             compiled loss; a model trained by a custom loop need not be compiled).
         profile: the profiler trace (:class:`ProfileMonitor`) of batches 3-5 of the first ``fit``
@@ -91,6 +93,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         probe: bool = True,
         probe_every: int | None = None,
         probe_data: Any = None,
+        float8: bool = True,
         loss_fn: Any = None,
         profile: bool | tuple[int, int] | None = None,
         budget: float | None | str = "default",
@@ -105,6 +108,7 @@ class MixedPrecisionMonitor(RecordingCallback):
             "per_variable_gradients": bool(per_variable_gradients),
             "input_health": bool(input_health),
             "probe": bool(probe),
+            "float8": bool(float8),
         }
         self.profile = profile
         self.probe_every = check_positive_int("probe_every", probe_every, allow_none=True)
@@ -136,6 +140,7 @@ class MixedPrecisionMonitor(RecordingCallback):
             every = self.probe_every or DEFAULT_PROBE_EVERY
             probe = ProbeMonitor(d, every, self.probe_data, self.loss_fn)
             probe.budget, probe.explicit = self.budget, self.probe_every is not None
+            probe.float8 = o["float8"]
             parts.append(probe)
         if self.profile is not False:
             steps = DEFAULT_STEPS if self.profile in (None, True) else self.profile

@@ -96,6 +96,9 @@ from mpwatch.record.writer import RunWriter
 
 logger = logging.getLogger("mpwatch")
 
+#: float8 readiness is measured at a fit's first probe and at every FLOAT8_EVERY-th probe
+FLOAT8_EVERY = 4
+
 
 def detect_mode(model: Any) -> str:
     """``"float16"``, ``"bfloat16"`` or ``"preflight"`` from the layers' compute dtypes."""
@@ -193,8 +196,11 @@ class Probe:
         self._prepared = False
         self.view: PolicyView | None = None
         self.random_off: list[Any] = []
-        #: measure float8 readiness of the Dense/EinsumDense layers at each probe
+        #: measure float8 readiness of the Dense/EinsumDense layers (at the first probe and every
+        #: FLOAT8_EVERY-th after: it moves slowly, and costs about a pass of the model)
         self.float8 = True
+        self._probes = 0
+        self._float8_runs = 0
 
     # --- setup ---------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -392,6 +398,7 @@ class Probe:
         if not self._prepared:
             self._prepare()
             self._fn = self._build_fn()
+        self._probes += 1
         s = float(self.current_scale() if scale is None else scale)
         from mpwatch.record import backend
 
@@ -427,7 +434,14 @@ class Probe:
                     payload["grad_fix_checks"] = checks
             except Exception as e:  # noqa: BLE001
                 logger.warning("mpwatch: probe: could not check the gradient fixes: %r", e)
-        if self.float8 and self.has_ref and not payload["model"].get("first_nonfinite_layer"):
+        first = self._float8_runs == 0
+        if (
+            self.float8
+            and self.has_ref
+            and not payload["model"].get("first_nonfinite_layer")
+            and (first or self._probes % FLOAT8_EVERY == 0)
+        ):
+            self._float8_runs += 1
             from mpwatch.record import backend, float8_capture
 
             try:

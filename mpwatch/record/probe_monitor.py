@@ -67,6 +67,7 @@ class ProbeMonitor(RecordingCallback):
         self._last_probe_step: int | None = None
         self._wrapped_train_function = None
         self.payloads: list[tuple[int, dict]] = []  # the last few, for inspection
+        self.float8 = True  # measure float8 readiness at each probe (MixedPrecisionMonitor's)
         self.keep = 3
         # set by MixedPrecisionMonitor: its cost budget (None: every probe runs), and whether
         # the user asked for this schedule (then it runs whatever it costs)
@@ -95,6 +96,7 @@ class ProbeMonitor(RecordingCallback):
             return
         if self.probe is None or self.probe.model is not self.model:
             self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
+            self.probe.float8 = self.float8
             self._ahead_decided = self._ahead = False
         if self._data is None and self.probe_data is not None:
             self._data = first_batch(self.probe_data)

@@ -22,8 +22,8 @@ COLUMNS = ["layer", "class", "ready", "output float8", "output 16-bit", "dx floa
 def float8_view(run: Run) -> dict[str, Any] | None:
     """``{"step", "mode", "columns", "rows", "ready", "total"}`` from the latest reliable probe
     with a float8 table (rows of text), or None."""
-    probe = run.latest_probe()
-    if probe is None or probe.float8 is None or not len(probe.float8):
+    probe = run.latest_float8()
+    if probe is None or not len(probe.float8):
         return None
     low = "bfloat16" if probe.model.get("mode") == "bfloat16" else "float16"
     rows = []

@@ -20,7 +20,7 @@ so that this script's own gradients equal the train step's):
   supported there.)
 - ``mixed``: ``mixed_bfloat16`` (float32 variables, the fix): no variable is 16-bit; the truth
   counts the float32 variables' unchanged elements the same way. mpwatch probes every 4 steps
-  (on the first training batch); after the last step the truth has, per Dense/EinsumDense layer,
+  (on the first training batch); after the first probe the truth has, per Dense/EinsumDense layer,
   the errors Keras' own float8 copy of it makes on that batch (``float8_truth.py``).
 Every case's truth also has the model's variables' sizes and dtypes (trainable, all, and the
 optimizer's), the batch size, and the leaf layers' output sizes for one batch.
@@ -72,8 +72,9 @@ def _gradients(model, x, y):
 
 class Truth(keras.callbacks.Callback):
     """Before and after every EVERY-th step: the variables' values and the step's gradients; with
-    ``float8`` (a function of the model), its value after the last step (mpwatch's probe ran
-    there first, on the first training batch)."""
+    ``float8`` (a function of the model), its value after the first probe's step (mpwatch's
+    probe ran there first, on the first training batch, and measured float8 readiness: its
+    first probe does)."""
 
     def __init__(self, x, y, float8=None):
         super().__init__()
@@ -109,7 +110,7 @@ class Truth(keras.callbacks.Callback):
             rows[v.path] = [int(moved.sum()), int((moved & (a == b)).sum())]
         self.rows[str(step)] = rows
         self._before = None
-        if self.float8 is not None and step == STEPS:
+        if self.float8 is not None and step == EVERY:
             self.float8_truth = self.float8(self.model)
 
 

@@ -1,7 +1,8 @@
 """Float8 readiness, against Keras' own float8 layers on the same batch.
 
 tests/beyond/beyond_fit.py trains keras.io's Transformer under mixed_bfloat16 with a probe every
-4 steps; after the last step (probe at step 12, on the first training batch) its truth has, for
+4 steps; after the first probe (step 4, on the first training batch: the probe that measures
+float8 readiness; the next ones at 8 and 12 do not) its truth has, for
 every Dense and EinsumDense layer, the errors a Keras float8 copy of that layer makes there
 (tests/beyond/float8_truth.py: a float32 copy of the model gives each layer's input and output
 gradient; Keras' ``quantize("float8")`` with the scales this batch's amax gives). mpwatch's
@@ -24,8 +25,10 @@ TOLERANCE = 0.006
 def test_float8_errors_equal_keras_own_float8_layers(beyond_runs):
     out, truth = beyond_runs
     want = truth["mixed"]["float8"]
-    probe = mpwatch.load_run(str(out / "mixed")).latest_probe()
-    assert probe.step == 12 and probe.model["batch_source"] == "training"
+    run = mpwatch.load_run(str(out / "mixed"))
+    probe = run.latest_float8()  # the first probe measures it, the next ones not (FLOAT8_EVERY)
+    assert probe.step == 4 and probe.model["batch_source"] == "training"
+    assert sorted(int(s) for s in run.probe_model["step"]) == [4, 8, 12]
     got = {row["layer"].rsplit("/", 1)[-1]: row for row in probe.float8.to_dict("records")}
     assert sorted(got) == sorted(want) and len(want) == 8  # 4 EinsumDense of attention, 4 Dense
     classes = {name: row["class"] for name, row in got.items()}

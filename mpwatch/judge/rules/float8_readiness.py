@@ -61,8 +61,8 @@ def _name(path: str) -> str:
 
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
-    probe = run.latest_probe()
-    if probe is None or probe.float8 is None or not len(probe.float8):
+    probe = run.latest_float8()
+    if probe is None or not len(probe.float8):
         return []
     t = probe.float8
     mode = str(probe.model.get("mode") or "")
