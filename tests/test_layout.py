@@ -50,10 +50,14 @@ ALLOWED = {
         "mpwatch.wire",
         "mpwatch.words",
     ),
+    # the tab shows what the reports show: the views both build from a Run (memory by dtype,
+    # float8 readiness) are written once, in mpwatch.show (show imports nothing of the plugin)
     "tensorboard_plugin_mpwatch": (
         *SHARED,
         "mpwatch.read",
         "mpwatch.judge",
+        "mpwatch.show.memory",
+        "mpwatch.show.float8",
         "tensorboard_plugin_mpwatch",
     ),
 }

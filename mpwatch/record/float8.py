@@ -42,13 +42,10 @@ from typing import Any
 
 import numpy as np
 
-E4M3_MAX = 448.0
-E5M2_MAX = 57344.0
-#: a layer is ready when float8 keeps its output within this relative error ...
-READY_OUT = 0.08
-#: ... and both of its gradients within this one (E5M2 keeps 2 mantissa bits: ~5% on well-spread
-#: gradients)
-READY_GRAD = 0.15
+from mpwatch.formats import E4M3_MAX, E5M2_MAX
+from mpwatch.formats import FLOAT8_READY_GRAD as READY_GRAD
+from mpwatch.formats import FLOAT8_READY_OUT as READY_OUT
+
 #: a tensor whose nonzero elements flush to zero in float8 beyond this share is short of range
 FLUSH_WARN = 0.01
 

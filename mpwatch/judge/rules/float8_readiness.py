@@ -39,10 +39,11 @@ model.quantize("float8", filters=lambda layer: layer.name in ready)  # built mod
 
 from __future__ import annotations
 
+from mpwatch.formats import FLOAT8_READY_GRAD as READY_GRAD
+from mpwatch.formats import FLOAT8_READY_OUT as READY_OUT
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, pct
 from mpwatch.read.run import Run
-from mpwatch.record.float8 import READY_GRAD, READY_OUT
 
 RULE = Rule(
     id="float8-readiness",
