@@ -73,9 +73,12 @@ def test_the_numpy_arithmetic_is_keras_float8(outlier, ready):
 def test_the_finding_lists_the_ready_layers_and_its_code_converts_them(beyond_runs):
     out, truth = beyond_runs
     (f,) = [f for f in mpwatch.diagnose(str(out / "mixed")) if f.rule == "float8-readiness"]
-    assert f.severity == "info" and f.title == "float8: 8 of 8 Dense/EinsumDense layers are ready"
+    # the 2-unit softmax output layer is kept out (float8 recipes keep the last layer)
+    assert f.severity == "info"
+    assert f.title == "float8: 7 of 8 Dense/EinsumDense layers are ready to convert"
     assert "compute capability 8.9" in f.evidence  # a CPU run says where float8 pays
-    assert f.fix.startswith('model.quantize("float8")')
+    assert "kept out: dense_" in f.evidence and "the model's output" in f.evidence
+    assert "filters=lambda layer: layer.name not in keep" in f.fix
     # the code, run on the model as its user builds it: every layer named is float8 and trains
     import keras
     from repo_scripts import load_script
@@ -84,13 +87,16 @@ def test_the_finding_lists_the_ready_layers_and_its_code_converts_them(beyond_ru
     with real.policy_scope("mixed_bfloat16"):
         model, x, y = real.build_transformer(seed=0, n=32)
         model(x[:2])
-        exec(f.fix.split("#")[0], {"model": model, "keras": keras})  # noqa: S102
+        # the fix names the probe's model's output layer; this model's is its last Dense
+        out_name = model.layers[-1].name
+        code = f.fix.replace(f.data["kept_out"][0].rsplit("/", 1)[-1], out_name)
+        exec(code, {"model": model, "keras": keras})  # noqa: S102
         quantized = {
             layer.name for layer in model._flatten_layers()
             if getattr(layer, "quantization_mode", None) == "float8"
         }  # fmt: skip
         # the same layers (Keras numbers the Dense names of a second model on: dense_8, ...)
-        assert len(quantized) == len(f.data["ready"]) == 8
+        assert len(quantized) == len(f.data["ready"]) == 7 and out_name not in quantized
         assert {"query", "key", "value", "attention_output"} <= quantized
         real._compile(model)
         history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)

@@ -47,8 +47,13 @@ def test_normalizing_fixes_what_no_layer_does_so_the_inputs_are_the_cause():
     found = diagnose(_run(checks))
     (f,) = findings_of(found, "input-range")
     assert f.severity == "error" and "Normalization" in f.fix
-    for part in ("step 8's batch", "2^8 (256)", "keeping 'hidden1' float32: still not finite (at "
-                 "'hidden2')", "normalizing the inputs: finite", "'amounts' reaches 59687"):
+    for part in (
+        "step 8's batch",
+        "2^8 (256)",
+        "keeping 'hidden1' float32: still not finite (at 'hidden2')",
+        "normalizing the inputs: finite",
+        "'amounts' reaches 59687",
+    ):
         assert part in f.evidence, (part, f.evidence)
     # the layer findings are its evidence, never a fix of their own
     assert _layer_fix(found, "hidden1") == []

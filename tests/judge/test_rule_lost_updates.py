@@ -98,9 +98,12 @@ def _f8(name, ready, reason=None):
 def test_float8_lists_ready_layers_with_filtered_quantize_code():
     run = _float8_run([_f8("q", True), _f8("k", True), _f8("out", False, "output error 30%")])
     (f,) = findings_of(diagnose(run), "float8-readiness")
-    assert f.severity == "info" and f.title == "float8: 2 of 3 Dense/EinsumDense layers are ready"
+    assert f.title == "float8: 2 of 3 Dense/EinsumDense layers are ready to convert"
     assert "not ready: out (output error 30%)" in f.evidence
-    assert "ready = {'k', 'q'}" in f.fix and "filters=lambda layer: layer.name in ready" in f.fix
+    assert "keep = {'out'}" in f.fix and "layer.name not in keep" in f.fix
+    run = _float8_run([_f8("q", True), _f8("k", False, "a"), _f8("out", False, "b")])
+    (f,) = findings_of(diagnose(run), "float8-readiness")
+    assert "ready = {'q'}" in f.fix and "layer.name in ready" in f.fix
     assert "compute capability 8.9" in f.evidence  # the builders' device has no float8
 
 

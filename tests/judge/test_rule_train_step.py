@@ -35,8 +35,15 @@ def _grads(seed=0):
 
 def _optimizer(name="optimizer", scaled=True, compiled=True, start=0, its=100, scale=S):
     cls = "LossScaleOptimizer(Adam)" if scaled else "Adam"
-    return {"name": name, "class": cls, "compiled": compiled, "loss_scaled": scaled,
-            "iterations_start": start, "iterations": its, "loss_scale": scale if scaled else None}
+    return {
+        "name": name,
+        "class": cls,
+        "compiled": compiled,
+        "loss_scaled": scaled,
+        "iterations_start": start,
+        "iterations": its,
+        "loss_scale": scale if scaled else None,
+    }
 
 
 def _with_gradients(run, factor, probe_steps=(50, 100), grad_steps=(40, 100), owner=None,
@@ -112,8 +119,14 @@ def pure_float16():
 CASES = [
     pytest.param(
         unscaled(),
-        [{"severity": "error", "title_has": ("CustomModel.train_step", "1/32768"),
-          "fix_has": "scale_loss", "data": {"cause": "loss_not_scaled"}}],  # fmt: skip
+        [
+            {
+                "severity": "error",
+                "title_has": ("CustomModel.train_step", "1/32768"),
+                "fix_has": "scale_loss",
+                "data": {"cause": "loss_not_scaled"},
+            }
+        ],  # fmt: skip
         id="custom-train-step-without-scale-loss",
     ),
     pytest.param(scaled(), [], id="custom-train-step-that-scales"),
@@ -124,18 +137,29 @@ CASES = [
     ),
     pytest.param(
         gan(),
-        [{"severity": "error", "title_has": ("'d_optimizer'", "'g_optimizer'", "GAN.train_step"),
-          "evidence_has": "never stepped", "fix_has": "LossScaleOptimizer(self.d_optimizer)",
-          "data": {"cause": "optimizer_not_loss_scaled", "idle_compiled": True}}],  # fmt: skip
+        [
+            {
+                "severity": "error",
+                "title_has": ("'d_optimizer'", "'g_optimizer'", "GAN.train_step"),
+                "evidence_has": "never stepped",
+                "fix_has": "LossScaleOptimizer(self.d_optimizer)",
+                "data": {"cause": "optimizer_not_loss_scaled", "idle_compiled": True},
+            }
+        ],  # fmt: skip
         id="gan-two-unscaled-optimizers",
     ),
     pytest.param(gan_fixed(), [], id="gan-with-a-loss-scale-optimizer-each"),
     pytest.param(
         pure_float16(),
-        [{"severity": "error", "title_has": "mixed_float16",
-          "evidence_has": ("no optimizer scales the loss", "from 0.7 to 9"),
-          "fix_has": 'set_global_policy("mixed_float16")',
-          "action": {"policy": "mixed_float16"}}],  # fmt: skip
+        [
+            {
+                "severity": "error",
+                "title_has": "mixed_float16",
+                "evidence_has": ("no optimizer scales the loss", "from 0.7 to 9"),
+                "fix_has": 'set_global_policy("mixed_float16")',
+                "action": {"policy": "mixed_float16"},
+            }
+        ],  # fmt: skip
         id="pure-float16-policy",
     ),
     pytest.param(healthy_run(), [], id="healthy-run-without-a-train-step-record"),

@@ -6,7 +6,8 @@ error its output and its two gradients would have if Keras trained it in float8
 (``quantize("float8")``: E4M3 inputs and kernel, E5M2 output gradient, per-tensor scales from
 the tensors' largest values), measured on the probe's batch against the layer in float32, beside
 the run's 16-bit error. The layers float8 keeps within the bounds are listed with the code that
-converts them; the others with the reason (values flushed to zero: a few large values set the
+converts them (a layer producing a model output is kept out: float8 recipes keep the last layer in
+higher precision); the others with the reason (values flushed to zero: a few large values set the
 scale; or too few mantissa bits for its gradients).
 
 ## Why it matters
@@ -21,14 +22,14 @@ Ready: float8 output error at most {READY_OUT:.0%} and both gradient errors at m
 
 ## Example evidence
 ```text
-float8: 8 of 8 Dense/EinsumDense layers are ready
+float8: 7 of 8 Dense/EinsumDense layers are ready to convert
 probe at step 8: ready: query (output 3.8%, gradients 7.0%; bfloat16 0.33%), ...
 ```
 
 ## Fix
 ```python
-ready = {{"query", "key", "value"}}  # the ready layers' names
-model.quantize("float8", filters=lambda layer: layer.name in ready)  # built model, before fit
+keep = {{"predictions"}}  # the layers float8 does not suit, and the model's output layer
+model.quantize("float8", filters=lambda layer: layer.name not in keep)  # built model, before fit
 ```
 
 ## References
@@ -60,6 +61,16 @@ def _name(path: str) -> str:
     return str(path).rsplit("/", 1)[-1]
 
 
+def _output_layers(run: Run) -> set[str]:
+    """Names and paths of the layers that produce a model output (the layer table's
+    ``is_output``)."""
+    lt = run.layers
+    if not len(lt) or "is_output" not in lt:
+        return set()
+    rows = lt[lt["is_output"].astype(bool)]
+    return {str(v) for col in ("name", "path") if col in rows for v in rows[col]}
+
+
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
     probe = run.latest_float8()
@@ -68,7 +79,12 @@ def check(run: Run) -> list[Finding]:
     t = probe.float8
     mode = str(probe.model.get("mode") or "")
     low = "bfloat16" if mode == "bfloat16" else "float16"
-    ready = t[t["ready"].astype(bool)]
+    # a layer that produces a model output stays out (float8 recipes keep the last layer in
+    # higher precision; the output-16bit rule keeps a softmax output in float32)
+    outputs = _output_layers(run)
+    is_out = t["layer"].map(lambda p: _name(p) in outputs or str(p) in outputs)
+    kept = t[is_out & t["ready"].astype(bool)]
+    ready = t[t["ready"].astype(bool) & ~is_out]
     not_ready = t[~t["ready"].astype(bool)]
 
     def grads(r: dict) -> float:
@@ -89,6 +105,11 @@ def check(run: Run) -> list[Finding]:
     if shown_not:
         more = f", and {len(not_ready) - SHOWN} more" if len(not_ready) > SHOWN else ""
         parts.append("not ready: " + "; ".join(shown_not) + more)
+    if len(kept):
+        parts.append(
+            "kept out: " + ", ".join(_name(p) for p in kept["layer"]) + " (the model's output: "
+            "float8 recipes keep the last layer in higher precision)"
+        )
     device = run.info.get("device") or {}
     cc = device.get("compute_capability")
     where = (
@@ -98,10 +119,17 @@ def check(run: Run) -> list[Finding]:
         f"this run's device: {device.get('name') or device.get('type') or 'unknown'}"
     )
     names = sorted({_name(p) for p in ready["layer"]})
+    others = sorted({_name(p) for p in (*not_ready["layer"], *kept["layer"])})
     if not names:
         fix = "# no layer is ready: keep the model in " + low
-    elif not len(not_ready):
+    elif not others:
         fix = 'model.quantize("float8")  # every Dense/EinsumDense; built model, before fit'
+    elif len(others) < len(names):  # the shorter list: the layers that stay as they are
+        fix = (
+            f"keep = {{{', '.join(repr(n) for n in others)}}}\n"
+            'model.quantize("float8", filters=lambda layer: layer.name not in keep)'
+            "  # built model, before fit"
+        )
     else:
         fix = (
             f"ready = {{{', '.join(repr(n) for n in names)}}}\n"
@@ -111,12 +139,13 @@ def check(run: Run) -> list[Finding]:
     return [
         RULE.finding(
             "info",
-            f"float8: {len(ready)} of {len(t)} Dense/EinsumDense layers are ready",
+            f"float8: {len(ready)} of {len(t)} Dense/EinsumDense layers are ready to convert",
             f"probe at step {probe.step}: " + "; ".join(parts) + f" ({where})",
             fix=fix,
             data={
                 "step": probe.step,
                 "ready": list(ready["layer"]),
+                "kept_out": list(kept["layer"]),
                 "not_ready": {r["layer"]: r["reason"] for r in not_ready.to_dict("records")},
             },
         )
