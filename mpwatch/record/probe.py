@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -201,6 +202,9 @@ class Probe:
         self.float8 = True
         self._probes = 0
         self._float8_runs = 0
+        #: seconds the last float8 measurement took (None: none yet), for the budget's estimate
+        self.float8_seconds: float | None = None
+        self.float8_measured = False  # the last run measured it
 
     # --- setup ---------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -399,6 +403,7 @@ class Probe:
             self._prepare()
             self._fn = self._build_fn()
         self._probes += 1
+        self.float8_measured = False
         s = float(self.current_scale() if scale is None else scale)
         from mpwatch.record import backend
 
@@ -442,6 +447,7 @@ class Probe:
             and (first or self._probes % FLOAT8_EVERY == 0)
         ):
             self._float8_runs += 1
+            t0 = time.perf_counter()
             from mpwatch.record import backend, float8_capture
 
             try:
@@ -453,7 +459,14 @@ class Probe:
                         payload["float8"] = contract.table(contract.PROBE_FLOAT8_COLUMNS, rows)
             except Exception as e:  # noqa: BLE001  (the probe's record stands without it)
                 logger.warning("mpwatch: probe: could not measure float8 readiness: %r", e)
+            self.float8_seconds = time.perf_counter() - t0
+            self.float8_measured = True
         return payload
+
+    def float8_due(self) -> bool:
+        """Whether the next probe measures float8 readiness (its first, then every
+        :data:`FLOAT8_EVERY`-th)."""
+        return self.float8 and (self._float8_runs == 0 or (self._probes + 1) % FLOAT8_EVERY == 0)
 
     def _payload(self, out: dict[str, np.ndarray], scale: float) -> dict[str, Any]:
         """The record's payload from this probe's host tables (:func:`probe_payload.build`)."""

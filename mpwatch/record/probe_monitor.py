@@ -23,6 +23,10 @@ from mpwatch.record.probe import Probe, first_batch
 
 logger = logging.getLogger("mpwatch")
 
+#: before float8 readiness has been measured once, the budget takes it to cost this many training
+#: steps (it is one training-mode pass of the model plus arithmetic per Dense layer)
+FLOAT8_PASS_STEPS = 2.0
+
 
 class ProbeMonitor(RecordingCallback):
     """Probe gradient underflow against a float32 twin every ``every`` steps and each epoch's end.
@@ -230,23 +234,34 @@ class ProbeMonitor(RecordingCallback):
 
         # several JAX processes run one probe program: each takes process 0's decision (each
         # budget measured its own clock)
-        if (
-            budget is not None
-            and not backend.broadcast(
-                (int(budget.decide("probe", step, explicit=self.explicit, ahead=ahead)),)
-            )[0]
-        ):
-            return  # the decision is kept: the diagnosis says it was skipped, and why
+        if budget is not None:
+            estimate = budget.estimate("probe", ahead=ahead) + self._float8_estimate(budget)
+            if not backend.broadcast(
+                (int(budget.decide("probe", step, estimate, explicit=self.explicit)),)
+            )[0]:
+                return  # the decision is kept: the diagnosis says it was skipped, and why
         t0 = time.perf_counter()
         source = "probe_data" if self.probe_data is not None else "training"
         payload = self.probe.run(self._data, batch_source=source)
         if budget is not None:
-            budget.ran("probe", time.perf_counter() - t0)
+            # the probe's own cost, without float8 readiness (1 probe in FLOAT8_EVERY measures
+            # it: its cost is estimated apart, :meth:`_float8_estimate`)
+            f8 = self.probe.float8_seconds if self.probe.float8_measured else 0.0
+            budget.ran("probe", time.perf_counter() - t0 - (f8 or 0.0))
         if self.probe.reference == "none" and not getattr(self, "_noted", False):
             self._noted = True
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+    def _float8_estimate(self, budget: Any) -> float:
+        """What float8 readiness adds to the next probe: 0 when it does not measure it; the
+        last measurement's cost; before the first, two training steps (a pass of the model)."""
+        if self.probe is None or not self.probe.float8_due():
+            return 0.0
+        if self.probe.float8_seconds is not None:
+            return float(self.probe.float8_seconds)
+        return FLOAT8_PASS_STEPS * (budget.step_seconds() or budget.first_step_seconds() or 0.0)
 
 
 def _local_copy(value: Any) -> Any:

@@ -263,3 +263,43 @@ def test_the_devices_time_at_a_tap_read_is_not_charged_to_mpwatch(tmp_path):
     monitor._charged(monitor, hook)
     spent = monitor.budget.spent[monitor.part]
     assert 0.009 <= spent < 0.018  # the 10 ms of its own, not the 20 ms of waiting
+
+
+def test_float8_readiness_is_measured_one_probe_in_four_and_estimated_apart(tmp_path):
+    """A fit with a probe every step: float8 readiness at probes 1, 4, 8 (``FLOAT8_EVERY``),
+    and the budget's estimate of each probe adds float8's last measured cost exactly when the
+    probe will measure it (its records: the float8 table at those probes' steps only)."""
+    import keras
+
+    from mpwatch.record.probe import FLOAT8_EVERY
+    from mpwatch.record.probe_monitor import ProbeMonitor
+
+    assert FLOAT8_EVERY == 4
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(72, 6)).astype("float32"), rng.normal(size=(72, 2)).astype("float32")
+    seen: list[tuple[bool, float]] = []
+
+    class Spy(ProbeMonitor):
+        def _float8_estimate(self, budget):
+            est = super()._float8_estimate(budget)
+            seen.append((self.probe is not None and self.probe.float8_due(), est))
+            return est
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(2)])  # fmt: skip
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        probe = Spy(str(tmp_path), every=1)
+        probe.budget = CostBudget(None)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[probe])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    run = mpwatch.load_run(str(tmp_path))
+    measured = sorted(int(s) for s in run.probe_float8["step"].unique())
+    assert measured == [1, 4, 8]
+    # every estimate after the first: float8's last cost when due, else nothing
+    for (due, est), step in zip(seen[1:], range(2, 10)):
+        assert due == (step in (4, 8)), step
+        assert (est > 0) == due, step
