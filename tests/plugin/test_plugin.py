@@ -507,8 +507,16 @@ def write_split_probe_run(logdir: str) -> dict:
     w = write_synthetic_run(logdir, steps=20, layers=SPLIT_LAYERS, probe_every=15, close=False)
     payload = probe_payload(20, SPLIT_LAYERS, 8192.0)
     rows = [
-        [f"{SPLIT_LAYERS[i % 3]}/v{i}", SPLIT_LAYERS[i % 3], 100 + i, 90, int(k), k / 90, float(e),
-         0.5]
+        [
+            f"{SPLIT_LAYERS[i % 3]}/v{i}",
+            SPLIT_LAYERS[i % 3],
+            100 + i,
+            90,
+            int(k),
+            k / 90,
+            float(e),
+            0.5,
+        ]
         for i, (k, e) in enumerate(zip(rng.integers(0, 90, SPLIT_VARIABLES), rng.random(300)))
     ]
     payload["variables"] = table(contract.PROBE_VARIABLE_COLUMNS, rows)

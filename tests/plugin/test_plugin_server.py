@@ -11,6 +11,7 @@ is split into parts at one step; a run without mpwatch data.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -75,6 +76,25 @@ class Server:
         status, ctype, body = self.get(f"/data/plugin/mpwatch/{name}", **params)
         assert ctype.startswith("application/json"), (name, ctype)
         return status, _strict_json(body)
+
+
+def serving(logdir: str, runs: list[str], log_name: str):
+    """A real TensorBoard on ``logdir``, once its ``runs`` route lists exactly ``runs``: a context
+    manager giving the :class:`Server` (the module-scoped ``server`` fixtures of the tab tests)."""
+
+    def ready(base: str) -> bool:
+        srv = Server(int(base.rsplit(":", 1)[1]), logdir, None)
+        status, body = srv.route("runs")
+        return status == 200 and sorted(r["name"] for r in body["runs"]) == sorted(runs)
+
+    log_path = os.path.join(logdir, "..", log_name)
+
+    @contextlib.contextmanager
+    def cm():
+        with running_tensorboard(logdir, log_path, ready, BOOT_TIMEOUT) as (_, port, proc):
+            yield Server(port, logdir, proc)
+
+    return cm()
 
 
 def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):

@@ -12,8 +12,7 @@ import os
 import shutil
 
 import pytest
-from tensorboard_process import running_tensorboard
-from test_plugin_server import BOOT_TIMEOUT, Server, Tab
+from test_plugin_server import Tab, serving
 
 RUNS = ["bfloat16", "mixed"]
 
@@ -29,14 +28,8 @@ def logdir(tmp_path_factory, beyond_runs):
 
 @pytest.fixture(scope="module")
 def server(logdir):
-    def ready(base: str) -> bool:
-        srv = Server(int(base.rsplit(":", 1)[1]), logdir, None)
-        status, body = srv.route("runs")
-        return status == 200 and sorted(r["name"] for r in body["runs"]) == RUNS
-
-    log_path = os.path.join(logdir, "..", "tensorboard-tab-beyond.log")
-    with running_tensorboard(logdir, log_path, ready, BOOT_TIMEOUT) as (_, port, proc):
-        yield Server(port, logdir, proc)
+    with serving(logdir, RUNS, "tensorboard-tab-beyond.log") as srv:
+        yield srv
 
 
 def _table(frame, selector):

@@ -23,8 +23,7 @@ import sys
 
 import pytest
 from builders import LAYER_COLUMNS, layer_rows, run_info
-from tensorboard_process import running_tensorboard
-from test_plugin_server import BOOT_TIMEOUT, Server, Tab
+from test_plugin_server import Tab, serving
 
 from mpwatch import contract
 from mpwatch.record.writer import RunWriter
@@ -136,14 +135,8 @@ def test_the_plugin_routes_serve_the_clis_findings(logdir, truth):
 
 @pytest.fixture(scope="module")
 def server(logdir):
-    def ready(base: str) -> bool:
-        srv = Server(int(base.rsplit(":", 1)[1]), logdir, None)
-        status, body = srv.route("runs")
-        return status == 200 and sorted(r["name"] for r in body["runs"]) == RUNS
-
-    log_path = os.path.join(logdir, "..", "tensorboard-tab-vs-cli.log")
-    with running_tensorboard(logdir, log_path, ready, BOOT_TIMEOUT) as (_, port, proc):
-        yield Server(port, logdir, proc)
+    with serving(logdir, RUNS, "tensorboard-tab-vs-cli.log") as srv:
+        yield srv
 
 
 @pytest.mark.browser
