@@ -13,7 +13,9 @@ One error for each way the train step itself breaks mixed precision, whatever th
   stepped while others did, its loss scale (the one mpwatch records) says nothing.
 - **16-bit variables**: the pure ``"float16"`` policy (or a layer's ``dtype="float16"``) keeps
   weights and optimizer state in float16: updates below 2^-11 of a weight round away, Adam's
-  second moment underflows, and Keras adds no loss scaling.
+  second moment underflows, and Keras adds no loss scaling (with the updates the steps really
+  lost, where measured: the ``lost-updates`` rule's finding folds into this one). bfloat16
+  variables, where measured, are left to ``lost-updates`` alone (what the steps really did).
 
 ## Why it matters
 Every other measure of mixed precision (underflow, overflow, the loss scale's health) assumes
@@ -66,7 +68,7 @@ import pandas as pd
 from mpwatch import contract, words
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import Rule, compute_dtype, fmt, names_list
+from mpwatch.judge.rule import Rule, compute_dtype, fmt, names_list, pct
 from mpwatch.read.run import Run
 
 # below 2**8 a loss scaled once, never or twice are too close to tell apart: received and
@@ -86,7 +88,9 @@ RULE = Rule(
 
 #: rules whose findings rest on the train step's contract: when it is broken they become evidence
 #: of this rule's finding (:func:`mpwatch.judge.diagnose.fold_train_step`)
-RESTS_ON_CONTRACT = ("gradient-underflow", "loss-scale", "skipped-steps", "gradient-error")
+RESTS_ON_CONTRACT = (
+    "gradient-underflow", "loss-scale", "skipped-steps", "gradient-error", "lost-updates"
+)  # fmt: skip
 
 
 def check(run: Run) -> list[Finding]:
@@ -106,8 +110,7 @@ def check(run: Run) -> list[Finding]:
 
 # --- 16-bit variables ----------------------------------------------------------------------------
 def _variables_16bit(run: Run) -> Finding | None:
-    if len(run.updates) and "updates" in run.updates.columns:
-        return None  # measured: the lost-updates rule judges what the steps really did
+    measured = len(run.updates) > 0 and "updates" in run.updates.columns
     var_dtype = str(run.info.get("variable_dtype") or "")
     lt = run.layers
     layers: list[str] = []
@@ -123,6 +126,8 @@ def _variables_16bit(run: Run) -> Finding | None:
         if var_dtype in SIXTEEN_BIT
         else str(lt.loc[lt["name"].astype(str) == layers[0], "variable_dtype"].iloc[0])
     )
+    if measured and dtype != "float16":
+        return None  # measured: the lost-updates rule judges what the steps really did
     policy = str(run.info.get("policy") or "")
     whole = var_dtype in SIXTEEN_BIT
     mixed = f"mixed_{dtype}"
@@ -140,6 +145,7 @@ def _variables_16bit(run: Run) -> Finding | None:
         f"state (Adam's second moment g²) is {dtype} too"
         + ("" if scaled or dtype != "float16" else "; no optimizer scales the loss")
         + _loss_trend(run)
+        + (_measured_losses(run) if measured else "")
     )
     if whole:
         fix = (
@@ -159,6 +165,19 @@ def _variables_16bit(run: Run) -> Finding | None:
         fix=fix,
         action={"policy": mixed} if whole else {},
         data={"cause": "variables_16bit", "dtype": dtype, "layers": layers, "policy": policy},
+    )
+
+
+def _measured_losses(run: Run) -> str:
+    """The updates the steps really lost (the ``updates`` records), model-wide."""
+    up = run.updates
+    total = float(up["updates"].sum())
+    if not total:
+        return ""
+    steps = sorted(int(s) for s in up["step"].unique())
+    return (
+        f"; measured: {pct(float(up['unchanged'].sum()) / total)} of the updates meant for "
+        f"them left the weights unchanged (steps {steps[0]}..{steps[-1]})"
     )
 
 
