@@ -82,6 +82,7 @@ PROBE_LAYER_COLUMN_TYPES: dict[str, Any] = {
 PROBE_FLOAT8_COLUMNS = [
     "layer",
     "class",
+    "keras_path",
     "out_error_16",
     "out_error_8",
     "dx_error_16",
@@ -101,6 +102,11 @@ _ERR = (
 PROBE_FLOAT8_COLUMN_TYPES: dict[str, Any] = {
     "layer": s._str("the layer's path"),
     "class": s._str("Dense or EinsumDense"),
+    "keras_path": s._str(
+        "the layer's own path in Keras (layer.path: what quantize's filters can match where "
+        "names repeat, e.g. each attention block's query)",
+        nullable=True,
+    ),
     "out_error_16": s._num(f"its output before the activation in the run's 16-bit dtype: {_ERR}"),
     "out_error_8": s._num(f"the same in Keras' float8 (E4M3 inputs and kernel): {_ERR}"),
     "dx_error_16": s._num(f"the gradient w.r.t. its input in 16 bits: {_ERR}"),

@@ -224,8 +224,8 @@ def readiness(probe: Any, x: Any, y: Any, sw: Any, scale: float) -> list[list[An
         e = float8.layer_errors(equation(layer), inputs, kernel, bias, grad, cd, scale)
         ready, why = float8.verdict(e)
         rows.append(
-            [path, type(layer).__name__, e["out_error_16"], e["out_error_8"], e["dx_error_16"],
-             e["dx_error_8"], e["dw_error_16"], e["dw_error_8"], e["x_flush"], e["w_flush"],
-             e["g_flush"], ready, why or None]
+            [path, type(layer).__name__, getattr(layer, "path", None), e["out_error_16"],
+             e["out_error_8"], e["dx_error_16"], e["dx_error_8"], e["dw_error_16"],
+             e["dw_error_8"], e["x_flush"], e["w_flush"], e["g_flush"], ready, why or None]
         )  # fmt: skip
     return rows

@@ -22,6 +22,17 @@ from mpwatch.record import float8
 TOLERANCE = 0.006
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_names():
+    """The models built here take Keras' layer names (``dense``, ``token_and_position_embedding``):
+    the global name counters are reset afterwards, so later tests' models are named as if built
+    first."""
+    yield
+    import keras
+
+    keras.backend.clear_session()
+
+
 def test_float8_errors_equal_keras_own_float8_layers(beyond_runs):
     out, truth = beyond_runs
     want = truth["mixed"]["float8"]

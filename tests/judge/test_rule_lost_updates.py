@@ -91,7 +91,7 @@ def _float8_run(rows, device=None):
 
 
 def _f8(name, ready, reason=None):
-    return [f"m/{name}", "Dense", 0.003, 0.04, 0.003, 0.06, 0.003, 0.05, 0.0, 0.0, 0.0, ready,
+    return [f"m/{name}", "Dense", name, 0.003, 0.04, 0.003, 0.06, 0.003, 0.05, 0.0, 0.0, 0.0, ready,
             reason]  # fmt: skip
 
 
@@ -111,8 +111,16 @@ def test_float8_on_an_h100_says_it_runs_there_and_none_ready_has_no_code():
     h100 = {"type": "GPU", "name": "H100", "compute_capability": 9.0, "tensor_cores": True}
     (f,) = findings_of(diagnose(_float8_run([_f8("out", False, "x")], h100)), "float8-readiness")
     assert "compute capability 9.0) runs float8" in f.evidence
-    assert f.fix.startswith("# no layer is ready")
+    assert f.fix.startswith("# nothing to convert")
 
 
 def test_float8_table_absent_says_nothing():
     assert findings_of(diagnose(make_run()), "float8-readiness") == []
+
+
+def test_float8_repeated_names_are_filtered_by_keras_path():
+    rows = [_f8("q", True), _f8("k", True), _f8("out", False, "x")]
+    rows[1][0], rows[1][2] = "m/b2/q", "b2/q"  # a second block's "q"
+    rows[0][2] = "b1/q"
+    (f,) = findings_of(diagnose(_float8_run(rows)), "float8-readiness")
+    assert "keep = {'out'}" in f.fix and "layer.path not in keep" in f.fix

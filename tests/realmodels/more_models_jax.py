@@ -95,9 +95,9 @@ def run_one(mm, name, fixed, out):
         "compute_dtypes": sorted({ly.compute_dtype for ly in model._flatten_layers()}),
         "classes": dict(Counter(type(ly).__name__ for ly in model._flatten_layers())),
         "loss": history.history["loss"],
-        "ref_max_grad": None if fixed or name == "mobilenet_v2_bf16" else reference_max_grad(
-            mm, name, model
-        ),
+        "ref_max_grad": None
+        if fixed or name == "mobilenet_v2_bf16"
+        else reference_max_grad(mm, name, model),
         "seconds": time.perf_counter() - t0,
     }
 

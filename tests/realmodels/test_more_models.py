@@ -168,9 +168,7 @@ def _reference_max_grad(rm, mm, t):
     if not len(t.run.probe_model) or mm.POLICIES[t.name] != "mixed_float16":
         return None
     twin = mm.build(t.name, policy="float32")[0]
-    grads, _ = rm.float32_reference_gradients(
-        t.model, t.x[: t.batch], t.y[: t.batch], twin=twin
-    )
+    grads, _ = rm.float32_reference_gradients(t.model, t.x[: t.batch], t.y[: t.batch], twin=twin)
     return max(float(np.abs(g).max()) for g in grads)
 
 
@@ -413,10 +411,40 @@ def check_folded_skip_titles(findings, t):
                 check_skip_title(title, t)
 
 
+def check_float8(f, counts, outputs):
+    """float8-readiness (info) against the model: ``counts`` of its Keras Dense and EinsumDense
+    layers by class; ``outputs`` the names of the layers producing its outputs. Every such layer
+    is listed once (ready, not ready, or kept out as an output) and the output layers are the
+    ones kept out."""
+    ready, kept, not_ready = f.data["ready"], f.data["kept_out"], list(f.data["not_ready"])
+    assert f.severity == "info"
+    listed = ready + kept + not_ready  # mpwatch's layer paths: unique where names repeat
+    total = sum(counts.get(c, 0) for c in ("Dense", "EinsumDense"))
+    assert len(listed) == len(set(listed)) == total
+    assert {p.rsplit("/", 1)[-1] for p in kept} <= set(outputs)
+    assert not {p.rsplit("/", 1)[-1] for p in ready} & set(outputs)
+    assert f.title.startswith(f"float8: {len(ready)} of {len(listed)} ")
+
+
+def _float8_facts(model):
+    """(Keras Dense/EinsumDense counts by class, output layer names) of a model, counted here."""
+    counts: dict[str, int] = {}
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        cls = type(layer)
+        if cls.__name__ in ("Dense", "EinsumDense") and cls.__module__.startswith("keras."):
+            counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
+    outputs = {t._keras_history[0].name for t in getattr(model, "outputs", None) or []}
+    return counts, outputs
+
+
 def check_every_finding(t, mm, checks):
-    """Run ``checks[rule](finding)`` on every finding; a finding of a rule without a check fails."""
+    """Run ``checks[rule](finding)`` on every finding; a finding of a rule without a check fails.
+    float8-readiness (an opportunity every model with Dense layers gets) is checked against the
+    model by :func:`check_float8` unless ``checks`` has its own."""
     assert_no_pointer_to_absent_findings(t.findings)
     check_folded_skip_titles(t.findings, t)
+    if "float8-readiness" not in checks and getattr(t, "model", None) is not None:
+        checks = {**checks, "float8-readiness": lambda f: check_float8(f, *_float8_facts(t.model))}
     unchecked = [(f.rule, f.title) for f in t.findings if f.rule not in checks]
     assert unchecked == [], unchecked
     for f in t.findings:
@@ -739,6 +767,8 @@ def test_vit_jax_findings_true_and_of_the_same_kind_as_tensorflow(mm, trained, j
         elif f.rule == "skipped-steps":
             check_skip_title(f.title, record)
             check_skip_numbers(f, record)
+        elif f.rule == "float8-readiness":
+            check_float8(f, jt["classes"], {jt["output_layer"]})
         else:
             pytest.fail(f"unchecked finding {f.rule}: {f.title}")
     # the two backends agree in kind: the same rules, severities and layers (by role)
@@ -822,6 +852,8 @@ def test_mobilenet_v2_bfloat16_jax_no_float16_measure(jax_truth):
             assert "return bfloat16" in f.evidence
         elif f.rule == "no-tensor-cores":
             assert on_cpu_only() and "mixed_bfloat16 on a CPU" in f.title
+        elif f.rule == "float8-readiness":
+            check_float8(f, jt["classes"], {jt["output_layer"]})
         else:
             pytest.fail(f"unchecked finding {f.rule}: {f.title}")
     assert {f.rule for f in findings} >= {"output-16bit"}

@@ -130,9 +130,7 @@ def test_sigmoid_mlp_underflow_found_and_the_proposed_change_loses_less(rm, trai
     assert truth > 0.05  # it really underflows
     under = [f for f in findings if f.rule == "gradient-underflow" and f.at_least("warning")]
     assert under, [_text(f) for f in findings]
-    proposals = [
-        f for f in findings if f.action.get("loss_scale") or f.action.get("initial_scale")
-    ]
+    proposals = [f for f in findings if f.action.get("loss_scale") or f.action.get("initial_scale")]
     assert proposals, [(f.rule, f.action) for f in findings]
     f = proposals[0]
     proposed = float(f.action.get("loss_scale") or f.action.get("initial_scale"))

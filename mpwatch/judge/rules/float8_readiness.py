@@ -7,8 +7,9 @@ error its output and its two gradients would have if Keras trained it in float8
 the tensors' largest values), measured on the probe's batch against the layer in float32, beside
 the run's 16-bit error. The layers float8 keeps within the bounds are listed with the code that
 converts them (a layer producing a model output is kept out: float8 recipes keep the last layer in
-higher precision); the others with the reason (values flushed to zero: a few large values set the
-scale; or too few mantissa bits for its gradients).
+higher precision; by name, or by Keras' own ``layer.path`` where names repeat, as each attention
+block's ``query`` does); the others with the reason (values flushed to zero: a few large values
+set the scale; or too few mantissa bits for its gradients).
 
 ## Why it matters
 On GPUs of compute capability 8.9 and above (H100, L4, RTX 40) float8 matmuls run at twice the
@@ -40,6 +41,8 @@ model.quantize("float8", filters=lambda layer: layer.name not in keep)  # built 
 
 from __future__ import annotations
 
+import pandas as pd
+
 from mpwatch.formats import FLOAT8_READY_GRAD as READY_GRAD
 from mpwatch.formats import FLOAT8_READY_OUT as READY_OUT
 from mpwatch.judge.finding import Finding
@@ -59,6 +62,12 @@ SHOWN = 8  # layers named in the evidence, each side
 
 def _name(path: str) -> str:
     return str(path).rsplit("/", 1)[-1]
+
+
+def _paths(rows: pd.DataFrame) -> list[str]:
+    if "keras_path" in rows:
+        return [str(k) for k in rows["keras_path"]]
+    return [str(p) for p in rows["layer"]]
 
 
 def _output_layers(run: Run) -> set[str]:
@@ -118,22 +127,32 @@ def check(run: Run) -> list[Finding]:
         else "float8 matmuls need a GPU of compute capability 8.9 or more (H100, L4, RTX 40); "
         f"this run's device: {device.get('name') or device.get('type') or 'unknown'}"
     )
-    names = sorted({_name(p) for p in ready["layer"]})
-    others = sorted({_name(p) for p in (*not_ready["layer"], *kept["layer"])})
+    if not len(ready) and not len(not_ready):
+        return []  # only the output layer: nothing to convert, nothing float8 fails at
+    # quantize's filters match a layer; by name where names are unique, else by Keras' own path
+    by_name = t["layer"].map(_name)
+    unique = by_name.is_unique or "keras_path" not in t or t["keras_path"].isna().any()
+    attr = "name" if unique else "path"
+
+    def keys(rows: pd.DataFrame) -> list[str]:
+        return sorted({_name(p) if unique else str(k) for p, k in zip(rows["layer"], _paths(rows))})
+
+    names = keys(ready)
+    others = keys(pd.concat([not_ready, kept]))
     if not names:
-        fix = "# no layer is ready: keep the model in " + low
+        fix = f"# nothing to convert: float8 does not suit these layers (keep them in {low})"
     elif not others:
         fix = 'model.quantize("float8")  # every Dense/EinsumDense; built model, before fit'
     elif len(others) < len(names):  # the shorter list: the layers that stay as they are
         fix = (
             f"keep = {{{', '.join(repr(n) for n in others)}}}\n"
-            'model.quantize("float8", filters=lambda layer: layer.name not in keep)'
+            f'model.quantize("float8", filters=lambda layer: layer.{attr} not in keep)'
             "  # built model, before fit"
         )
     else:
         fix = (
             f"ready = {{{', '.join(repr(n) for n in names)}}}\n"
-            'model.quantize("float8", filters=lambda layer: layer.name in ready)'
+            f'model.quantize("float8", filters=lambda layer: layer.{attr} in ready)'
             "  # built model, before fit"
         )
     return [
