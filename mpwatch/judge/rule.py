@@ -49,6 +49,7 @@ __all__ = [
     "is_keras_class",
     "layer_constructor",
     "application_of",
+    "inside_application",
     "APPLICATIONS",
     "computes_float32",
     "fast_16bit",
@@ -367,6 +368,21 @@ def application_of(run: Run, name: str) -> str | None:
         m = re.fullmatch(pattern, parent)
         if m and path[-1] == head.format(model=parent):
             return builder(m)
+    return None
+
+
+def inside_application(run: Run, name: str) -> str | None:
+    """The ``keras.applications`` builder (``"EfficientNetB0"``) whose architecture the layer
+    ``name`` is part of (an enclosing model in its path is named as that builder names its
+    models, :data:`APPLICATIONS`), or None: such a layer's widths are the architecture's."""
+    row = layer_row(run, name)
+    if row is None:
+        return None
+    for part in str(row.get("path") or name).split("/")[:-1]:
+        for pattern, builder, _ in APPLICATIONS:
+            m = re.fullmatch(pattern, part)
+            if m:
+                return builder(m)
     return None
 
 

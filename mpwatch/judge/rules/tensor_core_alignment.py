@@ -14,6 +14,9 @@ never in the list).
 Tensor Cores run float16 matrix multiplies and convolutions only when the dimensions (units,
 filters, input features, batch size) are multiples of 8; others fall back to slower kernels.
 
+A layer inside a ``keras.applications`` model has the architecture's widths, which no argument
+changes: those are one info naming the application and the layers, with nothing to change.
+
 ## Threshold
 A settable dimension of a hidden layer that the task does not fix, or the batch size, not a
 multiple of 8: warning on a device with Tensor Cores, info otherwise (16-bit policies only).
@@ -50,7 +53,7 @@ import math
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.graph import WIDTH_DIMS, task_fixed
-from mpwatch.judge.rule import Rule, compute_dtype, layer_constructor
+from mpwatch.judge.rule import Rule, compute_dtype, inside_application, layer_constructor
 from mpwatch.read.run import Run
 
 # Tensor Core dims the user sets in the layer's constructor (input dims follow from the previous
@@ -85,6 +88,7 @@ def check(run: Run) -> list[Finding]:
     sev = "warning" if tc else "info"
     where = "" if tc else " (no Tensor Cores on this device: matters when you move to a GPU)"
     found = []
+    by_app: dict[str, list[tuple[str, str, dict]]] = {}
     lt = run.layers
     fixed = task_fixed(run)
     if len(lt) and "tc_dims" in lt and "name" in lt:
@@ -104,6 +108,10 @@ def check(run: Run) -> list[Finding]:
             if not bad:
                 continue
             name = str(r["name"])
+            app = inside_application(run, name)
+            if app is not None:  # the architecture's own widths: no argument of the user's
+                by_app.setdefault(app, []).append((name, str(r.get("class") or "Layer"), bad))
+                continue
             cls = str(r.get("class") or "Layer")
             changes = ", ".join(f"{k}={int(v)} -> {_round8(int(v))}" for k, v in bad.items())
             settable = {k: _round8(int(v)) for k, v in bad.items() if k in ("units", "filters")}
@@ -124,6 +132,27 @@ def check(run: Run) -> list[Finding]:
                     data={"dims": {k: int(v) for k, v in bad.items()}, "tensor_cores": tc},
                 )
             )
+    for app, layers in by_app.items():
+        shown = "; ".join(
+            f"{cls} {name!r}: " + ", ".join(f"{k}={int(v)}" for k, v in dims.items())
+            for name, cls, dims in layers[:6]
+        )
+        more = f"; and {len(layers) - 6} more" if len(layers) > 6 else ""
+        found.append(
+            RULE.finding(
+                "info",
+                f"{len(layers)} layer{'s' * (len(layers) > 1)} of keras.applications.{app}: "
+                "widths not multiples of 8 (the architecture's)",
+                f"{shown}{more}; keras.applications.{app} sets these widths itself (no argument "
+                f"changes them){where}",
+                fix=f"# nothing to change in your code: keras.applications.{app}'s own widths",
+                data={
+                    "application": app,
+                    "layers": {n: {k: int(v) for k, v in d.items()} for n, _, d in layers},
+                    "tensor_cores": tc,
+                },
+            )
+        )
     bs = run.batch_size  # run_info's (Keras 2), else the probe's first training batch (Keras 3)
     if isinstance(bs, (int, float)) and int(bs) % 8:
         found.append(
