@@ -1,13 +1,14 @@
 """Cost of mpwatch's MixedPrecisionMonitor (default settings) on real models, measured in one run.
 
-Models, all under ``mixed_float16`` with Adam and sparse categorical crossentropy on synthetic
-numpy data (fixed seed; a pool of 8 batches cycled by a generator, ``steps_per_epoch`` steps):
-``keras.applications.ResNet50`` (64x64x3, 10 classes), ``keras.applications.MobileNetV2``
-(96x96x3, 10 classes), and keras.io's "Text classification with Transformer" (token + position
-embedding, one TransformerBlock with MultiHeadAttention, vocab 20000, maxlen 200, embed 32, 2
-heads, ff 32, float32 softmax; an int32 input, as a float one is cast to float16 and rounds the
-ids). ``--models huge`` (or ``--model huge``) runs the ``--huge-layers``-layer model of
-benchmarks/huge.py (its builder, data and compile: SGD, mse). Per model it prints:
+Models, all under ``mixed_float16`` (``--policy``) with Adam and sparse categorical crossentropy
+on synthetic numpy data (fixed seed; a pool of 8 batches cycled by a generator,
+``steps_per_epoch`` steps): ``keras.applications.ResNet50`` (64x64x3, 10 classes),
+``keras.applications.MobileNetV2`` (96x96x3, 10 classes), and keras.io's "Text classification
+with Transformer" (token + position embedding, one TransformerBlock with MultiHeadAttention, vocab
+20000, maxlen 200, embed 32, 2 heads, ff 32, float32 softmax; an int32 input, as a float one is
+cast to float16 and rounds the ids). ``--models huge`` (or ``--model huge``) runs the
+``--huge-layers``-layer model of benchmarks/huge.py (its builder, data and compile: SGD, mse).
+Per model it prints:
 
 1. Steady-state step-time ratio, monitored / plain: two models built the same way, each traced
    once by a 2-batch plain fit, then ``--reps`` fits of ``--steps`` steps each, interleaved (one
@@ -461,7 +462,7 @@ def report_model(name: str, args: argparse.Namespace, r: dict[str, Any]) -> None
         ["5 plugins/profile of run 1", f"{sizes['profile']:,} B", ""],
     ]
     table(
-        f"{name}: {r['params']:,} parameters, mixed_float16, batch {args.batch_size}, "
+        f"{name}: {r['params']:,} parameters, {args.policy}, batch {args.batch_size}, "
         f"{args.steps} steps/fit, {args.reps} interleaved reps, device {gpu_device() or 'CPU'}",
         ["measure", "value", "goal"],
         rows,
@@ -549,6 +550,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     ap.add_argument("--logdir", default=None, help="kept when given (default: a temporary dir)")
     ap.add_argument("--huge-layers", type=int, default=1000, help="layers of --models huge")
     ap.add_argument(
+        "--policy",
+        default="mixed_float16",
+        help="Keras dtype policy of both models (JAX on a CPU has no float16 matmul: "
+        "mixed_bfloat16 there)",
+    )
+    ap.add_argument(
         "--whole-fit",
         default=None,
         metavar="SECONDS",
@@ -563,7 +570,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         spec.loader.exec_module(whole)
         whole.main(
             ["--models", args.models, "--seconds", args.whole_fit, "--reps", str(args.reps),
-             "--batch-size", str(args.batch_size)]
+             "--batch-size", str(args.batch_size), "--policy", args.policy]
         )  # fmt: skip
         return {}
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -576,7 +583,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = {}
     for name in names:
         keras.backend.clear_session()  # also resets the global policy: set it after
-        keras.mixed_precision.set_global_policy("mixed_float16")
+        keras.mixed_precision.set_global_policy(args.policy)
         gc.collect()
         t0 = time.perf_counter()
         data = make_data(name, args.batch_size)

@@ -1,10 +1,13 @@
-"""Protocol-buffer wire format: the one varint decoder that mpwatch's hand-written decoders share
-(``read/tfrecord.py``'s fast event decoder and ``profile/xplane.py``'s trace reader; neither
-imports TensorFlow's generated classes).
+"""Protocol-buffer wire format and TFRecord framing: the one varint decoder that mpwatch's
+hand-written decoders share (``read/tfrecord.py``'s fast event decoder and ``profile/xplane.py``'s
+trace reader; neither imports TensorFlow's generated classes), and the masked crc32c that frames
+every record of an event file (``read/tfrecord.py`` checks it, ``record/writer.py`` writes it).
 
 Example:
     >>> varint(bytes([0xAC, 0x02, 0x07]), 0)
     (300, 2)
+    >>> hex(masked_crc32c(b"123456789"))  # crc32c's check value 0xE3069283, masked
+    '0xc78ab0e5'
 """
 
 from __future__ import annotations
@@ -25,3 +28,41 @@ def varint(buf: bytes, i: int, error: type[Exception] = ValueError) -> tuple[int
         shift += 7
         if shift > 63:
             raise error("varint too long")
+
+
+# --- TFRecord's masked crc32c ---------------------------------------------------------------------
+def _crc32c_table() -> tuple[int, ...]:
+    poly = 0x82F63B78  # Castagnoli, reflected
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ poly if c & 1 else c >> 1
+        table.append(c)
+    return tuple(table)
+
+
+#: crc32c's byte table (the reader's vectorized check uses it over many records at once)
+CRC32C_TABLE = _crc32c_table()
+
+try:  # C implementation when installed (it comes with google-cloud libraries, often with TF)
+    import google_crc32c as _gcrc
+
+    def crc32c(data: bytes) -> int:
+        """CRC-32C (Castagnoli) of ``data``."""
+        return int(_gcrc.value(bytes(data)))
+
+except ImportError:  # pragma: no cover - depends on the environment
+
+    def crc32c(data: bytes) -> int:
+        """CRC-32C (Castagnoli) of ``data``."""
+        table, crc = CRC32C_TABLE, 0xFFFFFFFF
+        for b in data:
+            crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+        return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked crc32c: the crc rotated right by 15 bits plus ``0xA282EAD8``."""
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF

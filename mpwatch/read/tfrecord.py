@@ -123,18 +123,7 @@ def read_events(path: str, events: Events, *, verify: str = "all") -> int:
 
 
 # --- crc32c --------------------------------------------------------------------------------------
-def _crc_table() -> np.ndarray:
-    poly = 0x82F63B78
-    table = np.zeros(256, dtype=np.uint32)
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ poly if c & 1 else c >> 1
-        table[i] = c
-    return table
-
-
-_CRC_TABLE = _crc_table()
+_CRC_TABLE = np.array(wire.CRC32C_TABLE, dtype=np.uint32)
 
 
 def _masked_crc32c_rows(rows: np.ndarray) -> np.ndarray:
@@ -146,27 +135,6 @@ def _masked_crc32c_rows(rows: np.ndarray) -> np.ndarray:
     return (((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(0xA282EAD8)).astype(
         np.uint32
     )
-
-
-try:  # C implementation when installed (it comes with google-cloud libraries, often with TF)
-    import google_crc32c as _gcrc
-
-    def _crc32c(data: bytes) -> int:
-        return _gcrc.value(data)
-
-except ImportError:  # pragma: no cover - depends on the environment
-    _gcrc = None
-
-    def _crc32c(data: bytes) -> int:
-        table = _CRC_TABLE
-        crc = 0xFFFFFFFF
-        for b in data:
-            crc = int(table[(crc ^ b) & 0xFF]) ^ (crc >> 8)
-        return crc ^ 0xFFFFFFFF
-
-
-def _masked(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 # --- framing -------------------------------------------------------------------------------------
@@ -483,7 +451,7 @@ def _decode_slow(
     for o, n, s in zip(offs.tolist(), lens.tolist(), seq.tolist()):
         data = buf[o : o + n]
         is_big = n > _FAST_MAX_LEN
-        if (verify_all or is_big) and _masked(_crc32c(data)) != struct.unpack_from(
+        if (verify_all or is_big) and wire.masked_crc32c(data) != struct.unpack_from(
             "<I", buf, o + n
         )[0]:
             bad_crc += 1
@@ -550,5 +518,5 @@ def _data_crc_ok(buf: bytes, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
         else:
             for i in group.tolist():
                 o = int(offs[i])
-                ok[i] = _masked(_crc32c(buf[o : o + length])) == int(stored[i])
+                ok[i] = wire.masked_crc32c(buf[o : o + length]) == int(stored[i])
     return ok

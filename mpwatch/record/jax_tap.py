@@ -302,7 +302,12 @@ class JaxTap(TapBase):
             step_next = count + 1  # this batch's step
             do = jnp.equal(jnp.mod(step_next, self.grad_every), 0)
             grads = pre["grads"]
-            old, new = pre["moved"]
+            # only the 16-bit variables' values before and after go into the cond: an operand
+            # of it stays alive past the update, and XLA then copies a donated variable instead
+            # of updating it in place (every float32 weight, every step, under a mixed policy)
+            before, after = pre["moved"]
+            which = [i for i, v in enumerate(before) if lost_updates.is_16bit(v)]
+            old, new = [before[i] for i in which], [after[i] for i in which]
             counts_of = (
                 stats.jax_counts_table_each
                 if self._sharding is not None
@@ -310,7 +315,7 @@ class JaxTap(TapBase):
             )
 
             def table_of(g: Any, old: Any, new: Any) -> Any:
-                moved = lost_updates.jax_update_counts(g, old, new, 1.0 - skip)
+                moved = lost_updates.jax_update_counts(g, old, new, which, 1.0 - skip)
                 return jnp.concatenate([counts_of(g), moved], axis=1)
 
             table = jax.lax.cond(

@@ -95,22 +95,26 @@ def tf_update_counts(
     return tf.cond(do, counts, lambda: tf.zeros([n, NUM_UPDATE_COUNTS]))
 
 
-def jax_update_counts(grads: list[Any], old: list[Any], new: list[Any], applied: Any) -> Any:
+def jax_update_counts(
+    grads: list[Any], old: list[Any], new: list[Any], which: list[int], applied: Any
+) -> Any:
     """:func:`tf_update_counts` on Keras' JAX backend (inside ``jax.jit``, under the tap's
-    ``lax.cond``): ``old``/``new`` the trainable variables' values before and after the step; one
-    reduction per 16-bit variable (sharded variables reduce where their shards live)."""
+    ``lax.cond``): ``old``/``new`` the values before and after the step of the trainable
+    variables ``which`` (the 16-bit ones; NaN rows for the others); one reduction per measured
+    variable (sharded variables reduce where their shards live)."""
     import jax.numpy as jnp
 
-    rows = []
-    for g, a, b in zip(grads, old, new):
-        if g is None or not is_16bit(a):
-            rows.append(jnp.full((NUM_UPDATE_COUNTS,), jnp.nan, jnp.float32))
+    nan = jnp.full((NUM_UPDATE_COUNTS,), jnp.nan, jnp.float32)
+    rows = [nan] * len(grads)
+    for i, a, b in zip(which, old, new):
+        g = grads[i]
+        if g is None:
+            rows[i] = jnp.zeros((NUM_UPDATE_COUNTS,), jnp.float32)
             continue
         moved = (g != 0) & jnp.isfinite(g)
         same = moved & (a == b)
-        rows.append(
-            applied
-            * jnp.stack([jnp.sum(moved, dtype=jnp.float32), jnp.sum(same, dtype=jnp.float32)])
+        rows[i] = applied * jnp.stack(
+            [jnp.sum(moved, dtype=jnp.float32), jnp.sum(same, dtype=jnp.float32)]
         )
     if not rows:
         return jnp.zeros((0, NUM_UPDATE_COUNTS), jnp.float32)

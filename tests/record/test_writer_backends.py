@@ -96,3 +96,38 @@ def test_series_of_later_writers_reuse_one_trace(tmp_path):
         got = [(e[0], e[1], e[5]) for e in _events(str(tmp_path / f"fit{i}"))]
         assert got == [(contract.TRAIN_LOSS, 10 * i + s, i + 0.5) for s in range(6)]
     assert writer_module._write_function("scalars").experimental_get_tracing_count() == traces
+
+
+def test_every_record_of_the_tensorboard_writer_is_framed_as_tensorboard_frames_it(tmp_path):
+    """The JAX path frames records with mpwatch's crc (C when installed): each record's length
+    and data checksums equal TensorBoard's own pure-Python masked crc32c, record by record, and
+    the file holds exactly the events written (the file-version event, then one per value)."""
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    events = _write(str(tmp_path / "tb"), use_tensorflow=False)
+    (path,) = glob.glob(os.path.join(tmp_path / "tb", "events.out.tfevents.*"))
+    buf = open(path, "rb").read()
+    i, n = 0, 0
+    while i < len(buf):
+        (length,) = struct.unpack_from("<Q", buf, i)
+        (head_crc,) = struct.unpack_from("<I", buf, i + 8)
+        data = buf[i + 12 : i + 12 + length]
+        (data_crc,) = struct.unpack_from("<I", buf, i + 12 + length)
+        assert head_crc == masked_crc32c(buf[i : i + 8])
+        assert data_crc == masked_crc32c(data)
+        i, n = i + 16 + length, n + 1
+    assert i == len(buf)
+    assert n == 1 + len(events)
+
+
+def test_wire_crc_equals_tensorboards_on_any_bytes():
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from mpwatch import wire
+
+    rng = np.random.default_rng(0)
+    for size in (0, 1, 7, 8, 64, 1000):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        assert wire.masked_crc32c(data) == masked_crc32c(data)
