@@ -166,8 +166,16 @@ class MixedPrecisionMonitor(RecordingCallback):
         return getattr(tap, "device_wait", 0.0) if tap is not None else 0.0
 
     def _each(self, hook: str, *args: Any) -> None:
+        """``hook`` of every part, each charged as :meth:`_charged` charges it (one clock read
+        between two parts: this runs twice per batch)."""
+        waited, t0 = self._device_wait(), time.perf_counter()
         for p in self.parts:
-            self._charged(p, getattr(p, hook), *args)
+            try:
+                getattr(p, hook)(*args)
+            finally:
+                now, wait = time.perf_counter(), self._device_wait()
+                self.budget.charge(p.part, max(0.0, now - t0 - (wait - waited)))
+                t0, waited = now, wait
 
     # --- delegation ----------------------------------------------------------------------------
     def set_model(self, model: Any) -> None:
