@@ -217,7 +217,7 @@ class ProfileMonitor(RecordingCallback):
 
     def _spe(self) -> int:
         try:
-            return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
+            return max(1, int(getattr(self._batch_model, "steps_per_execution", 1) or 1))
         except (TypeError, ValueError):
             return 1
 

@@ -15,7 +15,8 @@ gradient a power of two or zero, so which ones float16 loses is known in numpy);
 CNN with BatchNormalization and Dropout, probed every step during fit: the probe must measure the
 train step's network and change nothing, so its weights equal a plain fit's bit for bit);
 ``refits`` (fits with, with, without, with mpwatch: the traces of the train step counted, whether
-the tap was in them, the loss-scale truth per batch, and the weights against a plain twin's).
+the tap was in them, the loss-scale truth per batch, and the weights against a plain twin's);
+``syncs`` (Keras' own state write-backs during monitored fits of 8 and 32 batches).
 """
 
 from __future__ import annotations
@@ -220,6 +221,42 @@ def budget(logdir):
     }
 
 
+def syncs(logdir):
+    """How often Keras wrote its JAX training state back to the variables (``jax_state_sync``
+    doing work, counted on the class) during monitored fits of 8 and of 32 batches: a callback
+    that reads ``self.model`` on a batch hook has Keras do it, and rebuild the state, every
+    batch."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(256, 16)).astype("float32")
+    y = rng.normal(size=(256, 1)).astype("float32")
+    counts = {}
+    cls = keras.Model
+    original = cls.jax_state_sync
+
+    def counted(self):
+        if getattr(self, "_jax_state", None) and not self._jax_state_synced:
+            counts[current] = counts.get(current, 0) + 1
+        return original(self)
+
+    cls.jax_state_sync = counted
+    try:
+        for current in (8, 32):
+            keras.utils.set_random_seed(5)
+            inp = keras.Input((16,))
+            out = keras.layers.Dense(1, dtype="float32")(keras.layers.Dense(8)(inp))
+            model = keras.Model(inp, out)
+            model.compile(keras.optimizers.SGD(0.01), "mse")
+            monitor = mpwatch.MixedPrecisionMonitor(
+                os.path.join(logdir, str(current)), budget=None, probe=False, profile=(500, 501)
+            )  # every part there; the profile's range lies past the fit
+            model.fit(x[: 8 * current], y[: 8 * current], batch_size=8, shuffle=False, verbose=0,
+                      callbacks=[monitor])  # fmt: skip
+    finally:
+        cls.jax_state_sync = original
+    return {str(k): v for k, v in counts.items()}
+
+
 def main(out):
     truth = {}
     for spe, log_every in [(1, 1), (1, 7), (4, 1), (4, 7)]:
@@ -230,6 +267,7 @@ def main(out):
     truth["probe_bn"] = probe_bn(os.path.join(out, "probe_bn"))
     truth["refits"] = refits(os.path.join(out, "refits"))
     truth["budget"] = budget(os.path.join(out, "budget"))
+    truth["syncs"] = syncs(os.path.join(out, "syncs"))
     with open(os.path.join(out, "truth.json"), "w") as f:
         json.dump(truth, f)
 

@@ -167,6 +167,15 @@ def test_later_fits_reuse_the_tapped_step_and_plain_fits_run_keras_own(jax_runs,
     assert [s for s, _ in scalars[contract.GRAD_NONFINITE_COUNT]] == list(range(3, 25, 3))
 
 
+def test_no_batch_hook_makes_keras_write_its_state_back(jax_runs):
+    """Keras' ``Callback.model`` on JAX syncs the whole training state into the variables (and
+    Keras rebuilds the state for the next step): mpwatch's batch hooks never ask for it, so a fit
+    of 32 batches has no more syncs than one of 8 (the profile's part read it every batch)."""
+    _, truth = jax_runs
+    syncs = truth["syncs"]
+    assert syncs.get("32", 0) == syncs.get("8", 0) <= 2, syncs
+
+
 def test_an_unsupported_backend_is_refused_before_training(monkeypatch, tmp_path):
     """Keras' torch (or numpy) backend: a clear error at on_train_begin, nothing written."""
     import keras
