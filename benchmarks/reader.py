@@ -130,14 +130,14 @@ def record_event(kind: str, step: int, payload: dict, wall: float) -> bytes:
 
 
 def frame(data: bytes) -> bytes:
-    from mpwatch.read.tfrecord import _crc32c, _masked
+    from mpwatch.wire import masked_crc32c
 
     head = struct.pack("<Q", len(data))
     return (
         head
-        + struct.pack("<I", _masked(_crc32c(head)))
+        + struct.pack("<I", masked_crc32c(head))
         + data
-        + struct.pack("<I", _masked(_crc32c(data)))
+        + struct.pack("<I", masked_crc32c(data))
     )
 
 
