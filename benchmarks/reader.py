@@ -130,15 +130,9 @@ def record_event(kind: str, step: int, payload: dict, wall: float) -> bytes:
 
 
 def frame(data: bytes) -> bytes:
-    from mpwatch.wire import masked_crc32c
+    from mpwatch.wire import frame_record
 
-    head = struct.pack("<Q", len(data))
-    return (
-        head
-        + struct.pack("<I", masked_crc32c(head))
-        + data
-        + struct.pack("<I", masked_crc32c(data))
-    )
+    return frame_record(data)
 
 
 def file_version_event(wall: float) -> bytes:

@@ -66,3 +66,16 @@ def masked_crc32c(data: bytes) -> int:
     """TFRecord's masked crc32c: the crc rotated right by 15 bits plus ``0xA282EAD8``."""
     crc = crc32c(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One TFRecord: ``u64 length, u32 masked crc32c(length), data, u32 masked crc32c(data)``."""
+    import struct
+
+    head = struct.pack("<Q", len(data))
+    return (
+        head
+        + struct.pack("<I", masked_crc32c(head))
+        + data
+        + struct.pack("<I", masked_crc32c(data))
+    )

@@ -170,21 +170,13 @@ def _frame_with_fast_crc(events: Any) -> None:
     """Have this EventFileWriter's record writer (only this one: an instance attribute) frame
     records with :func:`mpwatch.wire.masked_crc32c`; the bytes are the same. Left as it is where
     TensorBoard's writer is built differently."""
-    import struct
-
     record_writer = getattr(getattr(events, "_async_writer", None), "_writer", None)
     out = getattr(record_writer, "_writer", None)
     if out is None or not callable(getattr(record_writer, "write", None)):
         return
 
     def write(data: bytes) -> None:
-        header = struct.pack("<Q", len(data))
-        out.write(
-            header
-            + struct.pack("<I", wire.masked_crc32c(header))
-            + data
-            + struct.pack("<I", wire.masked_crc32c(data))
-        )
+        out.write(wire.frame_record(data))
 
     record_writer.write = write
 
