@@ -61,14 +61,18 @@ the two passes compute the same network and a probe is deterministic. The loss i
 training mode gives the train step's loss on the probe batch with the same weights
 (``model.train_loss``); when it disagrees with the probe's pass in the model's own policies by more
 than ``LOSS_RTOL`` (relative), the record says ``reliable: false`` with the reason and no finding
-rests on that probe (a model whose ``call`` is not its layer graph, a custom ``train_step``).
+rests on that probe (a model whose ``call`` is not its layer graph, a custom ``train_step``). The
+check runs where the two can differ: the probe runs a Functional or Sequential model's layer graph
+with its layers' outputs tapped, and when the model's class keeps Keras' own ``call`` (which runs
+that same graph, :func:`call_is_graph`) the model's call is the probe's pass and its loss is the
+train step's, so the check's forward pass is not run (it was a fifth of the probe's compile).
 
 **Cost.** One probe runs one forward and backward pass of the model in its own policies, one in the
-other policy, and (for Functional and Sequential models) one forward pass of the model's own call
-for the loss check, on the probe batch, plus per-tensor reductions; all traced once (the first
-probe pays the trace). ``benchmarks/probe_cost.py`` measures it in units of one training step.
-No second copy of the weights is kept. With the default ``every=500`` the overhead is well under
-1% of training time.
+other policy, and (for Functional and Sequential models whose class overrides ``call``) one
+forward pass of the model's own call for the loss check, on the probe batch, plus per-tensor
+reductions; all traced once (the first probe pays the trace). ``benchmarks/probe_cost.py``
+measures it in units of one training step. No second copy of the weights is kept. With the
+default ``every=500`` the overhead is well under 1% of training time.
 
 Example:
     >>> import keras, numpy as np, mpwatch  # doctest: +SKIP
@@ -109,6 +113,19 @@ def detect_mode(model: Any) -> str:
     if "bfloat16" in dtypes:
         return "bfloat16"
     return "preflight"
+
+
+def call_is_graph(model: Any) -> bool:
+    """Whether ``model.call`` is Keras' own run of the model's layer graph: a Functional or
+    Sequential model whose class does not override ``call`` (then the probe's tapped pass runs
+    exactly what the model's call runs)."""
+    from keras.src.models.functional import Functional
+    from keras.src.models.sequential import Sequential
+
+    call = getattr(type(model), "call", None)
+    if isinstance(model, Sequential):
+        return call is Sequential.call
+    return isinstance(model, Functional) and call is Functional.call
 
 
 def split_data(data: Any) -> tuple[Any, Any, Any]:
@@ -222,6 +239,8 @@ class Probe:
             )
         self.layer_names, self.tap = self._taps()
         self.tapped_layers = self._tapped_layers if self.tap is not None else []
+        #: the loss check's forward pass is needed (the model's call is not the tapped graph)
+        self.check_loss = self.tap is not None and not call_is_graph(self.model)
         self._var_layer = self._variable_layers()
 
     def _fall_back(self, error: Exception) -> None:
@@ -308,21 +327,22 @@ class Probe:
     def _passes(
         self, x: Any, y: Any, sw: Any, scale: Any, fb: Any = None, train_loss_fn: Any = None
     ) -> tuple[dict, dict | None, Any]:
-        """(low pass, reference pass or None, train-step loss): traced inside the probe's
-        function, with the random layers off and the view switched around the right pass.
-        ``fb(x, y, sw, scale)`` and ``train_loss_fn()`` are the backend's pass and train-step
-        loss (default TensorFlow's; :mod:`mpwatch.record.probe_jax` gives JAX's)."""
+        """(low pass, reference pass or None, train-step loss or None where the low pass is the
+        model's own call): traced inside the probe's function, with the random layers off and the
+        view switched around the right pass. ``fb(x, y, sw, scale)`` and ``train_loss_fn()`` are
+        the backend's pass and train-step loss (default TensorFlow's; :mod:`.probe_jax` gives
+        JAX's)."""
         view = self.view
         fb = fb or self._forward_backward
         train_loss_fn = train_loss_fn or (lambda: probe_tf.train_step_loss(self, x, y, sw))
         with random_layers_off(self.random_off):
             if self.mode == "preflight":
                 ref = fb(x, y, sw, 1.0)
-                train_loss = train_loss_fn()
+                train_loss = train_loss_fn() if self.check_loss else None
                 low = self._in_view(view, x, y, sw, scale, fb)
             else:
                 low = fb(x, y, sw, scale)
-                train_loss = train_loss_fn()
+                train_loss = train_loss_fn() if self.check_loss else None
                 ref = self._in_view(view, x, y, sw, 1.0, fb)
         return low, ref, train_loss
 

@@ -16,13 +16,14 @@
   layer output (the gradient w.r.t. that zero), in the output's dtype, float16 under
   mixed_float16, as TensorFlow's tape gives it. The other policy's pass runs under the
   :class:`~mpwatch.record.twin.PolicyView` while it is traced, exactly as on TensorFlow.
-- **Statistics** (definitions: :mod:`mpwatch.record.underflow`) by segment reductions over the
-  concatenated flattened tensors, one segment per variable or layer output, so the traced program
-  grows by one reshape per tensor, not by a dozen reductions per tensor. JAX computes in float32
-  (float64 needs ``jax_enable_x64``): counts are int32 sums (exact); sums of squares are taken of
-  values divided by a power of two at or above their tensor's largest finite reference magnitude,
-  and multiplied back in float64 on the host (exact scaling both ways), so tiny gradients do not
-  underflow in the squares and large activations do not overflow.
+- **Statistics** (definitions: :mod:`mpwatch.record.underflow`) by reductions over the flattened
+  tensors laid out as rows of one matrix (:class:`~mpwatch.record.jax_blocks.BlockLayout`: each
+  row reduced, then the rows' results per tensor), so the traced program grows by one reshape and
+  pad per tensor, not by a dozen reductions per tensor, and no element is scattered. JAX computes
+  in float32 (float64 needs ``jax_enable_x64``): counts are int32 sums (exact); sums of squares
+  are taken of values divided by a power of two at or above their tensor's largest finite
+  reference magnitude, and multiplied back in float64 on the host (exact scaling both ways), so
+  tiny gradients do not underflow in the squares and large activations do not overflow.
 - **Result.** :func:`host_tables` turns the device's vectors into the float64 tables the
   TensorFlow path produces (``grads [n, 7]``, ``acts [k, 6]``, ``act_grads [k, 4]``, the
   histogram, the zero count and the losses), which :meth:`Probe._payload` writes the same way.
@@ -36,7 +37,7 @@ import numpy as np
 
 from mpwatch.record import probe_stats_each as each
 from mpwatch.record import underflow
-from mpwatch.record.stats import jax_segment_ids
+from mpwatch.record.jax_blocks import BlockLayout
 
 
 # --- values ---------------------------------------------------------------------------------------
@@ -202,12 +203,9 @@ def train_step_loss(probe: Any, tv: list, ntv: list, x: Any, y: Any, sw: Any) ->
 
 
 # --- statistics on the device ---------------------------------------------------------------------
-def _concat(tensors: list[Any]) -> tuple[Any, np.ndarray]:
-    import jax.numpy as jnp
-
-    flats = [jnp.ravel(t).astype(jnp.float32) for t in tensors]
-    sizes = np.array([int(f.size) for f in flats], np.int64)
-    return (jnp.concatenate(flats) if flats else jnp.zeros((0,), jnp.float32)), sizes
+def _layout(tensors: list[Any], zero: Any) -> BlockLayout:
+    """The rows of tensors shaped as ``tensors`` (:class:`.jax_blocks.BlockLayout`)."""
+    return BlockLayout([int(np.prod(np.shape(t))) for t in tensors], zero)
 
 
 def _pow2_at_least(m: Any) -> Any:
@@ -217,37 +215,6 @@ def _pow2_at_least(m: Any) -> Any:
     ok = jnp.isfinite(m) & (m > 0)
     _, e = jnp.frexp(jnp.where(ok, m, 1.0))
     return jnp.where(ok, jnp.ldexp(jnp.ones_like(m), e), 1.0)
-
-
-class _Segments:
-    """Segment reductions over tensors of ``sizes`` concatenated."""
-
-    def __init__(self, sizes: np.ndarray, zero: Any) -> None:
-        self.n = len(sizes)
-        self.ids = jax_segment_ids(sizes, zero)
-
-    def count(self, mask: Any) -> Any:
-        import jax
-        import jax.numpy as jnp
-
-        return jax.ops.segment_sum(
-            mask.astype(jnp.int32), self.ids, num_segments=self.n, indices_are_sorted=True
-        )
-
-    def sum(self, x: Any) -> Any:
-        import jax
-
-        return jax.ops.segment_sum(x, self.ids, num_segments=self.n, indices_are_sorted=True)
-
-    def max(self, x: Any) -> Any:
-        import jax
-        import jax.numpy as jnp
-
-        m = jax.ops.segment_max(x, self.ids, num_segments=self.n, indices_are_sorted=True)
-        return jnp.maximum(m, 0.0)  # empty segments: 0, not -inf
-
-    def spread(self, per_segment: Any) -> Any:
-        return per_segment[self.ids]
 
 
 def _abs_finite(x: Any) -> Any:
@@ -263,22 +230,21 @@ def grad_stats(mixed_scaled: list, ref: list, scale: Any, zero: Any) -> dict:
     finite). Columns as :func:`underflow.grad_table`."""
     import jax.numpy as jnp
 
-    r, sizes = _concat(ref)
-    m, _ = _concat(mixed_scaled)
-    seg = _Segments(sizes, zero)
+    rows = _layout(ref, zero)
+    r, m = rows.matrix(ref), rows.matrix(mixed_scaled)
     ref_nz = r != 0
-    max_ref = jnp.where(seg.count(~jnp.isfinite(r)) > 0, jnp.inf, seg.max(_abs_finite(r)))
+    max_ref = jnp.where(rows.count(~jnp.isfinite(r)) > 0, jnp.inf, rows.max(_abs_finite(r)))
     norm = _pow2_at_least(max_ref)
-    spread = seg.spread(norm)
+    spread = rows.spread(norm)
     diff = (m / scale - r) / spread
     return {
-        "size": sizes,
-        "ref_nonzero": seg.count(ref_nz),
-        "underflow": seg.count(ref_nz & (m == 0)),
-        "err_n": seg.sum(diff * diff),
-        "ref_n": seg.sum(jnp.square(r / spread)),
+        "size": rows.sizes,
+        "ref_nonzero": rows.count(ref_nz),
+        "underflow": rows.count(ref_nz & (m == 0)),
+        "err_n": rows.sum(diff * diff),
+        "ref_n": rows.sum(jnp.square(r / spread)),
         "norm": norm,
-        "nonfinite": seg.count(~jnp.isfinite(m)),
+        "nonfinite": rows.count(~jnp.isfinite(m)),
         "max_ref": max_ref,
     }
 
@@ -288,22 +254,22 @@ def act_stats(mixed: list, ref: list | None, zero: Any) -> dict:
     normalised as in :func:`grad_stats`)."""
     import jax.numpy as jnp
 
-    m, sizes = _concat(mixed)
-    seg = _Segments(sizes, zero)
-    nonfinite = seg.count(~jnp.isfinite(m))
+    rows = _layout(mixed, zero)
+    m = rows.matrix(mixed)
+    nonfinite = rows.count(~jnp.isfinite(m))
     out = {
-        "size": sizes,
+        "size": rows.sizes,
         "nonfinite": nonfinite,
-        "max_mixed": jnp.where(nonfinite > 0, jnp.inf, seg.max(_abs_finite(m))),
+        "max_mixed": jnp.where(nonfinite > 0, jnp.inf, rows.max(_abs_finite(m))),
     }
     if ref is not None:
-        r, _ = _concat(ref)
-        out["max_ref"] = seg.max(_abs_finite(r))
+        r = rows.matrix(ref)
+        out["max_ref"] = rows.max(_abs_finite(r))
         out["norm"] = _pow2_at_least(out["max_ref"])
-        spread = seg.spread(out["norm"])
+        spread = rows.spread(out["norm"])
         d = (m - r) / spread
-        out["err_n"] = seg.sum(d * d)
-        out["ref_n"] = seg.sum(jnp.square(r / spread))
+        out["err_n"] = rows.sum(d * d)
+        out["ref_n"] = rows.sum(jnp.square(r / spread))
     return out
 
 
@@ -312,34 +278,34 @@ def act_grad_stats(mixed_scaled: list, ref: list, zero: Any) -> dict:
     of the mixed one (columns as :func:`underflow.act_grad_table`)."""
     import jax.numpy as jnp
 
-    r, sizes = _concat(ref)
-    m, _ = _concat(mixed_scaled)
-    seg = _Segments(sizes, zero)
+    rows = _layout(ref, zero)
+    r, m = rows.matrix(ref), rows.matrix(mixed_scaled)
     nz = r != 0
     return {
-        "ref_nonzero": seg.count(nz),
-        "underflow": seg.count(nz & (m == 0)),
-        "max_ref": seg.max(_abs_finite(r)),
-        "nonfinite": seg.count(~jnp.isfinite(m)),
+        "ref_nonzero": rows.count(nz),
+        "underflow": rows.count(nz & (m == 0)),
+        "max_ref": rows.max(_abs_finite(r)),
+        "nonfinite": rows.count(~jnp.isfinite(m)),
     }
 
 
-def log2_histogram(tensors: list) -> tuple[Any, Any]:
+def log2_histogram(tensors: list, zero: Any = 0) -> tuple[Any, Any]:
     """(int32 ``[NUM_BINS]`` counts of ``floor(log2|x|)`` over the finite nonzero elements,
     count of exact zeros); ``frexp`` gives the exponent exactly, also at powers of two."""
     import jax
     import jax.numpy as jnp
 
-    a, _ = _concat(tensors)
-    a = jnp.abs(a)
+    rows = _layout(tensors, zero)
+    a = jnp.abs(rows.matrix(tensors))
     counted = (a > 0) & jnp.isfinite(a)
     _, e = jnp.frexp(jnp.where(counted, a, 1.0))  # a = f * 2**e, f in [0.5, 1)
     idx = jnp.clip(e - 1 - underflow.HIST_LO, 0, underflow.NUM_BINS - 1)
     idx = jnp.where(counted, idx, underflow.NUM_BINS)  # the rest go to a bin that is dropped
     hist = jax.ops.segment_sum(
-        jnp.ones_like(idx, jnp.int32), idx, num_segments=underflow.NUM_BINS + 1
+        jnp.ones_like(idx, jnp.int32).ravel(), idx.ravel(), num_segments=underflow.NUM_BINS + 1
     )
-    return hist[: underflow.NUM_BINS], jnp.sum((a == 0).astype(jnp.int32))
+    zeros = jnp.sum((a == 0).astype(jnp.int32)) - rows.padding
+    return hist[: underflow.NUM_BINS], zeros
 
 
 def cast_through(x: Any, dtype: str, scale: float = 1.0) -> Any:
@@ -444,7 +410,7 @@ class JaxProbeFunction:
             )
         else:
             out["grads"] = grad_stats(low["grads"], ref_grads, scale, zero)
-            out["hist"], out["zeros"] = log2_histogram(ref_grads)
+            out["hist"], out["zeros"] = log2_histogram(ref_grads, zero)
             out["acts"] = act_stats(low["acts"], ref["acts"] if has_ref else None, zero)
         if has_ref:
             pairs = [(gl, gr) for gl, gr in zip(low["act_grads"], ref["act_grads"])]

@@ -131,36 +131,32 @@ def jax_counts_table(
     tensors: list[Any], runtime_zero: Any = 0, normal_min: float = FLOAT16.smallest_normal
 ) -> Any:
     """:func:`counts_table` on Keras' JAX backend (inside ``jax.jit``): ``[len(tensors), 5]``
-    float32, one segment reduction per count over the concatenated gradients (None gives
-    zeros). Segment ids come from the tensors' static sizes, so nothing here has a dynamic
-    shape. ``runtime_zero``: an int32 0 known only at run time (e.g. ``min(counter, 0)``); added
-    to the element positions, it keeps XLA from constant-folding the per-element segment ids at
-    compile time
-    (seconds for ~60k elements on a CPU, more for large models)."""
-    import jax
+    float32, reduced over the gradients laid out as rows (:class:`.jax_blocks.BlockLayout`: each
+    row reduced, then the rows of each tensor; None gives zeros). The layout comes from the
+    tensors' static sizes, so nothing here has a dynamic shape. ``runtime_zero``: an int32 0
+    known only at run time (e.g. ``min(counter, 0)``); it keeps XLA from constant-folding the
+    row ids at compile time."""
     import jax.numpy as jnp
     import numpy as np
+
+    from mpwatch.record.jax_blocks import BlockLayout
 
     k = len(tensors)
     if k == 0:
         return jnp.zeros((0, NUM_COUNTS), jnp.float32)
-    flats = [
-        jnp.zeros((0,), jnp.float32) if t is None else jnp.ravel(t).astype(jnp.float32)
-        for t in tensors
-    ]
-    sizes = np.array([f.size for f in flats], np.int64)
-    a = jnp.abs(jnp.concatenate(flats))
-    seg = jax_segment_ids(sizes, runtime_zero)
+    flats = [jnp.zeros((0,), jnp.float32) if t is None else t for t in tensors]
+    rows = BlockLayout([int(np.prod(np.shape(t))) for t in flats], runtime_zero)
+    a = jnp.abs(rows.matrix(flats))
     finite = jnp.isfinite(a)
 
     def count(mask: Any) -> Any:
-        return jax.ops.segment_sum(mask.astype(jnp.float32), seg, num_segments=k)
+        return rows.count(mask).astype(jnp.float32)
 
-    zero = count(a == 0)
+    zero = count(a == 0) - jnp.asarray(rows.pads, jnp.float32)  # the padding is zeros
     sub = count((a > 0) & (a < normal_min))
     nonfinite = count(~finite)
-    max_abs = jnp.maximum(jax.ops.segment_max(jnp.where(finite, a, 0.0), seg, num_segments=k), 0.0)
-    return jnp.stack([zero, sub, nonfinite, max_abs, jnp.asarray(sizes, jnp.float32)], axis=1)
+    max_abs = rows.max(jnp.where(finite, a, 0.0))
+    return jnp.stack([zero, sub, nonfinite, max_abs, jnp.asarray(rows.sizes, jnp.float32)], axis=1)
 
 
 def jax_counts_table_each(tensors: list[Any], normal_min: float = FLOAT16.smallest_normal) -> Any:
@@ -193,20 +189,6 @@ def jax_counts_table_each(tensors: list[Any], normal_min: float = FLOAT16.smalle
     if not rows:
         return jnp.zeros((0, NUM_COUNTS), jnp.float32)
     return jnp.stack(rows)
-
-
-def jax_segment_ids(sizes: Any, runtime_zero: Any = 0) -> Any:
-    """int32 segment id of every element of tensors of ``sizes`` concatenated (inside
-    ``jax.jit``): element ``p`` belongs to the tensor whose end offset is the first one above
-    ``p``. ``runtime_zero`` (an int32 0 known only at run time) keeps XLA from constant-folding
-    the per-element ids into the executable (a constant as large as the model)."""
-    import jax.numpy as jnp
-    import numpy as np
-
-    sizes = np.asarray(sizes, np.int64)
-    ends = jnp.asarray(np.cumsum(sizes), jnp.int32)
-    positions = jnp.arange(int(sizes.sum()), dtype=jnp.int32) + runtime_zero
-    return jnp.searchsorted(ends, positions, side="right").astype(jnp.int32)
 
 
 def shares(counts: Any) -> dict[str, float]:

@@ -207,6 +207,37 @@ def test_a_probe_that_disagrees_with_the_train_step_is_marked_unreliable(mixed16
     assert "train step" in p["unreliable_reason"]
 
 
+@pytest.mark.parametrize("make", [sequential, functional])
+def test_a_model_whose_call_is_its_graph_gets_no_second_forward_pass(mixed16, monkeypatch, make):
+    """Keras' own call of a Functional or Sequential model runs the graph the probe taps: the
+    loss check's extra forward pass of the model's call would compute the probe's own loss
+    again, so it is not run (a model that overrides call still gets it: the test above)."""
+    from keras.src.models.functional import Functional
+
+    model = make()
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    callers = []
+    original = Functional.call
+
+    def spy(self, *args, **kwargs):
+        callers.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Functional, "call", spy)  # Keras' own call, counted: still the graph's
+    x = np.random.default_rng(0).normal(size=(8, 6)).astype(np.float32)
+    y = np.zeros((8, 2), np.float32)
+    probe = Probe(model)
+    probe.float8 = False  # float8 readiness runs the model's call on purpose (its own pass)
+    p = probe.run((x, y))
+    own = {id(model), id(getattr(model, "_functional", None))}
+    assert probe.check_loss is False
+    assert not [c for c in callers if id(c) in own]  # the model's own call never ran
+    expected = float(model.compute_loss(x=x, y=y, y_pred=model(x, training=True)))
+    assert p["model"]["loss"] == pytest.approx(expected, rel=1e-3)
+    assert p["model"]["train_loss"] == p["model"]["loss"]
+    assert p["reliable"] is True
+
+
 def test_probe_records_the_batch_and_integer_ids_a_cast_rounds(mixed16):
     inp = keras.Input((5,), name="ids")  # float32, as keras.io's Transformer writes it
     h = Scale(1.0)(inp)  # a user layer: autocasts its input to float16
