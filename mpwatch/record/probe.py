@@ -471,7 +471,7 @@ class Probe:
             from mpwatch.record import backend, float8_capture
 
             try:
-                if backend.jax_processes() <= 1:  # one process' eager pass, not a program
+                if backend.jax_processes() <= 1:  # the pass takes this process' own batch
                     rows = float8_capture.readiness(
                         self, x, y, sw, s if self.mode != "bfloat16" else 1.0
                     )
