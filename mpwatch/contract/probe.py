@@ -155,7 +155,9 @@ _PROBE_MODEL = s._obj(
         "ref_loss": s._num("the reference's loss" + _NO_REF, nullable=True),
         "train_loss": s._num(
             "the loss Keras' train step computes on the probe batch with the same weights (the "
-            "model's own call in training mode); compared with the probe's own-policy pass"
+            "model's own call in training mode; the probe's own-policy pass itself where the "
+            "model's call is Keras' own run of its layer graph); compared with the probe's "
+            "own-policy pass"
         ),
         "activation_headroom_bits": s._num("log2(format max / max_abs_activation)", nullable=True),
         "zero_fraction": s._num(
