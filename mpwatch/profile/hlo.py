@@ -19,7 +19,7 @@ Example (needs a trace):
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from mpwatch.profile.xplane import (
@@ -256,11 +256,16 @@ def _programs(space: XSpace) -> Iterator[tuple[str, bytes]]:
             yield name, blob
 
 
-def hlo_modules(space: XSpace) -> dict[str, HloModule]:
-    """Every program of a trace: ``program name (name(id)) -> HloModule``; an unreadable one is
-    left out."""
+def hlo_modules(
+    space: XSpace, programs: Callable[[str], bool] | None = None
+) -> dict[str, HloModule]:
+    """Every program of a trace (those ``programs(name)`` accepts, where given:
+    :func:`mpwatch.profile.xplane.ran_programs`): ``program name (name(id)) -> HloModule``; an
+    unreadable one is left out."""
     out: dict[str, HloModule] = {}
     for name, blob in _programs(space):
+        if programs is not None and not programs(name):
+            continue
         try:
             out[name] = parse_module(memoryview(blob), name)
         except (XSpaceError, IndexError, struct.error):

@@ -14,7 +14,7 @@ both per op.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mpwatch.profile import xplane
@@ -107,9 +107,10 @@ class CpuHlo:
         return ""
 
 
-def cpu_readings(spaces: Sequence[Any]) -> CpuHlo:
-    """The traces' programs, for :meth:`CpuHlo.reading`."""
+def cpu_readings(spaces: Sequence[Any], programs: Callable[[str], bool] | None = None) -> CpuHlo:
+    """The traces' programs (those ``programs(name)`` accepts, where given), for
+    :meth:`CpuHlo.reading`."""
     modules: dict[str, HloModule] = {}
     for space in spaces:
-        modules.update(hlo_modules(space))
+        modules.update(hlo_modules(space, programs))
     return CpuHlo(modules)

@@ -381,10 +381,16 @@ class HloIndex:
         """``(index, spaces)`` of traces (spaces: the decoded
         :class:`mpwatch.profile.xplane.XSpace` s)."""
         spaces = [xplane.read_xspace(t, planes) for t in traces]
-        programs: dict[str, dict[str, xplane.HloOp]] = {}
+        return cls.of_spaces(spaces), spaces
+
+    @classmethod
+    def of_spaces(cls, spaces: Sequence[Any], programs: Any = None) -> HloIndex:
+        """The index of decoded traces' programs (those ``programs(name)`` accepts, where
+        given: :func:`mpwatch.profile.xplane.ran_programs`)."""
+        found: dict[str, dict[str, xplane.HloOp]] = {}
         for space in spaces:
-            programs.update(xplane.hlo_ops(space))
-        return cls(programs), spaces
+            found.update(xplane.hlo_ops(space, programs))
+        return cls(found)
 
     def __bool__(self) -> bool:
         return bool(self.programs)
@@ -451,29 +457,31 @@ def xla_op_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
     """
     traces = list(path) if isinstance(path, (list, tuple)) else find_traces(path)
     try:
-        index, spaces = HloIndex.of_traces(traces, xplane.metadata_and_host)
+        spaces = [xplane.read_xspace(t, xplane.metadata_and_host) for t in traces]
     except (xplane.XSpaceError, OSError) as e:
         raise ProfileError(f"{traces[0]} is not a readable profiler trace (XSpace): {e}") from e
-    hlo = cpu_readings(spaces)
+    events = [ev for space in spaces for ev in xplane.xla_host_events(space)]
+    ran = xplane.ran_programs(ev.module for ev in events)  # the programs the trace ran, only
+    index = HloIndex.of_spaces(spaces, ran)
+    hlo = cpu_readings(spaces, ran)
     rows: dict[tuple[str, str, str, bool], list[float]] = {}
-    for space in spaces:
-        for ev in xplane.xla_host_events(space):
-            op_name, opcode = index.op_name(ev.module, ev.hlo_op)
-            found = hlo.reading(ev.module, ev.hlo_op)
-            precision, is_cast = "", False
-            if found is not None:
-                reading, owner, opcode = found[0], found[1] or op_name, found[2] or opcode
-                precision, is_cast = reading.precision, reading.is_cast
-                op_name = owner or op_name
-            if op_name:
-                op_type = split_op_name(op_name)[-1] or opcode or ev.hlo_op
-            else:
-                op_name = f"{xplane.module_base(ev.module)}/{ev.hlo_op}"
-                op_type = opcode or ev.hlo_op
-            row = rows.setdefault((op_name, op_type, precision, is_cast), [0, 0.0, 0.0])
-            row[0] += 1
-            row[1] += ev.duration_ps / 1e6
-            row[2] += ev.self_ps / 1e6
+    for ev in events:
+        op_name, opcode = index.op_name(ev.module, ev.hlo_op)
+        found = hlo.reading(ev.module, ev.hlo_op)
+        precision, is_cast = "", False
+        if found is not None:
+            reading, owner, opcode = found[0], found[1] or op_name, found[2] or opcode
+            precision, is_cast = reading.precision, reading.is_cast
+            op_name = owner or op_name
+        if op_name:
+            op_type = split_op_name(op_name)[-1] or opcode or ev.hlo_op
+        else:
+            op_name = f"{xplane.module_base(ev.module)}/{ev.hlo_op}"
+            op_type = opcode or ev.hlo_op
+        row = rows.setdefault((op_name, op_type, precision, is_cast), [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += ev.duration_ps / 1e6
+        row[2] += ev.self_ps / 1e6
     if not rows:
         raise ProfileError(
             f"the trace {traces[0]} holds no XLA ops (no host events with hlo_op stats): was the "

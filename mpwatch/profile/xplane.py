@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -406,8 +406,22 @@ def module_base(name: str) -> str:
     return m.group(1) if m else name
 
 
-def hlo_ops(space: XSpace) -> dict[str, dict[str, HloOp]]:
-    """Compiled programs of the trace: ``program name -> instruction name -> HloOp``.
+def ran_programs(modules: Iterable[str]) -> Callable[[str], bool]:
+    """A program filter: whether a program of the metadata plane (``name(id)``) is one of
+    ``modules`` (the programs events ran, with or without their id) or has the base name of one
+    (as :class:`mpwatch.profile.traces.HloIndex` looks them up). A trace's metadata plane holds
+    every program the process compiled (74 in a short JAX fit with mpwatch): parsing only those
+    that ran saves most of the conversion's HLO parsing."""
+    names = set(modules)
+    bases = {module_base(m) for m in names}
+    return lambda key: key in names or module_base(key) in bases
+
+
+def hlo_ops(
+    space: XSpace, programs: Callable[[str], bool] | None = None
+) -> dict[str, dict[str, HloOp]]:
+    """Compiled programs of the trace: ``program name -> instruction name -> HloOp``; only
+    those ``programs(name)`` accepts where given (:func:`ran_programs`).
 
     Program names as the metadata plane has them (``jit_train_step(10607)``, name and program
     id); :func:`module_base` strips the id.
@@ -417,6 +431,8 @@ def hlo_ops(space: XSpace) -> dict[str, dict[str, HloOp]]:
         return {}
     out: dict[str, dict[str, HloOp]] = {}
     for name, stats in plane.metadata_stats.items():
+        if programs is not None and not programs(name):
+            continue
         blob = stats.get("Hlo Proto")
         if isinstance(blob, bytes) and blob:
             try:

@@ -37,3 +37,16 @@ def test_upcast_matrix_math_is_float32_and_a_convert_fusion_is_a_cast():
     reading, owner, _ = hlo.reading("jit_train_step", "convolution.8")
     assert reading.math == "conv" and owner == "jit(train_step)/transpose(jvp(conv2d))/add"
     assert hlo.reading("jit_train_step", "nothing") is None
+
+
+def test_only_the_programs_that_ran_are_parsed():
+    """A trace's metadata plane holds every program the process compiled; the op table needs
+    those its events ran, named with their id or without (then every program of that name)."""
+    from mpwatch.profile.xplane import ran_programs
+
+    ran = ran_programs(["jit_train_step(12)", "jit_fn"])
+    assert ran("jit_train_step(12)")
+    assert ran("jit_train_step(40)")  # the same name: HloIndex looks it up by name too
+    assert ran("jit_fn(7)") and ran("jit_fn")
+    assert not ran("jit__device(3)") and not ran("jit_train_step_2(12)")
+    assert not ran_programs([])("jit_train_step(12)")
