@@ -121,6 +121,17 @@ def _np(t: Any) -> np.ndarray:
     return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")), np.float32)
 
 
+def _per_layers(probe: Any, layers: list[Any], make: Any) -> Any:
+    """The capture's compiled function for this layer set, kept on the probe (built by
+    ``make()`` once per probe and layer set; its trace then serves every later probe)."""
+    key = tuple(id(layer) for layer in layers)
+    cached = getattr(probe, "_float8_fn", None)
+    if cached is None or cached[0] != key:
+        cached = (key, make())
+        probe._float8_fn = cached
+    return cached[1]
+
+
 def _capture_tf(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[tuple[Any, Any]]:
     """One pass in a ``tf.function`` (traced once per probe and layer set, like the probe's):
     the tape watches each layer's pre-activation output where it is made. The state the pass
@@ -129,10 +140,7 @@ def _capture_tf(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[
 
     from mpwatch.record.twin import backend_value, state_variables
 
-    key = tuple(id(layer) for layer in layers)
-    cached = getattr(probe, "_float8_tf", None)
-    if cached is None or cached[0] != key:
-
+    def make() -> Any:
         def run(x: Any, y: Any, sw: Any) -> tuple[list[Any], list[Any]]:
             seen: dict[int, Any] = {}
             with tf.GradientTape() as tape:
@@ -148,12 +156,13 @@ def _capture_tf(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[
             grads = [tf.zeros_like(z) if g is None else g for z, g in zip(zs, grads)]
             return [seen[i][0] for i in range(len(layers))], grads
 
-        cached = (key, tf.function(run, reduce_retracing=True, autograph=False))
-        probe._float8_tf = cached
+        return tf.function(run, reduce_retracing=True, autograph=False)
+
+    fn = _per_layers(probe, layers, make)
     state = state_variables(probe.model)
     saved = [tf.identity(backend_value(v)) for v in state]
     try:
-        inputs, grads = cached[1](x, y, sw)
+        inputs, grads = fn(x, y, sw)
     finally:
         for v, value in zip(state, saved):
             backend_value(v).assign(value)
@@ -181,16 +190,13 @@ def _capture_jax(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list
 
     from mpwatch.record.probe_jax import model_values
 
-    key = tuple(id(layer) for layer in layers)
-    cached = getattr(probe, "_float8_jax", None)
-    if cached is None or cached[0] != key:
-        cached = (
-            key,
-            jax.jit(lambda tv, ntv, x, y, sw: _pass_jax(probe, layers, tv, ntv, x, y, sw)),
-        )
-        probe._float8_jax = cached
+    fn = _per_layers(
+        probe,
+        layers,
+        lambda: jax.jit(lambda tv, ntv, x, y, sw: _pass_jax(probe, layers, tv, ntv, x, y, sw)),
+    )
     tv, ntv = model_values(probe.model)
-    inputs, grads = jax.device_get(cached[1](tv, ntv, x, y, sw))
+    inputs, grads = jax.device_get(fn(tv, ntv, x, y, sw))
     return [(_np(a), _np(g)) for a, g in zip(inputs, grads)]
 
 

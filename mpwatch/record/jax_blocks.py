@@ -51,6 +51,11 @@ class BlockLayout:
         ids = np.repeat(np.arange(self.n, dtype=np.int32), self.rows)
         self.ids = jnp.asarray(ids) + runtime_zero
 
+    @classmethod
+    def of(cls, tensors: list[Any], runtime_zero: Any = 0) -> BlockLayout:
+        """The layout of tensors shaped as ``tensors``."""
+        return cls([int(np.prod(np.shape(t))) for t in tensors], runtime_zero)
+
     def matrix(self, tensors: list[Any]) -> Any:
         """``[rows, BLOCK]`` float32: the tensors (of this layout's sizes) flattened, each padded
         with zeros to its rows, stacked."""

@@ -240,7 +240,7 @@ class Probe:
         self.layer_names, self.tap = self._taps()
         self.tapped_layers = self._tapped_layers if self.tap is not None else []
         #: the loss check's forward pass is needed (the model's call is not the tapped graph)
-        self.check_loss = self.tap is not None and not call_is_graph(self.model)
+        self.check_loss = bool(self.tapped_layers) and not call_is_graph(self.model)
         self._var_layer = self._variable_layers()
 
     def _fall_back(self, error: Exception) -> None:

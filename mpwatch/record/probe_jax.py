@@ -195,19 +195,12 @@ def forward_backward(probe: Any, tv: list, ntv: list, x: Any, y: Any, sw: Any, s
 
 def train_step_loss(probe: Any, tv: list, ntv: list, x: Any, y: Any, sw: Any) -> Any:
     """The train step's loss on this batch with these values: the model's own call in training
-    mode (None when the probe's pass already is the model's call)."""
-    if not probe.tapped_layers:
-        return None
+    mode (run where :attr:`Probe.check_loss` says the probe's pass is not that call)."""
     with _scope(probe, tv, ntv):
         return probe._loss(x, y, probe.model(x, training=True), sw)
 
 
 # --- statistics on the device ---------------------------------------------------------------------
-def _layout(tensors: list[Any], zero: Any) -> BlockLayout:
-    """The rows of tensors shaped as ``tensors`` (:class:`.jax_blocks.BlockLayout`)."""
-    return BlockLayout([int(np.prod(np.shape(t))) for t in tensors], zero)
-
-
 def _pow2_at_least(m: Any) -> Any:
     """A power of two >= m (1 where m is 0 or not finite): dividing by it is exact."""
     import jax.numpy as jnp
@@ -230,7 +223,7 @@ def grad_stats(mixed_scaled: list, ref: list, scale: Any, zero: Any) -> dict:
     finite). Columns as :func:`underflow.grad_table`."""
     import jax.numpy as jnp
 
-    rows = _layout(ref, zero)
+    rows = BlockLayout.of(ref, zero)
     r, m = rows.matrix(ref), rows.matrix(mixed_scaled)
     ref_nz = r != 0
     max_ref = jnp.where(rows.count(~jnp.isfinite(r)) > 0, jnp.inf, rows.max(_abs_finite(r)))
@@ -254,7 +247,7 @@ def act_stats(mixed: list, ref: list | None, zero: Any) -> dict:
     normalised as in :func:`grad_stats`)."""
     import jax.numpy as jnp
 
-    rows = _layout(mixed, zero)
+    rows = BlockLayout.of(mixed, zero)
     m = rows.matrix(mixed)
     nonfinite = rows.count(~jnp.isfinite(m))
     out = {
@@ -278,7 +271,7 @@ def act_grad_stats(mixed_scaled: list, ref: list, zero: Any) -> dict:
     of the mixed one (columns as :func:`underflow.act_grad_table`)."""
     import jax.numpy as jnp
 
-    rows = _layout(ref, zero)
+    rows = BlockLayout.of(ref, zero)
     r, m = rows.matrix(ref), rows.matrix(mixed_scaled)
     nz = r != 0
     return {
@@ -295,7 +288,7 @@ def log2_histogram(tensors: list, zero: Any = 0) -> tuple[Any, Any]:
     import jax
     import jax.numpy as jnp
 
-    rows = _layout(tensors, zero)
+    rows = BlockLayout.of(tensors, zero)
     a = jnp.abs(rows.matrix(tensors))
     counted = (a > 0) & jnp.isfinite(a)
     _, e = jnp.frexp(jnp.where(counted, a, 1.0))  # a = f * 2**e, f in [0.5, 1)

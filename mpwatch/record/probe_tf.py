@@ -62,9 +62,8 @@ def forward_backward(probe: Any, x: Any, y: Any, sw: Any, scale: Any) -> dict:
 
 def train_step_loss(probe: Any, x: Any, y: Any, sw: Any) -> Any:
     """The loss Keras' train step computes on this batch with these weights: the model's own
-    call in training mode, in its own policies (random layers off, as in the probe)."""
-    if probe.tap is None:
-        return None  # the probe's own pass *is* the model's call
+    call in training mode, in its own policies (random layers off, as in the probe); run where
+    :attr:`Probe.check_loss` says the probe's pass is not that call."""
     return probe._loss(x, y, probe.model(x, training=True), sw)
 
 

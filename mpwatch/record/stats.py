@@ -137,7 +137,6 @@ def jax_counts_table(
     known only at run time (e.g. ``min(counter, 0)``); it keeps XLA from constant-folding the
     row ids at compile time."""
     import jax.numpy as jnp
-    import numpy as np
 
     from mpwatch.record.jax_blocks import BlockLayout
 
@@ -145,7 +144,7 @@ def jax_counts_table(
     if k == 0:
         return jnp.zeros((0, NUM_COUNTS), jnp.float32)
     flats = [jnp.zeros((0,), jnp.float32) if t is None else t for t in tensors]
-    rows = BlockLayout([int(np.prod(np.shape(t))) for t in flats], runtime_zero)
+    rows = BlockLayout.of(flats, runtime_zero)
     a = jnp.abs(rows.matrix(flats))
     finite = jnp.isfinite(a)
 
