@@ -1,12 +1,11 @@
 """A compiled XLA program's HLO, as the trace's metadata plane keeps it (``HloProto``).
 
-:func:`parse_module` reads one ``HloProto`` (the wire format directly, like
-:mod:`mpwatch.profile.xplane`: field numbers of ``xla/service/hlo.proto`` and
-``xla/xla_data.proto``) into an :class:`HloModule`: every instruction of every computation with
-what decides its precision and owner: opcode, result element types, operands, the computations it
-calls (a fusion's fused computation), a custom call's target, the dot/convolution precision
-config, and the framework op name of its metadata. :func:`hlo_modules` gives every program of a
-decoded trace.
+:func:`parse_module` reads one ``HloProto`` (decoded by protobuf: :mod:`mpwatch.profile.protos`
+describes the fields of ``xla/service/hlo.proto`` and ``xla/xla_data.proto`` it reads) into an
+:class:`HloModule`: every instruction of every computation with what decides its precision and
+owner: opcode, result element types, operands, the computations it calls (a fusion's fused
+computation), a custom call's target, the dot/convolution precision config, and the framework op
+name of its metadata. :func:`hlo_modules` gives every program of a decoded trace.
 
 Example (needs a trace):
     >>> from mpwatch.profile import hlo, xplane  # doctest: +SKIP
@@ -18,18 +17,17 @@ Example (needs a trace):
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from mpwatch.profile.xplane import (
-    ELEMENT_TYPES,
     METADATA_PLANE,
     XSpace,
     XSpaceError,
-    _fields,
-    _packed_ints,
     _text,
+    element_type,
+    hlo_message,
 )
 
 __all__ = ["HloInstruction", "HloModule", "parse_module", "hlo_modules", "FLOAT_TYPES"]
@@ -133,17 +131,11 @@ class HloModule:
         return instr
 
 
-def _shape(buf: bytes) -> tuple[list[str], int]:
-    """(element types, flattened; elements of the first array)."""
-    etype, dims, subs = "", [], []
-    for num, _, v in _fields(buf):
-        if num == 2:
-            etype = ELEMENT_TYPES.get(v, str(v))
-        elif num == 3:
-            dims.extend(_packed_ints(v))
-        elif num == 4:
-            subs.append(v)
-    if etype == "tuple" or subs:
+def _shape(shape: Any) -> tuple[list[str], int]:
+    """(element types, flattened; elements of the first array) of a ``ShapeProto``."""
+    subs = shape.tuple_shapes
+    etype = element_type(shape) if shape.HasField("element_type") else ""
+    if etype == "tuple" or len(subs):
         types: list[str] = []
         elements = 0
         for sub in subs:
@@ -152,94 +144,56 @@ def _shape(buf: bytes) -> tuple[list[str], int]:
             elements += n
         return types, elements
     n = 1
-    for d in dims:
+    for d in shape.dimensions:
         n *= max(int(d), 0)
     return [etype], n
 
 
-def _instruction(buf: bytes, computation: int) -> HloInstruction:
-    instr = HloInstruction(id=-1, name="", opcode="", computation=computation)
-    operands: list[int] = []
-    called: list[int] = []
-    for num, _, v in _fields(buf):
-        if num == 1:
-            instr.name = _text(v)
-        elif num == 2:
-            instr.opcode = _text(v)
-        elif num == 3:
-            types, elements = _shape(v)
-            instr.types = tuple(types)
-            instr.elements = elements
-            instr.dtype = "tuple" if len(types) != 1 else types[0]
-        elif num == 7:
-            for n2, _, v2 in _fields(v):
-                if n2 == 2:
-                    instr.op_name = _text(v2)
-        elif num == 28:
-            instr.custom_call_target = _text(v)
-        elif num == 35:
-            instr.id = v
-        elif num == 36:
-            operands.extend(_packed_ints(v))
-        elif num == 38:
-            called.extend(_packed_ints(v))
-        elif num == 51:
-            precision: list[int] = []
-            for n2, _, v2 in _fields(v):
-                if n2 == 1:
-                    precision.extend(_packed_ints(v2))
-                elif n2 == 2:
-                    instr.algorithm = ALGORITHMS.get(v2, str(v2))
-            instr.operand_precision = tuple(precision)
-    instr.operand_ids = tuple(operands)
-    instr.called_ids = tuple(called)
+def _instruction(msg: Any, computation: int) -> HloInstruction:
+    instr = HloInstruction(
+        id=msg.id if msg.HasField("id") else -1,
+        name=_text(msg.name),
+        opcode=_text(msg.opcode),
+        op_name=_text(msg.metadata.op_name),
+        custom_call_target=_text(msg.custom_call_target),
+        operand_ids=tuple(msg.operand_ids),
+        called_ids=tuple(msg.called_computation_ids),
+        computation=computation,
+    )
+    if msg.HasField("shape"):
+        types, elements = _shape(msg.shape)
+        instr.types = tuple(types)
+        instr.elements = elements
+        instr.dtype = "tuple" if len(types) != 1 else types[0]
+    if msg.HasField("precision_config"):
+        config = msg.precision_config
+        instr.operand_precision = tuple(config.operand_precision)
+        if config.HasField("algorithm"):
+            instr.algorithm = ALGORITHMS.get(config.algorithm, str(config.algorithm))
     return instr
 
 
 def parse_module(blob: bytes | memoryview, name: str = "") -> HloModule:
-    """An ``HloProto`` (the metadata plane's ``Hlo Proto`` stat) as an :class:`HloModule`."""
-    module_buf = next((v for num, _, v in _fields(blob) if num == 1), b"")
-    module = HloModule(name=name)
-    entry_name = ""
-    for num, _, v in _fields(module_buf):
-        if num == 1 and not module.name:
-            module.name = _text(v)
-        elif num == 2:
-            entry_name = _text(v)
-        elif num == 6:
-            module.entry = v
-        elif num == 7:  # HloScheduleProto: computation id -> instruction ids in run order
-            for n2, _, v2 in _fields(v):
-                if n2 != 1:
-                    continue
-                key, ids = 0, []
-                for n3, _, v3 in _fields(v2):
-                    if n3 == 1:
-                        key = v3
-                    elif n3 == 2:
-                        for n4, _, v4 in _fields(v3):
-                            if n4 == 1:
-                                ids.extend(_packed_ints(v4))
-                module.schedule[key] = ids
-        elif num == 3:
-            cid, cname, bufs = None, "", []
-            for n2, _, v2 in _fields(v):
-                if n2 == 2:
-                    bufs.append(v2)
-                elif n2 == 5:
-                    cid = v2
-                elif n2 == 1:
-                    cname = _text(v2)
-            cid = cid if cid is not None else -len(module.computations) - 1
-            ids = []
-            for b in bufs:
-                instr = _instruction(b, cid)
-                if instr.id < 0:
-                    instr.id = -(len(module.instructions) + 1) * 1000003
-                module.instructions[instr.id] = instr
-                ids.append(instr.id)
-            module.computations[cid] = ids
-            module.computation_names[cid] = cname
+    """An ``HloProto`` (the metadata plane's ``Hlo Proto`` stat) as an :class:`HloModule`;
+    :class:`~mpwatch.profile.xplane.XSpaceError` when it is none."""
+    proto = hlo_message(blob).hlo_module
+    module = HloModule(name=name or _text(proto.name))
+    if proto.HasField("entry_computation_id"):
+        module.entry = proto.entry_computation_id
+    for key, sequence in proto.schedule.sequences.items():  # run order per computation
+        module.schedule[key] = list(sequence.instruction_ids)
+    for comp in proto.computations:
+        cid = comp.id if comp.HasField("id") else -len(module.computations) - 1
+        ids = []
+        for msg in comp.instructions:
+            instr = _instruction(msg, cid)
+            if instr.id < 0:
+                instr.id = -(len(module.instructions) + 1) * 1000003
+            module.instructions[instr.id] = instr
+            ids.append(instr.id)
+        module.computations[cid] = ids
+        module.computation_names[cid] = _text(comp.name)
+    entry_name = _text(proto.entry_computation_name)
     if module.entry < 0 and entry_name:
         module.entry = next((c for c, n in module.computation_names.items() if n == entry_name), -1)
     module.index()
@@ -267,7 +221,7 @@ def hlo_modules(
         if programs is not None and not programs(name):
             continue
         try:
-            out[name] = parse_module(memoryview(blob), name)
-        except (XSpaceError, IndexError, struct.error):
+            out[name] = parse_module(blob, name)
+        except XSpaceError:
             continue
     return out

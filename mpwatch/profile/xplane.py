@@ -12,9 +12,9 @@ into tables (``mpwatch/profile/traces.py``), but two things it leaves out are in
   ``XlaModule``; their kernel name is the HLO instruction's name, which the metadata maps back to
   an op (and so to a layer).
 
-The protobuf wire format is decoded here directly (a few field numbers of ``xplane.proto`` and
-``xla/service/hlo.proto``, both stable): no generated classes, so no TensorFlow, no xprof import.
-Unknown fields are skipped, as protobuf does.
+protobuf decodes the file (:mod:`mpwatch.profile.protos` describes the fields of ``xplane.proto``
+and ``xla/service/hlo.proto`` that mpwatch reads): no generated classes, so no TensorFlow and no
+xprof import; fields not described are skipped, as protobuf skips any unknown field.
 
 Example:
     >>> space = read_xspace("logs/run1/plugins/profile/2025_01_01/host.xplane.pb")  # doctest: +SKIP
@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import os
 import re
-import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpwatch.wire import varint
+from mpwatch.profile import protos
 
 __all__ = [
     "XSpaceError",
@@ -92,51 +91,15 @@ class XSpaceError(ValueError):
     """The file is not a readable XSpace (truncated, or not a protobuf)."""
 
 
-# --- the wire format ------------------------------------------------------------------------------
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    return varint(buf, i, XSpaceError)
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
-    """``(field number, wire type, value)`` of one message: ints for varints, bytes otherwise."""
-    i, n = 0, len(buf)
-    while i < n:
-        key, i = _varint(buf, i)
-        num, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 1:
-            value, i = buf[i : i + 8], i + 8
-        elif wire == 2:
-            size, i = _varint(buf, i)
-            value, i = buf[i : i + size], i + size
-        elif wire == 5:
-            value, i = buf[i : i + 4], i + 4
-        else:
-            raise XSpaceError(f"unsupported wire type {wire} (field {num})")
-        if i > n:
-            raise XSpaceError("truncated message")
-        yield num, wire, value
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
+# --- text ----------------------------------------------------------------------------------------
 def _text(value: Any) -> str:
+    """A string field's value: protobuf gives a ``str``, or the raw ``bytes`` where they are no
+    valid UTF-8 (kept readable, as the trace's other text)."""
+    if isinstance(value, str):
+        return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode("utf-8", errors="replace")
     return ""
-
-
-def _packed_ints(value: Any) -> list[int]:
-    if isinstance(value, int):
-        return [value]
-    out, i = [], 0
-    while i < len(value):
-        v, i = _varint(value, i)
-        out.append(_signed(v))
-    return out
 
 
 # --- XSpace --------------------------------------------------------------------------------------
@@ -190,95 +153,45 @@ class XSpace:
         return [p for p in self.planes if p.name.startswith(DEVICE_PLANE_PREFIX)]
 
 
-def _stat(buf: bytes, stat_names: dict[int, str]) -> tuple[str, Any]:
-    name, value = "", None
-    for num, _, v in _fields(buf):
-        if num == 1:
-            name = stat_names.get(v, str(v))
-        elif num == 2:
-            value = struct.unpack("<d", v)[0]
-        elif num == 3:
-            value = v
-        elif num == 4:
-            value = _signed(v)
-        elif num == 5:
-            value = _text(v)
-        elif num == 6:
-            value = bytes(v)
-        elif num == 7:
-            value = stat_names.get(v, str(v))
-    return name, value
+def _stat_value(stat: Any, stat_names: dict[int, str]) -> Any:
+    kind = stat.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "ref_value":
+        return stat_names.get(stat.ref_value, str(stat.ref_value))
+    if kind == "str_value":
+        return _text(stat.str_value)
+    return getattr(stat, kind)
 
 
-def _map_entry(buf: bytes) -> tuple[int, bytes]:
-    key, value = 0, b""
-    for num, _, v in _fields(buf):
-        if num == 1:
-            key = v
-        elif num == 2:
-            value = v
-    return key, value
+def _stats(stats: Any, stat_names: dict[int, str]) -> dict[str, Any]:
+    return {
+        stat_names.get(s.metadata_id, str(s.metadata_id)): _stat_value(s, stat_names) for s in stats
+    }
 
 
-def _plane(buf: memoryview, with_events: bool) -> XPlane:
-    name = ""
-    line_bufs: list[bytes] = []
-    plane_stats: list[bytes] = []
-    event_meta: dict[int, tuple[str, list[bytes]]] = {}
-    stat_names: dict[int, str] = {}
-    for num, _, v in _fields(buf):
-        if num == 2:
-            name = _text(v)
-        elif num == 3:
-            line_bufs.append(v)
-        elif num == 4:
-            key, value = _map_entry(v)
-            ename, stats = "", []
-            for n2, _, v2 in _fields(value):
-                if n2 == 2:
-                    ename = _text(v2)
-                elif n2 == 5:
-                    stats.append(v2)
-            event_meta[key] = (ename, stats)
-        elif num == 5:
-            key, value = _map_entry(v)
-            sname = next((_text(v2) for n2, _, v2 in _fields(value) if n2 == 2), "")
-            stat_names[key] = sname
-        elif num == 6:
-            plane_stats.append(v)
-    plane = XPlane(name=name)
-    plane.stats = dict(_stat(s, stat_names) for s in plane_stats)
-    for ename, stats in event_meta.values():
-        if stats:
-            plane.metadata_stats[ename] = dict(_stat(s, stat_names) for s in stats)
-    if not with_events:
-        return plane
-    for lbuf in line_bufs:
-        line = XLine(name="", timestamp_ns=0)
-        display = ""
-        for num, _, v in _fields(lbuf):
-            if num == 2:
-                line.name = _text(v)
-            elif num == 11:
-                display = _text(v)
-            elif num == 3:
-                line.timestamp_ns = _signed(v)
-            elif num == 4:
-                meta_id = offset = duration = 0
-                stats: dict[str, Any] = {}
-                for n2, _, v2 in _fields(v):
-                    if n2 == 1:
-                        meta_id = v2
-                    elif n2 == 2:
-                        offset = _signed(v2)
-                    elif n2 == 3:
-                        duration = _signed(v2)
-                    elif n2 == 4:
-                        k, val = _stat(v2, stat_names)
-                        stats[k] = val
-                ename = event_meta.get(meta_id, ("", []))[0]
-                line.events.append(XEvent(ename, offset, duration, stats))
-        line.name = line.name or display
+def _plane(msg: Any) -> XPlane:
+    stat_names = {k: _text(v.name) for k, v in msg.stat_metadata.items()}
+    event_meta = msg.event_metadata
+    names = {k: _text(v.name) for k, v in event_meta.items()}
+    plane = XPlane(name=_text(msg.name))
+    plane.stats = _stats(msg.stats, stat_names)
+    for key, meta in event_meta.items():
+        if len(meta.stats):
+            plane.metadata_stats[names[key]] = _stats(meta.stats, stat_names)
+    for lmsg in msg.lines:
+        line = XLine(
+            name=_text(lmsg.name) or _text(lmsg.display_name), timestamp_ns=lmsg.timestamp_ns
+        )
+        line.events = [
+            XEvent(
+                names.get(e.metadata_id, ""),
+                e.offset_ps,
+                e.duration_ps,
+                _stats(e.stats, stat_names) if len(e.stats) else {},
+            )
+            for e in lmsg.events
+        ]
         plane.lines.append(line)
     return plane
 
@@ -287,20 +200,19 @@ PlaneFilter = Callable[[str], bool]
 
 
 def parse_xspace(data: bytes, planes: PlaneFilter | None = None) -> XSpace:
-    """Decode an XSpace. ``planes(name)`` says which planes to decode (default: all); the others
-    keep only their name. Raises :class:`XSpaceError` when ``data`` is no XSpace."""
-    space = XSpace()
-    view = memoryview(data)
+    """Decode an XSpace (protobuf's parser: :mod:`mpwatch.profile.protos`). ``planes(name)`` says
+    which planes to decode into events and stats (default: all); the others keep only their name.
+    Raises :class:`XSpaceError` when ``data`` is no XSpace."""
     try:
-        for num, wire, v in _fields(view):
-            if num == 1 and wire == 2:
-                head = next((_text(v2) for n2, _, v2 in _fields(v) if n2 == 2), "")
-                if planes is None or planes(head):
-                    space.planes.append(_plane(v, True))
-                else:
-                    space.planes.append(XPlane(name=head))
-    except (XSpaceError, IndexError, struct.error) as e:
+        msg = protos.messages().XSpace.FromString(bytes(data))
+    except protos.DecodeError as e:
         raise XSpaceError(f"not a readable profiler trace (XSpace): {e}") from e
+    space = XSpace()
+    for p in msg.planes:
+        if planes is None or planes(_text(p.name)):
+            space.planes.append(_plane(p))
+        else:
+            space.planes.append(XPlane(name=_text(p.name)))
     return space
 
 
@@ -339,40 +251,35 @@ class HloOp:
     fused_op_names: tuple[str, ...] = ()
 
 
-def _instruction(buf: bytes) -> tuple[str, str, str, str, list[int]]:
-    name = opcode = op_name = dtype = ""
-    called: list[int] = []
-    for num, _, v in _fields(buf):
-        if num == 1:
-            name = _text(v)
-        elif num == 2:
-            opcode = _text(v)
-        elif num == 3:
-            for n2, _, v2 in _fields(v):
-                if n2 == 2:
-                    dtype = ELEMENT_TYPES.get(v2, str(v2))
-        elif num == 7:
-            for n2, _, v2 in _fields(v):
-                if n2 == 2:
-                    op_name = _text(v2)
-        elif num == 38:
-            called.extend(_packed_ints(v))
-    return name, opcode, op_name, dtype, called
+def hlo_message(blob: bytes) -> Any:
+    """An ``HloProto`` (a metadata plane's ``Hlo Proto`` stat) decoded by protobuf
+    (:mod:`mpwatch.profile.protos`); :class:`XSpaceError` when it is none."""
+    try:
+        return protos.messages().HloProto.FromString(bytes(blob))
+    except protos.DecodeError as e:
+        raise XSpaceError(f"not a readable HLO program: {e}") from e
+
+
+def element_type(shape: Any) -> str:
+    """The HLO type name of a ``ShapeProto``'s element type (``f16``, ``tuple``, ...)."""
+    return ELEMENT_TYPES.get(shape.element_type, str(shape.element_type))
 
 
 def _hlo_module(blob: bytes) -> dict[str, HloOp]:
-    module = next((v for num, _, v in _fields(blob) if num == 1), b"")
-    computations: dict[int, list[tuple[str, str, str, str, list[int]]]] = {}
-    for num, _, comp in _fields(module):
-        if num != 3:
-            continue
-        cid, instrs = None, []
-        for n2, _, v2 in _fields(comp):
-            if n2 == 2:
-                instrs.append(_instruction(v2))
-            elif n2 == 5:
-                cid = v2
-        computations[cid if cid is not None else -len(computations) - 1] = instrs
+    module = hlo_message(blob).hlo_module
+    computations: dict[int, list[tuple[str, str, str, str, Any]]] = {}
+    for comp in module.computations:
+        cid = comp.id if comp.HasField("id") else -len(computations) - 1
+        computations[cid] = [
+            (
+                _text(i.name),
+                _text(i.opcode),
+                _text(i.metadata.op_name),
+                element_type(i.shape) if i.shape.HasField("element_type") else "",
+                i.called_computation_ids,
+            )
+            for i in comp.instructions
+        ]
     out: dict[str, HloOp] = {}
     for instrs in computations.values():
         for name, opcode, op_name, dtype, called in instrs:
@@ -436,8 +343,8 @@ def hlo_ops(
         blob = stats.get("Hlo Proto")
         if isinstance(blob, bytes) and blob:
             try:
-                out[name] = _hlo_module(memoryview(blob))
-            except (XSpaceError, IndexError, struct.error):
+                out[name] = _hlo_module(blob)
+            except XSpaceError:
                 continue  # one unreadable program: leave it out
     return out
 

@@ -1,6 +1,6 @@
 """Issue 26 on the shipped H100 trace: every kernel's precision, Tensor Core use and owner from the
 HLO it runs, checked against a truth computed here from the trace with the protobuf classes
-TensorFlow ships (``xplane_pb2``, ``hlo_pb2``), not with mpwatch's wire reader.
+TensorFlow ships (``xplane_pb2``, ``hlo_pb2``), not with mpwatch's reader.
 
 The truth, by hand: each GPU event of the device plane runs the HLO instruction its ``hlo_op`` stat
 names, or (inside a CUDA graph, ``hlo_op`` ``command_buffer_N``) the instruction its kernel is named
