@@ -83,9 +83,10 @@ PROBE_PASS_STEPS = 3.0
 PROFILE_FIXED_S = {"tensorflow": 0.3, "jax": 4.0}
 #: a profiled step costs this many steady steps (the tracer records every op)
 PROFILE_STEPS_COST = 1.5
-#: converting a trace, seconds per MB of trace files (xprof's converter and the HLO join on a
-#: CPU: 0.3-1.5 s/MB measured; the larger)
-CONVERT_S_PER_MB = 1.5
+#: converting a trace, seconds per MB of trace files (xprof's converter, the trace's decode and
+#: the HLO join, on a CPU: 0.1-0.4 s/MB measured without the model's layers, 0.2-0.45 s/MB in a
+#: JAX fit with them, since protobuf decodes the trace; the larger, rounded up)
+CONVERT_S_PER_MB = 0.5
 
 #: the steady step time is the median of the last this many Keras calls
 STEP_WINDOW = 50
