@@ -10,6 +10,7 @@ variables); ``mpwatch.read`` joins the parts back.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Mapping
@@ -143,6 +144,9 @@ class _TensorBoardEvents:
     own is pure Python, two per event) through this writer's own record framing."""
 
     def __init__(self, logdir: str) -> None:
+        if "://" not in str(logdir):  # a local folder: no tf.io.gfile (see _LocalEventFile)
+            self._writer: Any = _LocalEventFile(logdir)
+            return
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._writer = EventFileWriter(logdir)
@@ -164,6 +168,64 @@ class _TensorBoardEvents:
 
     def close(self) -> None:
         self._writer.close()
+
+
+class _LocalEventFile:
+    """An event file in a local folder, written as TensorBoard's ``EventFileWriter`` writes one
+    (its file name, a first event with ``file_version: "brain.Event:2"``, TFRecord framing) with
+    plain file I/O. TensorBoard's writer goes through ``tf.io.gfile``, which imports TensorFlow
+    when it is installed: 2.7 s of a JAX process' first monitored fit on a CPU, and its memory,
+    for a ``makedirs`` and an ``open`` (remote logdirs, ``gs://`` and the like, still take
+    TensorBoard's writer). The file is flushed at :meth:`flush` and at least every
+    :data:`FLUSH_SECONDS` while events are added, so a running TensorBoard sees them."""
+
+    FLUSH_SECONDS = 10.0
+
+    def __init__(self, logdir: str) -> None:
+        import os
+        import socket
+        import time
+
+        os.makedirs(logdir, exist_ok=True)
+        stamp, host, pid = int(time.time()), socket.gethostname(), os.getpid()
+        name = f"events.out.tfevents.{stamp:010d}.{host}.{pid}.{_next_uid()}"
+        self.path = os.path.join(logdir, name)
+        self._file = open(self.path, "xb")  # never another writer's file
+        self._flushed = time.monotonic()
+        from tensorboard.compat.proto import event_pb2
+
+        self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def add_event(self, event: Any) -> None:
+        import time
+
+        self._file.write(wire.frame_record(event.SerializeToString()))
+        if time.monotonic() - self._flushed > self.FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        import time
+
+        self._file.flush()
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _next_uid() -> int:
+    """The next number of TensorBoard's own per-process writer counter (the last part of an
+    event file's name), so this process' TensorBoard writers and mpwatch's never share a name."""
+    try:
+        from tensorboard.summary.writer import event_file_writer
+
+        return int(event_file_writer._global_uid.get())
+    except Exception:  # noqa: BLE001 - another TensorBoard: a number of mpwatch's own
+        return next(_uids)
+
+
+_uids = itertools.count(1 << 20)
 
 
 def _frame_with_fast_crc(events: Any) -> None:
