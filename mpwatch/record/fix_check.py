@@ -67,6 +67,7 @@ def jax_pass(probe: Any, x: Any, y: Any, sw: Any, scale: float, key: tuple = ())
     import jax.numpy as jnp
 
     from mpwatch.record.probe_jax import fetch, forward_backward, global_batch, model_values
+    from mpwatch.record.program_cache import CachedJit
 
     tv, ntv = model_values(probe.model)  # Keras' training state: no variable is read
     x, y, sw = global_batch(x, y, sw)
@@ -78,7 +79,7 @@ def jax_pass(probe: Any, x: Any, y: Any, sw: Any, scale: float, key: tuple = ())
             out = forward_backward(probe, tv_, ntv_, x_, y_, sw_, s)
             return {"loss": out["loss"], "acts": out["acts"], "grads": out["grads"]}
 
-        fn = cache[key] = jax.jit(run)
+        fn = cache[key] = CachedJit(run, "fix-check")
     out = fn(tv, ntv, x, y, sw, jnp.float32(scale))
     return out if jax.process_count() == 1 else fetch(out)
 

@@ -326,26 +326,29 @@ class JaxProbeFunction:
     the TensorFlow function (see the module doc). Traced once per probe batch shape."""
 
     def __init__(self, probe: Any) -> None:
-        import jax
+        from mpwatch.record.program_cache import CachedJit
 
         self.probe = probe
-        self._jit = jax.jit(self._device)
+        self._jit = CachedJit(self._device, "probe")  # compiled once per machine, not per fit
         self._ahead: Any = None  # (the batch's signature, the future of its compiled program)
 
     def precompile(self, x: Any, y: Any, sw: Any) -> None:
         """Trace the probe for this batch now (on the calling thread, between training steps:
         tracing reads the model's layers and policies) and compile it on a background thread
-        (XLA's compile holds no Python state): JAX's ahead-of-time ``lower().compile()``. The
+        (XLA's compile holds no Python state): JAX's ahead-of-time ``lower().compile()``, or the
+        executable of an earlier process (:mod:`mpwatch.record.program_cache`). The
         compile runs beside training (on a GPU machine the host's cores are mostly idle; on a
         CPU it shares the cores with training); the first probe waits for what is left of it."""
         import concurrent.futures
 
         import jax.numpy as jnp
 
+        from mpwatch.record.program_cache import load_or_compile
+
         tv, ntv = model_values(self.probe.model)
         lowered = self._jit.lower(tv, ntv, x, y, sw, jnp.float32(1.0), jnp.int32(0))
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mpwatch-probe")
-        self._ahead = (_signature(x, y, sw), pool.submit(lowered.compile))
+        self._ahead = (_signature(x, y, sw), pool.submit(load_or_compile, lowered, "probe"))
         pool.shutdown(wait=False)
 
     def __call__(self, x: Any, y: Any, sw: Any, scale: float) -> dict[str, np.ndarray]:
