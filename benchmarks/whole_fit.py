@@ -32,6 +32,13 @@ pair moves by several percent: read the median and the range.
         --monitor-args probe_every=10
     python benchmarks/whole_fit.py --backends jax --models transformer --devices 4 \
         --distribution model_parallel
+    python benchmarks/whole_fit.py --backends jax --models mobilenetv2 --policy mixed_bfloat16 \
+        --seconds 24 --monitor-args probe_every=10 --program-cache warm
+
+``--program-cache cold`` (the default) gives every monitored fit an empty mpwatch cache
+(``MPWATCH_CACHE_DIR``): what a first run pays, the probe's JAX programs compiled. ``warm`` runs
+one untimed monitored fit first: what a later run of the same script pays, its programs loaded
+(:mod:`mpwatch.record.program_cache`).
 
 ``--distribution data_parallel|model_parallel`` (JAX) trains both fits under a
 ``keras.distribution`` over every device (``--devices N``: N host devices, for a CPU):
@@ -182,12 +189,21 @@ def measure(name: str, seconds: float, args: argparse.Namespace, root: str) -> d
         flush=True,
     )
     kwargs = dict(args.monitor_kwargs)
+    from mpwatch.record import program_cache
+
+    if args.program_cache == "warm":  # a later run of the same script: its programs are kept
+        os.environ["MPWATCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="cache_", dir=root)
+        warm = fit_once(name, rm, args, data, steps, kwargs, os.path.join(root, f"{name}_warm"))
+        print(f"    warm-up monitored fit (not counted): {warm[0]:.1f} s", file=sys.stderr)
     pairs = []
     for rep in range(args.reps):
         order = ("plain", "mpwatch") if rep % 2 == 0 else ("mpwatch", "plain")
         got: dict[str, Any] = {}
+        hits = program_cache.stats["hits"]
         for cfg in order:
             logdir = os.path.join(root, f"{name}_{seconds:g}_{rep}")
+            if args.program_cache == "cold" and cfg == "mpwatch":  # a first run: nothing kept
+                os.environ["MPWATCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="cache_", dir=root)
             got[cfg] = fit_once(
                 name, rm, args, data, steps, kwargs if cfg == "mpwatch" else None, logdir
             )
@@ -200,6 +216,7 @@ def measure(name: str, seconds: float, args: argparse.Namespace, root: str) -> d
                 "ratio": mw / pw,
                 "steady": (statistics.median(ms) / statistics.median(ps)) if ms and ps else None,
                 "budget": ledger(mon),
+                "cache_hits": program_cache.stats["hits"] - hits,
             }
         )
     return {"model": name, "seconds": seconds, "steps": steps, "pairs": pairs}
@@ -220,7 +237,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     extra = ", ".join(f"{k}={v!r}" for k, v in args.monitor_kwargs.items()) or "defaults"
     print(
         f"\nwhole fit, MixedPrecisionMonitor ({extra}) / plain, backend {backend}, "
-        f"{args.policy}, batch {args.batch_size}, {args.reps} interleaved pairs"
+        f"{args.policy}, batch {args.batch_size}, {args.reps} interleaved pairs, program cache "
+        f"{args.program_cache}"
     )
     head = ["model", "target", "steps", "plain s", "mpwatch s", "ratio (min..max)", "steady",
             "goal", "mpwatch own s (probe, profile)"]  # fmt: skip
@@ -262,7 +280,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         b = r["pairs"][-1]["budget"]
         print(
             f"  {r['model']} {r['seconds']:g} s: fit {b.get('fit_seconds', 0):.1f} s, own "
-            f"{b.get('own_seconds', 0):.2f} s; {decisions_text(b)}"
+            f"{b.get('own_seconds', 0):.2f} s, programs loaded from the cache "
+            f"{r['pairs'][-1].get('cache_hits', 0)}; {decisions_text(b)}"
         )
 
 
@@ -297,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         help="leave the optimizer to be built inside Keras' first trace (TensorFlow then traces "
         "the plain fit's step twice; mpwatch's tap builds it first)",
     )
+    ap.add_argument(
+        "--program-cache", choices=("cold", "warm"), default="cold",
+        help="cold: each monitored fit starts with an empty mpwatch cache (a first run: the "
+        "probe's programs compiled); warm: one untimed monitored fit first fills it (a later "
+        "run of the same script: they are loaded, mpwatch/record/program_cache.py)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     backends = [b for b in (args.backends or "").split(",") if b]
     if len(backends) > 1:  # one process per backend: Keras fixes its backend at import

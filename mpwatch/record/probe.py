@@ -369,11 +369,13 @@ class Probe:
             return JaxProbeFunction(self)
         return probe_tf.probe_function(self)
 
-    def precompile(self, data: Any) -> bool:
+    def precompile(self, data: Any, cached_only: bool = False) -> bool:
         """On JAX, trace the probe for this batch now and compile it on a background thread
-        (:meth:`mpwatch.record.probe_jax.JaxProbeFunction.precompile`): the first probe then
-        costs its passes, not its compile. False (nothing done) on TensorFlow, whose trace and
-        graph optimization cannot leave the training thread."""
+        (:meth:`mpwatch.record.probe_jax.JaxProbeFunction.precompile`; ``cached_only``: only
+        load an executable an earlier process compiled, else keep the trace for the first probe):
+        the first probe then costs its passes, not its compile. False when nothing was started
+        (on TensorFlow, whose trace and graph optimization cannot leave the training thread,
+        nothing is done)."""
         from mpwatch.record import backend
 
         if backend.name() != backend.JAX:
@@ -382,8 +384,7 @@ class Probe:
         if not self._prepared:
             self._prepare()
             self._fn = self._build_fn()
-        self._fn.precompile(x, y, sw)
-        return True
+        return bool(self._fn.precompile(x, y, sw, cached_only=cached_only))
 
     # --- one probe -------------------------------------------------------------------------------
     def current_scale(self) -> float:

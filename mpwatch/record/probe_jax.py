@@ -332,24 +332,34 @@ class JaxProbeFunction:
         self._jit = CachedJit(self._device, "probe")  # compiled once per machine, not per fit
         self._ahead: Any = None  # (the batch's signature, the future of its compiled program)
 
-    def precompile(self, x: Any, y: Any, sw: Any) -> None:
+    def precompile(self, x: Any, y: Any, sw: Any, cached_only: bool = False) -> bool:
         """Trace the probe for this batch now (on the calling thread, between training steps:
         tracing reads the model's layers and policies) and compile it on a background thread
         (XLA's compile holds no Python state): JAX's ahead-of-time ``lower().compile()``, or the
-        executable of an earlier process (:mod:`mpwatch.record.program_cache`). The
-        compile runs beside training (on a GPU machine the host's cores are mostly idle; on a
-        CPU it shares the cores with training); the first probe waits for what is left of it."""
+        executable of an earlier process (:mod:`mpwatch.record.program_cache`). The compile runs
+        beside training (on a GPU machine the host's cores are mostly idle); the first probe
+        waits for what is left of it.
+
+        ``cached_only`` (a CPU, whose cores training uses: an XLA compile beside it slows both
+        and saves nothing): only an executable already in the cache is loaded on the thread;
+        otherwise the traced program is kept and the first probe compiles it, on its own
+        thread, without tracing again. True when a load or compile was started."""
         import concurrent.futures
 
         import jax.numpy as jnp
 
-        from mpwatch.record.program_cache import load_or_compile
+        from mpwatch.record import program_cache
 
         tv, ntv = model_values(self.probe.model)
         lowered = self._jit.lower(tv, ntv, x, y, sw, jnp.float32(1.0), jnp.int32(0))
+        signature = _signature(x, y, sw)
+        if cached_only and not program_cache.cached(lowered, "probe"):
+            self._ahead = (signature, _Later(program_cache.load_or_compile, lowered, "probe"))
+            return False
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mpwatch-probe")
-        self._ahead = (_signature(x, y, sw), pool.submit(load_or_compile, lowered, "probe"))
+        self._ahead = (signature, pool.submit(program_cache.load_or_compile, lowered, "probe"))
         pool.shutdown(wait=False)
+        return True
 
     def __call__(self, x: Any, y: Any, sw: Any, scale: float) -> dict[str, np.ndarray]:
         import jax.numpy as jnp
@@ -420,6 +430,21 @@ class JaxProbeFunction:
             out["act_grads_present"] = np.array(present, np.int64)
             out["n_acts"] = len(pairs)
         return out
+
+
+class _Later:
+    """A call made when its result is first asked for, on the asking thread (a future's
+    ``result()``, for a program traced ahead whose compile waits for the first probe)."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self._call: Any = (fn, args)
+        self._value: Any = None
+
+    def result(self) -> Any:
+        if self._call is not None:
+            fn, args = self._call
+            self._value, self._call = fn(*args), None
+        return self._value
 
 
 def host_tables(raw: dict) -> dict[str, np.ndarray]:

@@ -187,15 +187,17 @@ class ProbeMonitor(RecordingCallback):
             self._probe(got.last_step)
 
     def _compile_ahead(self) -> None:
-        """On JAX on a GPU (or TPU), once the probe batch is known: trace the probe and compile
-        it beside training (:meth:`Probe.precompile`) when a probe is going to run (asked for
-        explicitly, no budget, or the budget's estimate of a first probe fits now that the step
-        time is known)."""
+        """On JAX, once the probe batch is known: trace the probe and compile it beside training
+        (:meth:`Probe.precompile`) when a probe is going to run (asked for explicitly, no budget,
+        or the budget's estimate of a first probe fits now that the step time is known). On a
+        GPU (or TPU) host, whose cores are mostly idle, the compile runs on a thread; on a CPU
+        only the loading of an executable an earlier process compiled does
+        (:mod:`mpwatch.record.program_cache`): a compile would share the cores with training
+        (and be hidden from the ledger), so there the first probe compiles the program traced
+        here."""
         from mpwatch.record import backend
 
-        if backend.name() != backend.JAX or _on_cpu():
-            # on a CPU the compile would share the cores with training (and be hidden from the
-            # ledger): the probe compiles when it first runs, charged to the budget
+        if backend.name() != backend.JAX:
             self._ahead_decided = True
             return
         budget = self.budget
@@ -207,7 +209,7 @@ class ProbeMonitor(RecordingCallback):
                 return
         self._ahead_decided = True
         try:
-            self._ahead = self.probe.precompile(self._data)
+            self._ahead = self.probe.precompile(self._data, cached_only=_on_cpu())
         except Exception:  # noqa: BLE001 - the probe itself traces (and says why) when it runs
             logger.debug("mpwatch: probe: compiling ahead failed", exc_info=True)
 

@@ -43,7 +43,15 @@ from typing import Any
 
 logger = logging.getLogger("mpwatch")
 
-__all__ = ["CachedJit", "MAX_CACHE_BYTES", "load_or_compile", "program_key", "stats"]
+__all__ = [
+    "CachedJit",
+    "MAX_CACHE_BYTES",
+    "cached",
+    "entry",
+    "load_or_compile",
+    "program_key",
+    "stats",
+]
 
 #: the cache folder's size limit; the least recently used entries go first
 MAX_CACHE_BYTES = 1 << 30
@@ -108,16 +116,31 @@ def program_key(lowered: Any, label: str) -> str:
     return h.hexdigest()
 
 
+def entry(lowered: Any, label: str) -> str | None:
+    """The path of this program's cache entry (None when the cache is off or the program has
+    no key); it may not exist yet."""
+    where = folder()
+    if where is None:
+        return None
+    try:
+        return os.path.join(where, f"{label}-{program_key(lowered, label)}{SUFFIX}")
+    except Exception:  # noqa: BLE001 - no key, no cache: compiled as before
+        logger.debug("mpwatch: program cache: no key for %s", label, exc_info=True)
+        return None
+
+
+def cached(lowered: Any, label: str) -> bool:
+    """Whether this program's executable is in the cache (loading it, unlike compiling it, is
+    light work that can run beside training on a CPU)."""
+    path = entry(lowered, label)
+    return path is not None and os.path.isfile(path)
+
+
 def load_or_compile(lowered: Any, label: str) -> Any:
     """``lowered.compile()``, loaded from the cache where this program was compiled before on this
     kind of machine, else compiled and kept there."""
-    where = folder()
-    if where is None:
-        return _compile(lowered)
-    try:
-        path = os.path.join(where, f"{label}-{program_key(lowered, label)}{SUFFIX}")
-    except Exception:  # noqa: BLE001 - no key, no cache: compiled as before
-        logger.debug("mpwatch: program cache: no key for %s", label, exc_info=True)
+    path = entry(lowered, label)
+    if path is None:
         return _compile(lowered)
     loaded = _load(path, lowered)
     if loaded is not None:

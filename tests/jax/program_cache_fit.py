@@ -57,6 +57,8 @@ def one_fit(logdir):
     did = {k: program_cache.stats[k] - before[k] for k in ("hits", "misses", "errors")}
     return {
         "logdir": logdir,
+        # the probe's program loaded beside training (on a CPU only from the cache)
+        "ahead": any(getattr(p, "_ahead", False) for p in monitor.parts),
         "weights": [np.asarray(w).tolist() for w in model.get_weights()],
         "cache": did,
         "entries": entries(),

@@ -166,6 +166,9 @@ def test_the_diagnosis_says_what_the_budget_skipped_and_nothing_rests_on_it(fits
     probe = next(f for f in by_rule["budget"] if f.data["part"] == "probe")
     assert probe.data["skipped"] == 2 and probe.data["ran"] == 0
     assert "probe_every=N" in probe.fix
+    for f in by_rule["budget"]:  # every line of the fix is code a user can paste
+        for line in f.fix.splitlines():
+            compile(line.replace("probe_every=N", "probe_every=500"), "<fix>", "exec")
     assert "underflow" in probe.evidence  # what is missing, said
     # no finding that needs a probe was made without one
     for rule in ("gradient-underflow", "gradient-error", "output-rel-error", "loss-scale"):

@@ -78,6 +78,13 @@ def test_a_later_process_loads_them_and_compiles_nothing(runs):
     assert warm["entries"] == runs["cold"]["fits"][0]["entries"]
 
 
+def test_on_a_cpu_only_a_cached_program_is_loaded_beside_training(runs):
+    # a compile beside training would share the two cores with it; a load is light work
+    assert runs["cold"]["fits"][0]["ahead"] is False
+    assert runs["off"]["fits"][0]["ahead"] is False
+    assert runs["warm"]["fits"][0]["ahead"] is True
+
+
 def test_loaded_programs_write_the_records_jax_own_compile_writes(runs, read_events):
     truth = _probes(read_events, runs["off"]["fits"][0])
     assert len(truth) == 3  # steps 2, 4, 6

@@ -134,11 +134,12 @@ def check(run: Run) -> list[Finding]:
                 fix=(
                     f"MixedPrecisionMonitor(log_dir, {setting})  # runs whatever it costs\n"
                     + (
-                        f"# or: MixedPrecisionMonitor(log_dir, budget={larger})  # "
+                        f"# or: MixedPrecisionMonitor(log_dir, budget={larger})  # the share "
+                        "that fits; budget=None: no budget; or train longer"
                         if larger
-                        else "# or: MixedPrecisionMonitor(log_dir, "
+                        else "# or: MixedPrecisionMonitor(log_dir, budget=None)  # no budget; "
+                        "or train longer"
                     )
-                    + "budget=None: no budget; or train longer"
                 ),
                 data={
                     "part": part,
