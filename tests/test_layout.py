@@ -27,6 +27,7 @@ SHARED = (
     "mpwatch.layers",
     "mpwatch.profile.kernel_classes",
     "mpwatch.profile.kernel_patterns",
+    "mpwatch.user_cache",
     "mpwatch.wire",
     "mpwatch.words",
 )
@@ -40,6 +41,7 @@ ALLOWED = {
     "mpwatch.contract": ("mpwatch.contract",),
     "mpwatch.formats": (),
     "mpwatch.layers": (),
+    "mpwatch.user_cache": (),
     "mpwatch.wire": (),
     "mpwatch.words": (),
     "mpwatch.profile": (
@@ -126,6 +128,7 @@ def test_the_stages_are_packages_of_their_own():
         "mpwatch.read",
         "mpwatch.record",
         "mpwatch.show",
+        "mpwatch.user_cache",
         "mpwatch.wire",
         "mpwatch.words",
     ]
@@ -227,6 +230,7 @@ def test_the_package_root_holds_the_api_the_contract_and_shared_facts():
         "read",
         "record",
         "show",
+        "user_cache.py",
         "wire.py",
         "words.py",
     ], root

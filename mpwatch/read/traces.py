@@ -47,6 +47,7 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch._version import __version__
+from mpwatch.user_cache import CACHE_ENV, cache_dir
 
 __all__ = [
     "CACHE_ENV",
@@ -64,8 +65,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "MPWATCH_CACHE_DIR"
-CACHE_OFF = "off"
 TRACE_SUFFIX = ".xplane.pb"
 PROFILE_DIRS = ("plugins", "profile")
 #: cache entries kept: a new entry beyond them removes the least recently used
@@ -149,26 +148,6 @@ def trace_key(files: list[str]) -> str:
         st = os.stat(path)
         h.update(f"\x00{os.path.realpath(path)}\x00{st.st_size}\x00{st.st_mtime_ns}".encode())
     return h.hexdigest()
-
-
-def cache_dir() -> str | None:
-    """Where converted traces are cached: ``$MPWATCH_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/mpwatch``, else ``~/.cache/mpwatch``; None when ``MPWATCH_CACHE_DIR=off``.
-
-    >>> import os; os.environ["MPWATCH_CACHE_DIR"] = "off"; cache_dir() is None
-    True
-    >>> del os.environ["MPWATCH_CACHE_DIR"]
-    """
-    chosen = os.environ.get(CACHE_ENV)
-    if chosen is not None:
-        chosen = chosen.strip()
-        if chosen.lower() == CACHE_OFF:
-            return None
-        if chosen:
-            return os.path.abspath(os.path.expanduser(chosen))
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mpwatch")
 
 
 def _cache_path(key: str) -> str | None:

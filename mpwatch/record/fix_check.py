@@ -12,7 +12,11 @@ The candidates, in order:
   gradients are not finite, the layer the probe blames, then every layer
   whose activations come near float16's maximum;
 - **normalize the inputs**: the batch's floating-point features standardised per feature
-  (``(x - mean) / std`` over the batch), in the model's own policies.
+  (``(x - mean) / std`` over the batch), in the model's own policies; not tried for a model that
+  normalizes its inputs itself (:func:`mpwatch.record.inputs.normalized_by`: keras.applications'
+  ``Rescaling`` first, a ``Normalization`` layer): the range its layers compute in does not
+  depend on the inputs' scale there, and standardized inputs would reach its own rescaling as a
+  nearly constant image (finite, and no fix).
 
 Each check is one forward and backward pass at the probe's loss scale, in training mode with random
 layers off (the probe's own passes: ``Probe._forward_backward`` on TensorFlow,
@@ -31,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from mpwatch.formats import FLOAT16, FLOAT32_INSIDE
+from mpwatch.record import inputs
 from mpwatch.record.twin import PolicyView, backend_value, random_layers_off, state_variables
 
 __all__ = ["check_fixes", "MAX_LAYERS", "normalized"]
@@ -175,8 +180,9 @@ def check_fixes(
             if got["in_range"] or nxt in (None, "loss", "gradients") or nxt in layers:
                 break
             layers = layers + [str(nxt)]
-        got = _forward(probe, normalized(x), y, sw, [], scale)
-        out.append({"fix": "normalize_inputs", "layers": [], **got})
+        if inputs.normalized_by(model) is None:  # else the model normalizes them itself
+            got = _forward(probe, normalized(x), y, sw, [], scale)
+            out.append({"fix": "normalize_inputs", "layers": [], **got})
         return out
     finally:
         for v, value in zip(state, saved):

@@ -57,6 +57,74 @@ def _consumers(model: Any, tensor: Any) -> list[Any]:
     return out
 
 
+#: layers that bring their input to a modest range whatever its scale: a model whose inputs go
+#: first through one of them normalizes its inputs itself
+NORMALIZING = frozenset(
+    {"Normalization", "BatchNormalization", "LayerNormalization", "GroupNormalization",
+     "UnitNormalization", "RMSNormalization"}
+)  # fmt: skip
+#: layers that move, crop, resize or drop values without changing their magnitude
+SHAPE_ONLY = frozenset(
+    {"Reshape", "Flatten", "Permute", "RepeatVector", "Resizing", "CenterCrop", "RandomCrop",
+     "RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation", "ZeroPadding1D",
+     "ZeroPadding2D", "ZeroPadding3D", "Cropping1D", "Cropping2D", "Cropping3D", "Dropout",
+     "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Identity"}
+)  # fmt: skip
+
+
+def _normalizes(layer: Any) -> bool:
+    name = type(layer).__name__
+    if name in NORMALIZING:
+        return True
+    if name == "Rescaling":  # scaled down (1/255, 1/127.5): the model's own preprocessing
+        scale = np.asarray(getattr(layer, "scale", 1.0), np.float64)
+        return bool(scale.size) and bool(np.all(np.abs(scale) < 1.0))
+    return False
+
+
+def normalized_by(model: Any) -> list[str] | None:
+    """The layers by which a Functional/Sequential model brings every float input to a modest
+    range itself (a ``Rescaling`` that scales it down, ``Normalization``, a normalization layer),
+    reached through layers that only move values (``RandomFlip``, ``Resizing``, ``Reshape``,
+    ...): keras.applications' ``include_preprocessing``. None when an input reaches another
+    layer first (or the model is not a graph of layers): only then can standardizing the inputs
+    outside the model change the range its layers compute in (a model that rescales 0..255
+    itself would instead see a nearly constant input).
+
+    >>> import keras
+    >>> inp = keras.Input((4,))
+    >>> out = keras.layers.Dense(2)(keras.layers.Rescaling(1 / 255)(inp))
+    >>> normalized_by(keras.Model(inp, out))
+    ['rescaling']
+    """
+    import keras
+
+    symbolic = list(getattr(model, "inputs", None) or [])
+    if not symbolic:
+        return None
+    found: list[str] = []
+    for tensor in symbolic:
+        if not keras.backend.is_float_dtype(getattr(tensor, "dtype", "float32")):
+            continue  # ids and other integer inputs are not standardized
+        frontier, seen = [tensor], 0
+        while frontier:
+            seen += 1
+            if seen > 64:
+                return None
+            t = frontier.pop()
+            consumers = _consumers(model, t)
+            if not consumers:
+                return None  # the input is a model output, or used where no layer takes it
+            for layer in consumers:
+                if _normalizes(layer):
+                    found.append(layer.name)
+                elif type(layer).__name__ in SHAPE_ONLY:
+                    frontier.extend(keras.tree.flatten(layer.output))
+                else:
+                    return None
+    return list(dict.fromkeys(found)) or None
+
+
 def _casts_to(layer: Any, mode: str) -> str | None:
     """The 16-bit dtype ``layer`` casts a float input to on entry (None: it does not)."""
     if not getattr(layer, "autocast", True) or not getattr(layer, "_convert_input_args", True):

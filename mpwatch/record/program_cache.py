@@ -5,8 +5,8 @@ readiness capture and the fix checks are ``jax.jit`` programs that XLA compiles 
 runs them: on a CPU that compile is most of a first probe (MobileNetV2 on 2 cores: 12-14 s of
 about 20 s), and it is the same program every time the same model is probed on the same batch
 shape. :class:`CachedJit` keeps the compiled executable (``jax.experimental.serialize_executable``)
-in the user's cache directory, ``xla/`` beside the converted traces (:func:`mpwatch.read.traces.
-cache_dir`: ``$MPWATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpwatch``, else ``~/.cache/mpwatch``;
+in the user's cache directory, ``xla/`` beside the converted traces (:mod:`mpwatch.user_cache`:
+``$MPWATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpwatch``, else ``~/.cache/mpwatch``;
 ``MPWATCH_CACHE_DIR=off`` turns it off), and a later process that lowers the same program loads
 it instead of compiling it.
 
@@ -63,7 +63,7 @@ stats: dict[str, float] = {"hits": 0, "misses": 0, "errors": 0, "load_s": 0.0, "
 
 def folder() -> str | None:
     """Where the executables are kept (None: the cache is off)."""
-    from mpwatch.read.traces import cache_dir
+    from mpwatch.user_cache import cache_dir
 
     where = cache_dir()
     return None if where is None else os.path.join(where, "xla")

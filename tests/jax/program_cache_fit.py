@@ -6,8 +6,9 @@ the backend and JAX's devices are fixed per process, and the cache is about what
 process* loads. It trains a small CNN (Conv2D, BatchNormalization, two Dense layers) under
 mixed_bfloat16 with ``MixedPrecisionMonitor(probe_every=2)`` (so the probe's program and float8
 readiness' capture are compiled, or loaded), and writes ``OUT_DIR/truth.json``: per fit, its
-logdir (the test reads the probe records from the event files), the trained weights, what the program cache did
-(``program_cache.stats``) and the cache folder's entries; and whether TensorFlow was imported.
+logdir (the test reads the probe records from the event files), the trained weights, what the
+program cache did (``program_cache.stats``) and the cache folder's entries; and whether
+TensorFlow was imported.
 
 With ``DAMAGE=1`` it trains a second fit after overwriting every cache entry with other bytes.
 """

@@ -207,3 +207,73 @@ def test_a_check_that_cannot_run_is_recorded_and_the_others_still_run(monkeypatc
     assert by["d2"]["after"] is None
     assert by["d2"]["error"] == "InvalidArgumentError: cannot compute AddV2"
     assert isinstance(by["d1"]["after"], float) and "error" not in by["d1"]
+
+
+def _graph(*layers, inputs=None):
+    inp = inputs or keras.Input((6, 6, 3))
+    h = inp
+    for layer in layers:
+        h = layer(h)
+    return keras.Model(inp, h)
+
+
+def test_a_model_that_normalizes_its_inputs_itself_is_known_by_its_first_layers():
+    from mpwatch.record.inputs import normalized_by
+
+    L = keras.layers
+    rescale = L.Rescaling(1 / 127.5, offset=-1.0, name="rescale")
+    assert normalized_by(_graph(rescale, L.Conv2D(2, 3))) == ["rescale"]
+    # through layers that only move values (keras.applications' augmentation, a resize)
+    assert normalized_by(
+        _graph(L.RandomFlip(name="flip"), L.Resizing(4, 4), L.Normalization(
+            mean=0.0, variance=1.0, name="norm"), L.Conv2D(2, 3))
+    ) == ["norm"]
+    assert normalized_by(_graph(L.BatchNormalization(name="bn"), L.Conv2D(2, 3))) == ["bn"]
+    # the inputs reach a computing layer first, or a rescaling that does not scale them down
+    assert normalized_by(_graph(L.Conv2D(2, 3), L.Rescaling(1 / 255))) is None
+    assert normalized_by(_graph(L.Rescaling(10.0), L.Conv2D(2, 3))) is None
+    # every float input must be normalized; an integer input (ids) is not standardized anyway
+    a, b = keras.Input((4,), name="a"), keras.Input((4,), name="b")
+    two = keras.Model([a, b], L.Dense(1)(L.Concatenate()([L.Rescaling(0.01)(a), b])))
+    assert normalized_by(two) is None
+    ids, feats = keras.Input((3,), dtype="int32"), keras.Input((4,))
+    h = L.Concatenate()([L.Flatten()(L.Embedding(10, 2)(ids)), L.LayerNormalization()(feats)])
+    assert normalized_by(keras.Model([ids, feats], L.Dense(1)(h))) is not None
+    seq = keras.Sequential([keras.Input((4,)), L.Rescaling(1 / 255, name="r"), L.Dense(1)])
+    assert normalized_by(seq) == ["r"]
+
+
+def test_keras_applications_preprocessing_is_seen_and_raw_models_are_not():
+    from mpwatch.record.inputs import normalized_by
+
+    v3 = keras.applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3), classes=2)
+    first = normalized_by(v3)
+    assert first is not None and type(v3.get_layer(first[0])).__name__ == "Rescaling"
+    raw = keras.applications.MobileNetV2(
+        weights=None, input_shape=(32, 32, 3), classes=2, alpha=0.35
+    )
+    assert normalized_by(raw) is None  # it expects inputs in [-1, 1] and does nothing to them
+
+
+def test_no_input_normalization_is_tried_on_a_model_that_rescales_its_inputs():
+    from mpwatch.record.probe import Probe
+
+    with _scope("mixed_float16"):
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((8,))
+        h = keras.layers.Rescaling(1 / 255, name="rescale")(inp)
+        h = keras.layers.Dense(32, name="d1")(h)
+        out = keras.layers.Dense(1, dtype="float32", name="out")(h)
+        model = keras.Model(inp, out)
+        model.compile("sgd", "mse")
+    d1 = model.get_layer("d1")
+    d1.kernel.assign(np.full(d1.kernel.shape, 2e4, "float32"))  # 8 x 1 x 2e4 = 1.6e5 > 65504
+    rng = np.random.default_rng(2)
+    x = rng.uniform(200, 255, size=(16, 8)).astype("float32")  # pixels as they come
+    y = rng.normal(size=(16, 1)).astype("float32")
+    # by hand: the model's own rescaling brings the inputs into [0, 1]; the overflow is d1's
+    assert float(np.max(np.asarray(model.get_layer("rescale")(x)))) <= 1.0
+    payload = Probe(model).run((x, y), scale=1.0)
+    assert payload["model"]["first_nonfinite_layer"] == "d1"
+    fixes = [c["fix"] for c in payload["fix_checks"]]
+    assert "normalize_inputs" not in fixes and "float32_layers" in fixes

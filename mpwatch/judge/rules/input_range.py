@@ -7,7 +7,12 @@ float16's maximum re-ran it on the same batch and weights under each candidate f
 normalizing the inputs brings the pass in range (finite, 16-bit activations at least 2^3 below
 the maximum) and keeping layers in float32 does not (or only by keeping {MANY_LAYERS} or more of
 them: the model in float32), the cause is the inputs' range: raw features (amounts, counts,
-pixel values in 0..255) feed float16 layers whose outputs and gradients grow with them.
+pixel values in 0..255) feed float16 layers whose outputs and gradients grow with them. A model
+that normalizes its inputs itself (its inputs go first through a `Rescaling` that scales them
+down, a `Normalization` or another normalization layer: keras.applications'
+`include_preprocessing`) is never told to: the range its layers compute in does not depend on
+the inputs' scale, and the probe does not try it (standardized pixels would reach the model's
+own rescaling as a nearly constant image: finite, and no fix).
 
 ## Why it matters
 Keeping the first layer in float32 moves the overflow to the next one; diagnosed again, the next
