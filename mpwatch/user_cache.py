@@ -14,8 +14,9 @@ Example:
 from __future__ import annotations
 
 import os
+import tempfile
 
-__all__ = ["CACHE_ENV", "CACHE_OFF", "cache_dir"]
+__all__ = ["CACHE_ENV", "CACHE_OFF", "cache_dir", "write_atomically"]
 
 CACHE_ENV = "MPWATCH_CACHE_DIR"
 CACHE_OFF = "off"
@@ -33,3 +34,21 @@ def cache_dir() -> str | None:
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "mpwatch")
+
+
+def write_atomically(path: str, blob: bytes) -> None:
+    """Write ``blob`` at ``path`` through a temporary file in the same folder, renamed: a reader
+    (another process) never sees half an entry. Raises OSError when it cannot be written."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -39,7 +39,6 @@ import glob
 import hashlib
 import logging
 import os
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,7 +46,7 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch._version import __version__
-from mpwatch.user_cache import CACHE_ENV, cache_dir
+from mpwatch.user_cache import CACHE_ENV, cache_dir, write_atomically
 
 __all__ = [
     "CACHE_ENV",
@@ -175,15 +174,7 @@ def _write_cache(path: str | None, blob: bytes) -> str | None:
     if path is None:
         return None
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomically(path, blob)
     except OSError as e:
         logger.debug("mpwatch: trace cache %s not written (%s); converted in memory", path, e)
         return None

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import time
 from functools import lru_cache
 from typing import Any
@@ -191,16 +190,9 @@ def _store(path: str, compiled: Any) -> None:
     try:
         from jax.experimental.serialize_executable import serialize
 
-        blob = serialize(compiled)[0]
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, path)
-        except BaseException:
-            _remove(tmp)
-            raise
+        from mpwatch.user_cache import write_atomically
+
+        write_atomically(path, serialize(compiled)[0])
     except Exception as e:  # noqa: BLE001 - the program runs; only the next process compiles
         logger.debug("mpwatch: program cache: %s not written (%r)", path, e)
         return
