@@ -342,7 +342,7 @@ class JaxProbeFunction:
 
         ``cached_only`` (a CPU, whose cores training uses: an XLA compile beside it slows both
         and saves nothing): only an executable already in the cache is loaded on the thread;
-        otherwise the traced program is kept and the first probe compiles it, on its own
+        otherwise the traced program is kept and the first probe compiles it, on the training
         thread, without tracing again. True when a load or compile was started."""
         import concurrent.futures
 

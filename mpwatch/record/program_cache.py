@@ -119,7 +119,7 @@ def entry(lowered: Any, label: str) -> str | None:
     """The path of this program's cache entry (None when the cache is off or the program has
     no key); it may not exist yet."""
     where = folder()
-    if where is None:
+    if where is None or not _one_device():  # a mesh or several processes: compiled as before
         return None
     try:
         return os.path.join(where, f"{label}-{program_key(lowered, label)}{SUFFIX}")

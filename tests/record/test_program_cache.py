@@ -171,3 +171,20 @@ def test_the_machine_names_the_processor_on_a_cpu():
     assert f"jax {jax.__version__}" in machine
     if jax.devices()[0].platform == "cpu" and os.path.exists("/proc/cpuinfo"):
         assert "flags" in machine or "Features" in machine
+
+
+def test_a_program_over_several_devices_is_compiled_as_before_and_never_kept(tmp_path):
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from mpwatch.record import program_cache\n"
+        "low = jax.jit(lambda a: a * 2).lower(jnp.ones(4))\n"
+        "assert jax.device_count() == 2\n"
+        "assert program_cache.entry(low, 't') is None and not program_cache.cached(low, 't')\n"
+        "assert float(program_cache.load_or_compile(low, 't')(jnp.ones(4)).sum()) == 8.0\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPWATCH_CACHE_DIR=str(tmp_path / "cache"),
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp_path / "cache" / "xla").exists()
