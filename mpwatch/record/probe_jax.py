@@ -345,6 +345,7 @@ class JaxProbeFunction:
         otherwise the traced program is kept and the first probe compiles it, on the training
         thread, without tracing again. True when a load or compile was started."""
         import concurrent.futures
+        import os
 
         import jax.numpy as jnp
 
@@ -353,11 +354,12 @@ class JaxProbeFunction:
         tv, ntv = model_values(self.probe.model)
         lowered = self._jit.lower(tv, ntv, x, y, sw, jnp.float32(1.0), jnp.int32(0))
         signature = _signature(x, y, sw)
-        if cached_only and not program_cache.cached(lowered, "probe"):
-            self._ahead = (signature, _Later(program_cache.load_or_compile, lowered, "probe"))
+        path = program_cache.entry(lowered, "probe")
+        if cached_only and not (path is not None and os.path.isfile(path)):
+            self._ahead = (signature, _Later(program_cache.from_entry, lowered, path))
             return False
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mpwatch-probe")
-        self._ahead = (signature, pool.submit(program_cache.load_or_compile, lowered, "probe"))
+        self._ahead = (signature, pool.submit(program_cache.from_entry, lowered, path))
         pool.shutdown(wait=False)
         return True
 

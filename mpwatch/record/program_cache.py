@@ -47,6 +47,7 @@ __all__ = [
     "MAX_CACHE_BYTES",
     "cached",
     "entry",
+    "from_entry",
     "load_or_compile",
     "program_key",
     "stats",
@@ -138,7 +139,12 @@ def cached(lowered: Any, label: str) -> bool:
 def load_or_compile(lowered: Any, label: str) -> Any:
     """``lowered.compile()``, loaded from the cache where this program was compiled before on this
     kind of machine, else compiled and kept there."""
-    path = entry(lowered, label)
+    return from_entry(lowered, entry(lowered, label))
+
+
+def from_entry(lowered: Any, path: str | None) -> Any:
+    """:func:`load_or_compile` with the program's :func:`entry` already known (its key is the
+    program's whole text, hashed: worth computing once)."""
     if path is None:
         return _compile(lowered)
     loaded = _load(path, lowered)

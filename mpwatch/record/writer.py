@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import socket
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -153,8 +156,6 @@ class _TensorBoardEvents:
         _frame_with_fast_crc(self._writer)
 
     def add(self, tag: str, step: int, tensor: Any, metadata: Any) -> None:
-        import time
-
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         value = summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=metadata)
@@ -182,10 +183,6 @@ class _LocalEventFile:
     FLUSH_SECONDS = 10.0
 
     def __init__(self, logdir: str) -> None:
-        import os
-        import socket
-        import time
-
         os.makedirs(logdir, exist_ok=True)
         stamp, host, pid = int(time.time()), socket.gethostname(), os.getpid()
         name = f"events.out.tfevents.{stamp:010d}.{host}.{pid}.{_next_uid()}"
@@ -198,15 +195,11 @@ class _LocalEventFile:
         self.flush()
 
     def add_event(self, event: Any) -> None:
-        import time
-
         self._file.write(wire.frame_record(event.SerializeToString()))
         if time.monotonic() - self._flushed > self.FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
-        import time
-
         self._file.flush()
         self._flushed = time.monotonic()
 
