@@ -219,6 +219,13 @@ def measure(name: str, seconds: float, args: argparse.Namespace, root: str) -> d
                 "cache_hits": program_cache.stats["hits"] - hits,
             }
         )
+        b = pairs[-1]["budget"]
+        print(  # each pair as it ends: a run cut short still shows what it measured
+            f"    rep {rep + 1} ratio {mw / pw:.3f}, own {b.get('own_seconds', 0):.2f} s; "
+            f"{decisions_text(b)}",
+            file=sys.stderr,
+            flush=True,
+        )
     return {"model": name, "seconds": seconds, "steps": steps, "pairs": pairs}
 
 

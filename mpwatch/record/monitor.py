@@ -136,17 +136,19 @@ class MixedPrecisionMonitor(RecordingCallback):
             parts.append(InputHealthMonitor(d, n))
         if o["step_time"]:
             parts.append(StepTimeMonitor(d, n))
+        # the profile before the probe: the window closes at a batch end before a probe due
+        # then runs (none runs inside it: ProbeMonitor)
+        if self.profile is not False:
+            steps = DEFAULT_STEPS if self.profile in (None, True) else self.profile
+            profile = ProfileMonitor(d, profile_steps=steps)
+            profile.budget, profile.explicit = self.budget, self.profile is not None
+            parts.append(profile)
         if o["probe"]:
             every = self.probe_every or DEFAULT_PROBE_EVERY
             probe = ProbeMonitor(d, every, self.probe_data, self.loss_fn)
             probe.budget, probe.explicit = self.budget, self.probe_every is not None
             probe.float8 = o["float8"]
             parts.append(probe)
-        if self.profile is not False:
-            steps = DEFAULT_STEPS if self.profile in (None, True) else self.profile
-            profile = ProfileMonitor(d, profile_steps=steps)
-            profile.budget, profile.explicit = self.budget, self.profile is not None
-            parts.append(profile)
         return parts
 
     def _charged(self, part: Any, hook: Any, *args: Any) -> None:

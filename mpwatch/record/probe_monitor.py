@@ -79,6 +79,7 @@ class ProbeMonitor(RecordingCallback):
         self.explicit = True
         self._ahead_decided = False  # whether to compile the probe ahead was decided
         self._ahead = False  # it was (JAX): the first probe's estimate is its passes
+        self._held = False  # a probe fell due inside a profile window and waits for its end
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
@@ -183,6 +184,8 @@ class ProbeMonitor(RecordingCallback):
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
         if not self._ahead_decided and self._data is not None and self.probe is not None:
             self._compile_ahead()
+        if self._held and not self._profiling_now():
+            self._probe(got.last_step)  # the probe the profile window held back, on these weights
         if any(s % self.every == 0 for s in got.steps):
             self._probe(got.last_step)
 
@@ -218,17 +221,31 @@ class ProbeMonitor(RecordingCallback):
             self._guard(self.part, self._probe, self._step())
 
     def _end(self) -> None:
+        if self._held and not self._profiling_now():
+            self._guard(self.part, self._probe, self._step())
+        self._held = False  # a window still open at the end (a profiler callback listed after
+        # this one): the probe is not run into its trace
         if self._wrapped_train_function is not None:
             if self.model.train_function is self._wrapped_train_function:
                 self.model.train_function = None
             self._wrapped_train_function = None
 
     # --- probing ---------------------------------------------------------------------------------
+    def _profiling_now(self) -> bool:
+        return bool(getattr(self.state, "profiling", False))
+
     def _probe(self, step: int | None) -> None:
         if step is None or step == self._last_probe_step or self._data is None:
             return
         if getattr(self, "_off", False):
             return
+        if self._profiling_now():
+            # a profiler trace is being captured: the probe's passes would be in it, counted as
+            # the layers' time (its float32 reference as float32 time); it runs at the first
+            # batch end after the capture stops, on the weights of that step
+            self._held = True
+            return
+        self._held = False
         self._last_probe_step = step
         budget = self.budget
         ahead = 1.0 if self._ahead else 0.0

@@ -176,6 +176,7 @@ class ProfileMonitor(RecordingCallback):
         self._pending: dict[str, Any] | None = None
         self._captured: list[int] = []
         self._t0 = 0.0
+        self._others0 = 0.0
         self._backend = TENSORFLOW
         self.trace_dir: str | None = None
         self.result: dict[str, Any] | None = None
@@ -268,11 +269,13 @@ class ProfileMonitor(RecordingCallback):
 
     def _charge_capture(self, wall: float) -> None:
         """The profiled steps' slowdown (the tracer's), beyond the hooks the ledger already
-        timed: their wall time less as many steady steps."""
+        timed: their wall time less as many steady steps, less the other parts' hooks inside the
+        window (already charged to them)."""
         if self.budget is None:
             return
         step = self.budget.step_seconds() or 0.0
-        extra = max(0.0, wall - step * max(1, len(self._captured)))
+        others = self._others_spent() - self._others0
+        extra = max(0.0, wall - step * max(1, len(self._captured)) - others)
         self.budget.charge(self.part, extra)
         self.budget.ran(self.part, extra)
 
@@ -310,6 +313,7 @@ class ProfileMonitor(RecordingCallback):
         finally:
             if self._profiling:  # a failed part left the profiler running: stop it, drop the trace
                 self._profiling = False
+                self._set_state_profiling(False)
                 try:
                     if self._backend == JAX:
                         import jax
@@ -357,11 +361,24 @@ class ProfileMonitor(RecordingCallback):
             self._fail("the profiler could not start", e)
             return
         self._profiling = True
+        self._set_state_profiling(True)
         self._captured = []
+        self._others0 = self._others_spent()
         self._t0 = time.perf_counter()
+
+    def _set_state_profiling(self, on: bool) -> None:
+        if self.state is not None:
+            self.state.profiling = on
+
+    def _others_spent(self) -> float:
+        """The ledger's seconds of the other parts (their hooks that run inside the window)."""
+        if self.budget is None:
+            return 0.0
+        return sum(v for k, v in self.budget.spent.items() if k != self.part)
 
     def _stop(self) -> None:
         self._profiling = False
+        self._set_state_profiling(False)
         self._range = None
         self._done = True
         try:

@@ -79,6 +79,10 @@ class ModelState:
         self._consumers: set[int] = set()
         self._flushed: Collected | None = None
         self._flush_consumers: set[int] | None = None
+        # a profiler trace is being captured (ProfileMonitor): mpwatch runs none of its own
+        # programs (the probe, its float8 and fix checks) until it stops, so that the trace and
+        # every figure read from it hold the training steps alone
+        self.profiling = False
 
     def resolve_start(self, log_dir: str, reads_logs: bool) -> None:
         """Fix where this fit's steps start, once per fit: the first mpwatch callback to reach the

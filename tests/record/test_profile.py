@@ -484,6 +484,31 @@ def test_trace_without_ops_is_a_clear_error(tmp_path):
         profile.op_table(str(empty))
 
 
+def test_no_probe_runs_inside_the_profile_window(fitted, ops, tmp_path):
+    """A probe due inside the profile window (every 4 steps, window 3-5) waits for the window's
+    end: the trace holds the training steps alone (xprof's op table counts as many MatMuls as the
+    module's fit of the same model without a probe in its window; the probe's float32 reference
+    and mixed passes would add theirs, counted as the layers' time), and the held probe runs at
+    step 5, on that step's weights."""
+    model = _build_model()
+    x, y = _data()
+    logdir = str(tmp_path)
+    mon = MixedPrecisionMonitor(logdir, log_every=4, probe_every=4, profile=STEPS, budget=None)
+    history = model.fit(x, y, batch_size=16, epochs=2, callbacks=[mon], verbose=0)
+    assert len(history.history["loss"]) == 2
+    probes = sorted({s for k, s, _ in _records(logdir) if k == contract.KIND_PROBE})
+    assert probes == [5, 8, 12, 16], probes
+    traces = glob.glob(os.path.join(logdir, "plugins", "profile", "*"))
+    assert len(traces) == 1
+    here = profile.op_table(traces[0])
+
+    def matmuls(table) -> int:
+        return int(table.loc[table["op_type"] == "MatMul", "occurrences"].sum())
+
+    assert matmuls(ops) > 0
+    assert matmuls(here) == matmuls(ops)
+
+
 def test_failed_conversion_loses_no_training(fitted, tmp_path, monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise profile.ProfileError("simulated converter failure")
