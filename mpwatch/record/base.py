@@ -200,15 +200,25 @@ class RecordingCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if not self._active:
             return
-        with self._writes_held():
-            got = self._guard("steps", self.state.collect, self, self._batches_in_call(batch))
-            if got is None:
-                return
-            steps, data = got
-            if data is not None and data.n:
-                self._guard(self.part, self._tap_data, data)
-            if steps.n:
-                self._guard(self.part, self._batch_end, steps, logs or {})
+        writer = self.writer
+        if writer is None or writer.held:  # e.g. inside MixedPrecisionMonitor's hold (every
+            self._collect_and_end(batch, logs)  # batch: no hold of its own, no context manager)
+            return
+        writer.hold()
+        try:
+            self._collect_and_end(batch, logs)
+        finally:
+            self._release(writer)
+
+    def _collect_and_end(self, batch: int, logs: Any) -> None:
+        got = self._guard("steps", self.state.collect, self, self._batches_in_call(batch))
+        if got is None:
+            return
+        steps, data = got
+        if data is not None and data.n:
+            self._guard(self.part, self._tap_data, data)
+        if steps.n:
+            self._guard(self.part, self._batch_end, steps, logs or {})
 
     @contextlib.contextmanager
     def _writes_held(self) -> Iterator[None]:

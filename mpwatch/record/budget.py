@@ -9,8 +9,10 @@ unknown length counts only the time so far). Before each piece of *optional* wor
 (:meth:`CostBudget.decide`) with an estimate of that work's cost:
 
 - the probe (``probe``): the first probe traces its functions, so it is estimated from the fit's
-  own first step (Keras' trace of the train step: :data:`PROBE_TRACE_FACTOR` of it) plus
-  :data:`PROBE_PASS_STEPS` steady steps; later probes by the last probe's measured cost;
+  own first step (Keras' trace of the train step: :data:`PROBE_TRACE_FACTOR` of it; in a later fit
+  of a model whose trace Keras reuses, the first step of the model's first monitored fit,
+  :attr:`CostBudget.trace_seconds`) plus :data:`PROBE_PASS_STEPS` steady steps; later probes by
+  the last probe's measured cost;
 - the profile capture (``profile``): :data:`PROFILE_STEPS_COST` steady steps per profiled step
   (the tracer's slowdown) plus the profiler's start and stop (:data:`PROFILE_FIXED_S`, by
   backend);
@@ -175,6 +177,10 @@ class CostBudget:
         self._steps_done = 0
         self._total_steps: int | None = None
         self._fit_end: float | None = None
+        # Keras' first call of the model's first monitored fit (its trace of the train step),
+        # set by MixedPrecisionMonitor: a later fit of the same model reuses that trace and
+        # starts fast, but a new monitor's probe still traces its passes as much as then
+        self.trace_seconds: float | None = None
 
     # --- the fit's clock --------------------------------------------------------------------
     def begin_fit(self, params: dict[str, Any] | None, now: float | None = None) -> None:
@@ -263,7 +269,7 @@ class CostBudget:
                 return PROBE_PASS_STEPS * step
             if done:  # the trace is paid: a later probe costs what the last one did
                 return done[-1] if len(done) > 1 else min(done[-1], PROBE_PASS_STEPS * step)
-            first = self.first_step_seconds() or 0.0
+            first = max(self.first_step_seconds() or 0.0, self.trace_seconds or 0.0)
             return PROBE_TRACE_FACTOR * first + PROBE_PASS_STEPS * step
         if part == "profile":
             fixed = PROFILE_FIXED_S.get(_backend_name(), max(PROFILE_FIXED_S.values()))

@@ -193,6 +193,7 @@ class MixedPrecisionMonitor(RecordingCallback):
     def on_train_begin(self, logs: Any = None) -> None:
         self.budget.begin_fit(self.params)
         self._charged(self, super().on_train_begin, logs)
+        self.budget.trace_seconds = getattr(self.state, "first_step_s", None)
         self._each("on_train_begin", logs)
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
@@ -205,6 +206,9 @@ class MixedPrecisionMonitor(RecordingCallback):
             self._charged(self, super().on_train_batch_end, batch, logs)
             self._each("on_train_batch_end", batch, logs)
         self.budget.batch_end(batch - first + 1 if batch >= first else 1)
+        state = self.state
+        if state is not None and state.first_step_s is None:  # the model's first monitored call
+            state.first_step_s = self.budget.first_step_seconds()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._each("on_epoch_begin", epoch, logs)

@@ -83,6 +83,9 @@ class ModelState:
         # programs (the probe, its float8 and fix checks) until it stops, so that the trace and
         # every figure read from it hold the training steps alone
         self.profiling = False
+        # Keras' first call of this model's first monitored fit, mpwatch's own time out (its
+        # trace of the train step; the budget's estimate of a probe's trace in later fits)
+        self.first_step_s: float | None = None
 
     def resolve_start(self, log_dir: str, reads_logs: bool) -> None:
         """Fix where this fit's steps start, once per fit: the first mpwatch callback to reach the

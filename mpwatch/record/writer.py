@@ -366,6 +366,11 @@ class RunWriter:
         return self._writer
 
     # --- holding writes for one call -------------------------------------------------------------
+    @property
+    def held(self) -> bool:
+        """Whether a :meth:`hold` is open (what is written now waits for its release)."""
+        return self._holds > 0
+
     def hold(self) -> None:
         """Keep what is written until the matching :meth:`release` (holds nest)."""
         with self._lock:

@@ -52,6 +52,35 @@ def test_the_allowance_is_the_share_of_the_projected_fit_less_what_mpwatch_spent
     assert b.decide("probe", 3, now=105.25, ahead=1.0)  # compiled ahead: its passes, 1.5 s
 
 
+def test_a_later_fit_estimates_the_probes_trace_from_the_models_first_trace():
+    """A second fit of a model reuses Keras' trace and starts fast; a new monitor's probe still
+    traces its passes: its first-probe estimate takes the model's first traced step."""
+    b = CostBudget(0.05)
+    b.begin_fit({"epochs": 1, "steps": 400}, now=0.0)
+    for i in range(1, 4):
+        b.batch_end(1, now=0.02 * i)  # 20 ms a step from the first: Keras' trace reused
+    assert b.estimate("probe") == pytest.approx(0.02 + 3 * 0.02)
+    b.trace_seconds = 2.0  # the model's first monitored fit: a 2 s first step
+    assert b.estimate("probe") == pytest.approx(2.0 + 3 * 0.02)
+    assert not b.decide("probe", 3, now=0.06)  # 5% of an 8 s fit: the trace does not fit
+    b.trace_seconds = 0.01  # never below this fit's own first step
+    assert b.estimate("probe") == pytest.approx(0.02 + 3 * 0.02)
+
+
+def test_a_second_monitored_fit_keeps_the_models_first_step(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile("sgd", "mse")
+    x, y = np.zeros((32, 4), "float32"), np.zeros((32, 3), "float32")
+    first = mpwatch.MixedPrecisionMonitor(str(tmp_path / "a"), budget=0.05)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[first])
+    traced = first.budget.first_step_seconds()
+    second = mpwatch.MixedPrecisionMonitor(str(tmp_path / "b"), budget=0.05)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[second])
+    assert second.budget.trace_seconds == pytest.approx(traced)
+    assert second.budget.first_step_seconds() < traced  # the trace was reused
+
+
 def test_decisions_skip_what_does_not_fit_defer_a_conversion_and_let_explicit_work_run():
     b = CostBudget(0.05)
     b.begin_fit({"epochs": 1, "steps": 100}, now=0.0)
