@@ -48,11 +48,14 @@ CRC32C_TABLE = _crc32c_table()
 try:  # C implementation when installed (it comes with google-cloud libraries, often with TF)
     import google_crc32c as _gcrc
 
+    _C_CRC = True
+
     def crc32c(data: bytes) -> int:
         """CRC-32C (Castagnoli) of ``data``."""
         return int(_gcrc.value(bytes(data)))
 
 except ImportError:  # pragma: no cover - depends on the environment
+    _C_CRC = False
 
     def crc32c(data: bytes) -> int:
         """CRC-32C (Castagnoli) of ``data``."""
@@ -66,6 +69,65 @@ def masked_crc32c(data: bytes) -> int:
     """TFRecord's masked crc32c: the crc rotated right by 15 bits plus ``0xA282EAD8``."""
     crc = crc32c(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def put_varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf varint.
+
+    >>> put_varint(300).hex()
+    'ac02'
+    """
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def masked_crc32c_many(datas: list[bytes]) -> list[int]:
+    """:func:`masked_crc32c` of each of ``datas``: in C one by one when ``google_crc32c`` is
+    installed; else the records of one length together, a table-driven crc vectorized over them
+    with numpy (the per-byte Python loop costs ~10 us for a scalar event's 80 bytes)."""
+    if _C_CRC or len(datas) < 8:
+        return [masked_crc32c(d) for d in datas]
+    import numpy as np
+
+    out = [0] * len(datas)
+    by_length: dict[int, list[int]] = {}
+    for i, d in enumerate(datas):
+        by_length.setdefault(len(d), []).append(i)
+    table = np.array(CRC32C_TABLE, dtype=np.uint32)
+    for length, idx in by_length.items():
+        if len(idx) < 4:
+            for i in idx:
+                out[i] = masked_crc32c(datas[i])
+            continue
+        rows = np.frombuffer(b"".join(datas[i] for i in idx), np.uint8).reshape(len(idx), length)
+        crc = np.full(len(idx), 0xFFFFFFFF, dtype=np.uint32)
+        for k in range(length):
+            crc = table[(crc ^ rows[:, k]) & 0xFF] ^ (crc >> np.uint32(8))
+        crc ^= np.uint32(0xFFFFFFFF)
+        masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(0xA282EAD8)
+        for i, v in zip(idx, masked.astype(np.uint32).tolist()):
+            out[i] = v
+    return out
+
+
+def frame_records(datas: list[bytes]) -> bytes:
+    """:func:`frame_record` of each of ``datas``, joined (the crcs computed together)."""
+    import struct
+
+    heads = [struct.pack("<Q", len(d)) for d in datas]
+    crcs = masked_crc32c_many(heads + list(datas))
+    n = len(datas)
+    pack = struct.Struct("<I").pack
+    return b"".join(
+        h + pack(crcs[i]) + d + pack(crcs[n + i]) for i, (h, d) in enumerate(zip(heads, datas))
+    )
 
 
 def frame_record(data: bytes) -> bytes:

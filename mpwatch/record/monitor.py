@@ -169,14 +169,19 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def _each(self, hook: str, *args: Any) -> None:
         """``hook`` of every part, each charged as :meth:`_charged` charges it (one clock read
-        between two parts: this runs twice per batch)."""
-        waited, t0 = self._device_wait(), time.perf_counter()
+        between two parts: this runs twice per batch, so the ledger is added to directly)."""
+        tap = getattr(self.state, "tap", None)
+        clock, spent = time.perf_counter, self.budget.spent
+        waited, t0 = getattr(tap, "device_wait", 0.0), clock()
         for p in self.parts:
             try:
                 getattr(p, hook)(*args)
             finally:
-                now, wait = time.perf_counter(), self._device_wait()
-                self.budget.charge(p.part, max(0.0, now - t0 - (wait - waited)))
+                now = clock()
+                wait = getattr(tap, "device_wait", 0.0)
+                d = now - t0 - (wait - waited)
+                if d > 0.0:
+                    spent[p.part] = spent.get(p.part, 0.0) + d
                 t0, waited = now, wait
 
     # --- delegation ----------------------------------------------------------------------------
@@ -202,9 +207,17 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         first = getattr(self, "_call_begin", batch)
-        with self._writes_held():  # the parts share the writer: one write for all of them
+        writer = self.writer
+        if writer is not None:  # the parts share the writer: one write for all of them ...
+            writer.hold()
+        try:
             self._charged(self, super().on_train_batch_end, batch, logs)
             self._each("on_train_batch_end", batch, logs)
+        finally:
+            if writer is not None:  # ... here, charged to the ledger's "writes"
+                t0 = time.perf_counter()
+                self._release(writer)
+                self.budget.charge("writes", time.perf_counter() - t0)
         self.budget.batch_end(batch - first + 1 if batch >= first else 1)
         state = self.state
         if state is not None and state.first_step_s is None:  # the model's first monitored call

@@ -83,6 +83,7 @@ class ModelState:
         # programs (the probe, its float8 and fix checks) until it stops, so that the trace and
         # every figure read from it hold the training steps alone
         self.profiling = False
+        self._ensured: Any = None  # the collected call after which the tap was last ensured
         # Keras' first call of this model's first monitored fit, mpwatch's own time out (its
         # trace of the train step; the budget's estimate of a probe's trace in later fits)
         self.first_step_s: float | None = None
@@ -144,11 +145,13 @@ class ModelState:
         self._cache = None
         self._consumers = set()
         self._flushed, self._flush_consumers = None, None
+        self._ensured = None
 
     def release(self, user: object) -> None:
         self._users.pop(id(user), None)
         self._read_every.pop(id(user), None)
         self._needs = None
+        self._ensured = None
         if not self._users and self.tap is not None:
             if self._pending and self.tap.installed:
                 self._read()  # nobody flushed: keep the tap's step exact
@@ -187,7 +190,17 @@ class ModelState:
         return key[0] + self._needs[2], self._needs[1], self._needs[2]
 
     def ensure_installed(self) -> None:
-        """Install (or re-install with new needs) the tap; cheap when nothing changed."""
+        """Install (or re-install with new needs) the tap; cheap when nothing changed (every
+        user calls it at each batch's begin: after the first, nothing is looked at again until
+        the next batch's steps are collected or the users change)."""
+        tap = self.tap
+        if self._ensured is self._cache and self._ensured is not None and tap is not None:
+            if tap.installed:
+                return
+        self._ensure_installed()
+        self._ensured = self._cache
+
+    def _ensure_installed(self) -> None:
         spe, grad_every = self._wanted()
         if self.tap is None and self.parked is not None:
             parked, self.parked = self.parked, None

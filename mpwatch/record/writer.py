@@ -14,6 +14,7 @@ import itertools
 import math
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -147,6 +148,7 @@ class _TensorBoardEvents:
     own is pure Python, two per event) through this writer's own record framing."""
 
     def __init__(self, logdir: str) -> None:
+        self._scalar_events: _ScalarEvents | None = None
         if "://" not in str(logdir):  # a local folder: no tf.io.gfile (see _LocalEventFile)
             self._writer: Any = _LocalEventFile(logdir)
             return
@@ -154,6 +156,20 @@ class _TensorBoardEvents:
 
         self._writer = EventFileWriter(logdir)
         _frame_with_fast_crc(self._writer)
+
+    def add_scalars(self, scalars: list[tuple[str, int, float]], metadata: Any) -> None:
+        """Float32 scalar events (``tf.summary.scalar``'s), serialized by :class:`_ScalarEvents`
+        into a local file in one write; through TensorBoard's writer elsewhere."""
+        if isinstance(self._writer, _LocalEventFile):
+            if self._scalar_events is None:
+                self._scalar_events = _ScalarEvents(metadata.SerializeToString())
+            enc, now = self._scalar_events.encode, time.time()
+            self._writer.add_serialized(
+                [enc(tag, step, value, now) for tag, step, value in scalars]
+            )
+            return
+        for tag, step, value in scalars:
+            self.add(tag, step, _float32_scalar(value), metadata)
 
     def add(self, tag: str, step: int, tensor: Any, metadata: Any) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -195,7 +211,11 @@ class _LocalEventFile:
         self.flush()
 
     def add_event(self, event: Any) -> None:
-        self._file.write(wire.frame_record(event.SerializeToString()))
+        self.add_serialized([event.SerializeToString()])
+
+    def add_serialized(self, events: list[bytes]) -> None:
+        """Serialized events, framed and written in one call."""
+        self._file.write(wire.frame_records(events))
         if time.monotonic() - self._flushed > self.FLUSH_SECONDS:
             self.flush()
 
@@ -234,6 +254,46 @@ def _frame_with_fast_crc(events: Any) -> None:
         out.write(wire.frame_record(data))
 
     record_writer.write = write
+
+
+class _ScalarEvents:
+    """A float32 scalar's event serialized directly: the bytes protobuf writes for the
+    ``Event(wall_time, step, summary=Summary(value=[Value(tag, tensor, metadata)]))`` that
+    :meth:`_TensorBoardEvents.add` builds with :func:`_float32_scalar` (tested byte for byte), at
+    a tenth of its cost: a run writes every step's scalars (loss scale, skips, input health...),
+    70 us a step through the message classes on a small model. The tag's and the metadata's
+    bytes are made once."""
+
+    _TENSOR = b"\x08\x01\x12\x00\x2a\x04"  # dtype DT_FLOAT, shape {}, float_val packed, 4 bytes
+
+    def __init__(self, metadata: bytes) -> None:
+        self._meta = b"\x4a" + wire.put_varint(len(metadata)) + metadata
+        self._tags: dict[str, bytes] = {}
+        self._pack_f, self._pack_d = struct.Struct("<f").pack, struct.Struct("<d").pack
+
+    def encode(self, tag: str, step: int, value: float, wall_time: float) -> bytes:
+        head = self._tags.get(tag)
+        if head is None:
+            raw = tag.encode("utf-8")
+            head = self._tags[tag] = b"\x0a" + wire.put_varint(len(raw)) + raw
+        try:
+            f = self._pack_f(value)
+        except (OverflowError, TypeError):  # beyond float32 (inf, as numpy rounds it), not a float
+            import numpy as np
+
+            f = np.float32(value).tobytes()
+        v = head + b"\x42\x0a" + self._TENSOR + f + self._meta
+        summary = b"\x0a" + wire.put_varint(len(v)) + v
+        step = int(step)  # proto3 leaves a 0 out
+        at = b"\x10" + wire.put_varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
+        return (
+            b"\x09"
+            + self._pack_d(wall_time)
+            + at
+            + b"\x2a"
+            + wire.put_varint(len(summary))
+            + summary
+        )
 
 
 def _float32_scalar(value: float) -> Any:
@@ -401,8 +461,8 @@ class RunWriter:
             from tensorboard.util import tensor_util
 
             events, meta = self._get(), _scalar_metadata()
-            for tag, step, value in scalars:
-                events.add(tag, step, _float32_scalar(value), meta)
+            if scalars:
+                events.add_scalars(scalars, meta)
             for tag, step, blob, kind in records:
                 proto = tensor_util.make_tensor_proto(np.array(blob, dtype=object))
                 events.add(tag, step, proto, _record_metadata(kind))

@@ -131,3 +131,60 @@ def test_wire_crc_equals_tensorboards_on_any_bytes():
     for size in (0, 1, 7, 8, 64, 1000):
         data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
         assert wire.masked_crc32c(data) == masked_crc32c(data)
+
+
+def test_scalar_events_are_the_bytes_protobuf_serializes():
+    """The JAX path serializes a scalar's event itself (``_ScalarEvents``): byte for byte what
+    TensorBoard's message classes serialize for the same Event (step 0 left out as proto3 does,
+    negative and 64-bit steps, float32 rounding, overflow to inf, NaN, non-ASCII tags)."""
+    import time
+    import warnings
+
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+    from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+    from mpwatch.record.writer import _ScalarEvents
+
+    meta = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+    enc = _ScalarEvents(meta.SerializeToString())
+    values = [0.0, -0.0, 1.5, 1 / 3, 65504.0, 1e-8, 1e-45, float("inf"), -float("inf"), 3.4e38,
+              1e40, -1e40, np.float64(2.5), np.float32(0.1), 7, float("nan")]  # fmt: skip
+    for tag in ("mpwatch/loss_scale", "x" * 300, "é/ü"):
+        for step in (0, 1, 127, 128, 300, 2**40, -1):
+            for value in values:
+                now = time.time()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # numpy's overflow warning for 1e40
+                    f32 = float(np.float32(value))
+                    mine = enc.encode(tag, step, value, now)
+                tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[f32])
+                tensor.tensor_shape.SetInParent()
+                summary = summary_pb2.Summary(
+                    value=[summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=meta)]
+                )
+                event = event_pb2.Event(wall_time=now, step=step, summary=summary)
+                assert mine == event.SerializeToString(), (tag, step, value)
+
+
+def test_many_records_are_framed_as_tensorboard_frames_each_without_a_c_crc(monkeypatch):
+    """Without google_crc32c the crcs of a write are computed together, by length (numpy):
+    each equals TensorBoard's own masked crc32c."""
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from mpwatch import wire
+
+    monkeypatch.setattr(wire, "_C_CRC", False)
+    rng = np.random.default_rng(1)
+    datas = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes()
+             for n in rng.choice([0, 3, 80, 81, 200], 120)]  # fmt: skip
+    assert wire.masked_crc32c_many(datas) == [masked_crc32c(d) for d in datas]
+    buf, i = wire.frame_records(datas), 0
+    for d in datas:
+        assert struct.unpack_from("<Q", buf, i)[0] == len(d)
+        assert struct.unpack_from("<I", buf, i + 8)[0] == masked_crc32c(buf[i : i + 8])
+        assert buf[i + 12 : i + 12 + len(d)] == d
+        assert struct.unpack_from("<I", buf, i + 12 + len(d))[0] == masked_crc32c(d)
+        i += 16 + len(d)
+    assert i == len(buf)
