@@ -134,9 +134,10 @@ def test_wire_crc_equals_tensorboards_on_any_bytes():
 
 
 def test_scalar_events_are_the_bytes_protobuf_serializes():
-    """The JAX path serializes a scalar's event itself (``_ScalarEvents``): byte for byte what
-    TensorBoard's message classes serialize for the same Event (step 0 left out as proto3 does,
-    negative and 64-bit steps, float32 rounding, overflow to inf, NaN, non-ASCII tags)."""
+    """mpwatch serializes a scalar's event itself (``_ScalarEvents``): byte for byte what
+    TensorBoard's message classes serialize for the Event tf.summary.scalar makes (its value as
+    tensor_content; step 0 left out as proto3 does, negative and 64-bit steps, float32
+    rounding, overflow to inf, NaN, non-ASCII tags)."""
     import time
     import warnings
 
@@ -157,7 +158,8 @@ def test_scalar_events_are_the_bytes_protobuf_serializes():
                     warnings.simplefilter("ignore")  # numpy's overflow warning for 1e40
                     f32 = float(np.float32(value))
                     mine = enc.encode(tag, step, value, now)
-                tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[f32])
+                content = np.float32(f32).tobytes()
+                tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_content=content)
                 tensor.tensor_shape.SetInParent()
                 summary = summary_pb2.Summary(
                     value=[summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=meta)]
@@ -188,3 +190,14 @@ def test_many_records_are_framed_as_tensorboard_frames_each_without_a_c_crc(monk
         assert struct.unpack_from("<I", buf, i + 12 + len(d))[0] == masked_crc32c(d)
         i += 16 + len(d)
     assert i == len(buf)
+
+
+def test_a_local_logdir_is_written_by_mpwatchs_own_file_writer_on_every_backend(tmp_path):
+    """On Keras' TensorFlow backend too, a local logdir takes the plain-file writer (its events
+    are tf.summary's, above); only a remote one (``gs://``...) goes through ``tf.summary``."""
+    import keras
+
+    local = RunWriter(str(tmp_path))
+    assert local.use_tensorflow is False
+    remote = RunWriter("gs://bucket/run")  # nothing is opened before the first write
+    assert remote.use_tensorflow is (keras.backend.backend() == "tensorflow")
