@@ -34,7 +34,6 @@ if __name__ == "__main__":  # the backend is fixed when Keras is imported: choos
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
-import ast  # noqa: E402
 import importlib.util  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -139,11 +138,11 @@ def run(args: argparse.Namespace) -> None:
 
 
 def parse_kwargs(text: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        key, _, value = item.partition("=")
-        out[key.strip()] = ast.literal_eval(value.strip())
-    return out
+    """``"probe=False,log_every=10"`` as keyword arguments (``whole_fit.py``'s parser)."""
+    spec = importlib.util.spec_from_file_location("mpwatch_bench_whole", f"{HERE}/whole_fit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parse_kwargs(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,20 +37,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from mpwatch import contract  # noqa: E402
 from mpwatch.read.tfrecord import _masked_crc32c_rows  # noqa: E402
+from mpwatch.wire import put_varint as _varint  # noqa: E402
 
 SCALARS_METADATA = bytes.fromhex("4a0b0a090a077363616c617273")  # plugin_name "scalars"
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
 
 
 def scalar_events(tag: str, steps: np.ndarray, values: np.ndarray, wall0: float) -> list:

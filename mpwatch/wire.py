@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def varint(buf: bytes, i: int, error: type[Exception] = ValueError) -> tuple[int, int]:
     """The unsigned varint at ``buf[i]`` and the position after it; ``error`` (a ValueError by
@@ -100,21 +102,35 @@ def masked_crc32c_many(datas: list[bytes]) -> list[int]:
     by_length: dict[int, list[int]] = {}
     for i, d in enumerate(datas):
         by_length.setdefault(len(d), []).append(i)
-    table = np.array(CRC32C_TABLE, dtype=np.uint32)
     for length, idx in by_length.items():
         if len(idx) < 4:
             for i in idx:
                 out[i] = masked_crc32c(datas[i])
             continue
         rows = np.frombuffer(b"".join(datas[i] for i in idx), np.uint8).reshape(len(idx), length)
-        crc = np.full(len(idx), 0xFFFFFFFF, dtype=np.uint32)
-        for k in range(length):
-            crc = table[(crc ^ rows[:, k]) & 0xFF] ^ (crc >> np.uint32(8))
-        crc ^= np.uint32(0xFFFFFFFF)
-        masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(0xA282EAD8)
-        for i, v in zip(idx, masked.astype(np.uint32).tolist()):
+        for i, v in zip(idx, masked_crc32c_rows(rows).tolist()):
             out[i] = v
     return out
+
+
+_np_table: Any = None
+
+
+def masked_crc32c_rows(rows: Any) -> Any:
+    """Masked crc32c of each row of a uint8 matrix (numpy; vectorized over rows, a table lookup
+    per column)."""
+    import numpy as np
+
+    global _np_table
+    if _np_table is None:
+        _np_table = np.array(CRC32C_TABLE, dtype=np.uint32)
+    crc = np.full(rows.shape[0], 0xFFFFFFFF, dtype=np.uint32)
+    for k in range(rows.shape[1]):
+        crc = _np_table[(crc ^ rows[:, k]) & 0xFF] ^ (crc >> np.uint32(8))
+    crc = crc ^ np.uint32(0xFFFFFFFF)
+    return (((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(0xA282EAD8)).astype(
+        np.uint32
+    )
 
 
 def frame_records(datas: list[bytes]) -> bytes:

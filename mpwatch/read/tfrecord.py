@@ -123,18 +123,7 @@ def read_events(path: str, events: Events, *, verify: str = "all") -> int:
 
 
 # --- crc32c --------------------------------------------------------------------------------------
-_CRC_TABLE = np.array(wire.CRC32C_TABLE, dtype=np.uint32)
-
-
-def _masked_crc32c_rows(rows: np.ndarray) -> np.ndarray:
-    """Masked crc32c of each row of a uint8 matrix (vectorized over rows)."""
-    crc = np.full(rows.shape[0], 0xFFFFFFFF, dtype=np.uint32)
-    for k in range(rows.shape[1]):
-        crc = _CRC_TABLE[(crc ^ rows[:, k]) & 0xFF] ^ (crc >> np.uint32(8))
-    crc = crc ^ np.uint32(0xFFFFFFFF)
-    return (((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(0xA282EAD8)).astype(
-        np.uint32
-    )
+_masked_crc32c_rows = wire.masked_crc32c_rows  # of each row of a uint8 matrix (numpy)
 
 
 # --- framing -------------------------------------------------------------------------------------
