@@ -11,8 +11,8 @@ unknown length counts only the time so far). Before each piece of *optional* wor
 - the probe (``probe``): the first probe traces its functions, so it is estimated from the fit's
   own first step (Keras' trace of the train step: :data:`PROBE_TRACE_FACTOR` of it; in a later fit
   of a model whose trace Keras reuses, the first step of the model's first monitored fit,
-  :attr:`CostBudget.trace_seconds`) plus :data:`PROBE_PASS_STEPS` steady steps; later probes by
-  the last probe's measured cost;
+  :attr:`CostBudget.trace_seconds`) plus :data:`PROBE_PASS_STEPS` steady steps, less a trace
+  already paid ahead (JAX); later probes by the last probe's measured cost;
 - the profile capture (``profile``): :data:`PROFILE_STEPS_COST` steady steps per profiled step
   (the tracer's slowdown) plus the profiler's start and stop (:data:`PROFILE_FIXED_S`, by
   backend);
@@ -270,7 +270,9 @@ class CostBudget:
             if done:  # the trace is paid: a later probe costs what the last one did
                 return done[-1] if len(done) > 1 else min(done[-1], PROBE_PASS_STEPS * step)
             first = max(self.first_step_seconds() or 0.0, self.trace_seconds or 0.0)
-            return PROBE_TRACE_FACTOR * first + PROBE_PASS_STEPS * step
+            full = PROBE_TRACE_FACTOR * first + PROBE_PASS_STEPS * step
+            # traced ahead, and paid then: what is left (never less than its passes)
+            return max(full - facts.get("traced", 0.0), PROBE_PASS_STEPS * step)
         if part == "profile":
             fixed = PROFILE_FIXED_S.get(_backend_name(), max(PROFILE_FIXED_S.values()))
             return fixed + PROFILE_STEPS_COST * step * facts.get("steps", 3.0)

@@ -80,6 +80,7 @@ class ProbeMonitor(RecordingCallback):
         self._ahead_decided = False  # whether to compile the probe ahead was decided
         self._ahead = False  # it was (JAX): the first probe's estimate is its passes
         self._held = False  # a probe fell due inside a profile window and waits for its end
+        self._traced_s = 0.0  # seconds of the probe's trace already paid ahead (not compiled)
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
@@ -103,6 +104,7 @@ class ProbeMonitor(RecordingCallback):
             self.probe = Probe(self.model, self.loss_fn, margin_bits=self.margin_bits)
             self.probe.float8 = self.float8
             self._ahead_decided = self._ahead = False
+            self._traced_s = 0.0
         if self._data is None and self.probe_data is not None:
             self._data = first_batch(self.probe_data)
 
@@ -207,14 +209,20 @@ class ProbeMonitor(RecordingCallback):
         if budget is not None and not self.explicit:
             if budget.step_seconds() is None:
                 return  # decided when the fit's step time is known
-            if not budget.fits("probe"):
+            left = budget.allowance()
+            wanted = budget.estimate("probe") + self._float8_estimate(budget)
+            if left is not None and wanted > left:  # as the probe itself will be asked
                 self._ahead_decided = True
                 return
         self._ahead_decided = True
+        t0 = time.perf_counter()
         try:
             self._ahead = self.probe.precompile(self._data, cached_only=_on_cpu())
         except Exception:  # noqa: BLE001 - the probe itself traces (and says why) when it runs
             logger.debug("mpwatch: probe: compiling ahead failed", exc_info=True)
+        else:
+            if not self._ahead:  # traced, not compiled: the first probe has that much less to do
+                self._traced_s = time.perf_counter() - t0
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._active and self._begun and self.on_epoch_end_probe:
@@ -254,7 +262,8 @@ class ProbeMonitor(RecordingCallback):
         # several JAX processes run one probe program: each takes process 0's decision (each
         # budget measured its own clock)
         if budget is not None:
-            estimate = budget.estimate("probe", ahead=ahead) + self._float8_estimate(budget)
+            estimate = budget.estimate("probe", ahead=ahead, traced=self._traced_s)
+            estimate += self._float8_estimate(budget)
             if not backend.broadcast(
                 (int(budget.decide("probe", step, estimate, explicit=self.explicit)),)
             )[0]:

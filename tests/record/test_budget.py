@@ -65,6 +65,11 @@ def test_a_later_fit_estimates_the_probes_trace_from_the_models_first_trace():
     assert not b.decide("probe", 3, now=0.06)  # 5% of an 8 s fit: the trace does not fit
     b.trace_seconds = 0.01  # never below this fit's own first step
     assert b.estimate("probe") == pytest.approx(0.02 + 3 * 0.02)
+    # traced ahead (a CPU without a kept program): the trace already paid is not asked again,
+    # and what is left is never less than the passes
+    b.trace_seconds = 2.0
+    assert b.estimate("probe", traced=1.5) == pytest.approx(2.0 + 3 * 0.02 - 1.5)
+    assert b.estimate("probe", traced=5.0) == pytest.approx(3 * 0.02)
 
 
 def test_a_second_monitored_fit_keeps_the_models_first_step(tmp_path):
