@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 
@@ -135,8 +136,6 @@ def masked_crc32c_rows(rows: Any) -> Any:
 
 def frame_records(datas: list[bytes]) -> bytes:
     """:func:`frame_record` of each of ``datas``, joined (the crcs computed together)."""
-    import struct
-
     heads = [struct.pack("<Q", len(d)) for d in datas]
     crcs = masked_crc32c_many(heads + list(datas))
     n = len(datas)
@@ -148,12 +147,4 @@ def frame_records(datas: list[bytes]) -> bytes:
 
 def frame_record(data: bytes) -> bytes:
     """One TFRecord: ``u64 length, u32 masked crc32c(length), data, u32 masked crc32c(data)``."""
-    import struct
-
-    head = struct.pack("<Q", len(data))
-    return (
-        head
-        + struct.pack("<I", masked_crc32c(head))
-        + data
-        + struct.pack("<I", masked_crc32c(data))
-    )
+    return frame_records([data])

@@ -17,12 +17,11 @@ isolation.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -202,9 +201,10 @@ class RecordingCallback(keras.callbacks.Callback):
             return
         writer = self.writer
         if writer is None or writer.held:  # e.g. inside MixedPrecisionMonitor's hold (every
-            self._collect_and_end(batch, logs)  # batch: no hold of its own, no context manager)
+            self._collect_and_end(batch, logs)  # batch: no hold of its own)
             return
-        writer.hold()
+        writer.hold()  # what the part writes goes out in one call; a failed write loses those
+        # events (said once: _release) and never the training
         try:
             self._collect_and_end(batch, logs)
         finally:
@@ -219,20 +219,6 @@ class RecordingCallback(keras.callbacks.Callback):
             self._guard(self.part, self._tap_data, data)
         if steps.n:
             self._guard(self.part, self._batch_end, steps, logs or {})
-
-    @contextlib.contextmanager
-    def _writes_held(self) -> Iterator[None]:
-        """What is written inside goes out in one call at its end; a failed write loses those
-        events (said once) and never the training."""
-        writer = self.writer
-        if writer is None:
-            yield
-            return
-        writer.hold()
-        try:
-            yield
-        finally:
-            self._release(writer)
 
     def _release(self, writer: RunWriter) -> None:
         try:

@@ -210,8 +210,7 @@ class ProbeMonitor(RecordingCallback):
             if budget.step_seconds() is None:
                 return  # decided when the fit's step time is known
             left = budget.allowance()
-            wanted = budget.estimate("probe") + self._float8_estimate(budget)
-            if left is not None and wanted > left:  # as the probe itself will be asked
+            if left is not None and self._estimate(budget) > left:  # as the probe will be asked
                 self._ahead_decided = True
                 return
         self._ahead_decided = True
@@ -256,14 +255,12 @@ class ProbeMonitor(RecordingCallback):
         self._held = False
         self._last_probe_step = step
         budget = self.budget
-        ahead = 1.0 if self._ahead else 0.0
         from mpwatch.record import backend
 
         # several JAX processes run one probe program: each takes process 0's decision (each
         # budget measured its own clock)
         if budget is not None:
-            estimate = budget.estimate("probe", ahead=ahead, traced=self._traced_s)
-            estimate += self._float8_estimate(budget)
+            estimate = self._estimate(budget)
             if not backend.broadcast(
                 (int(budget.decide("probe", step, estimate, explicit=self.explicit)),)
             )[0]:
@@ -281,6 +278,13 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+    def _estimate(self, budget: Any) -> float:
+        """The next probe's cost: its passes (and, the first time, the trace and compile not
+        done ahead), plus float8 readiness when it measures it."""
+        ahead = 1.0 if self._ahead else 0.0
+        cost = budget.estimate("probe", ahead=ahead, traced=self._traced_s)
+        return cost + self._float8_estimate(budget)
 
     def _float8_estimate(self, budget: Any) -> float:
         """What float8 readiness adds to the next probe: 0 when it does not measure it; the

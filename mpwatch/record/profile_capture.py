@@ -313,7 +313,6 @@ class ProfileMonitor(RecordingCallback):
         finally:
             if self._profiling:  # a failed part left the profiler running: stop it, drop the trace
                 self._profiling = False
-                self._set_state_profiling(False)
                 try:
                     if self._backend == JAX:
                         import jax
@@ -361,13 +360,19 @@ class ProfileMonitor(RecordingCallback):
             self._fail("the profiler could not start", e)
             return
         self._profiling = True
-        self._set_state_profiling(True)
         self._captured = []
         self._others0 = self._others_spent()
         self._t0 = time.perf_counter()
 
-    def _set_state_profiling(self, on: bool) -> None:
-        if self.state is not None:
+    @property
+    def _profiling(self) -> bool:
+        return self._capturing
+
+    @_profiling.setter
+    def _profiling(self, on: bool) -> None:
+        """Capturing now; the model's state says so to the other parts (no probe runs then)."""
+        self._capturing = on
+        if getattr(self, "state", None) is not None:
             self.state.profiling = on
 
     def _others_spent(self) -> float:
@@ -378,7 +383,6 @@ class ProfileMonitor(RecordingCallback):
 
     def _stop(self) -> None:
         self._profiling = False
-        self._set_state_profiling(False)
         self._range = None
         self._done = True
         try:
