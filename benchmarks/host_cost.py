@@ -11,7 +11,8 @@ step is short (``--model tiny``: Dense 16 -> 4 on 16 features, batch 8; or ``tra
    logs into Python numbers after every batch, a device sync: what ``verbose=1`` or any Keras
    callback with a batch hook already costs);
 3. ``mpwatch``: ``MixedPrecisionMonitor(log_dir)`` at its defaults (``--monitor-args`` adds
-   keyword arguments).
+   keyword arguments; ``--async-batch-end on|off`` sets where Keras runs its batch ends, by
+   default a worker thread on JAX with a GPU). Each row says where its batch ends ran.
 
 Each configuration has its own model, traced by a first fit; then ``--reps`` interleaved fits of
 ``--steps`` steps each (a new monitor per fit, as a user's new ``fit`` call would have). Prints
@@ -94,12 +95,14 @@ def run(args: argparse.Namespace) -> None:
             pass
 
     root = tempfile.mkdtemp(prefix="mpwatch_host_cost_")
-    configs = {
-        "plain": lambda d: [],
-        "plain+hook": lambda d: [Hook()],
-        "mpwatch": lambda d: [mpwatch.MixedPrecisionMonitor(d, **args.monitor_kwargs)],
-    }
-    models = {}
+
+    def monitor(d: str) -> list[Any]:
+        m = mpwatch.MixedPrecisionMonitor(d, **args.monitor_kwargs)
+        m.async_batch_end = {"on": True, "off": False}.get(args.async_batch_end)
+        return [m]
+
+    configs = {"plain": lambda d: [], "plain+hook": lambda d: [Hook()], "mpwatch": monitor}
+    models, worker = {}, {}  # worker: whether Keras runs the batch ends on its worker thread
     for name, make in configs.items():
         keras.utils.set_random_seed(0)
         model = builder()
@@ -107,6 +110,7 @@ def run(args: argparse.Namespace) -> None:
         logdir = os.path.join(root, name)
         model.fit(batches(), steps_per_epoch=20, epochs=1, verbose=0, callbacks=make(logdir))
         models[name] = (model, make, logdir)
+        worker[name] = keras.callbacks.CallbackList(make(logdir), model=model)._async_train
     walls: dict[str, list[float]] = {k: [] for k in configs}
     spent: list[dict[str, float]] = []
     for rep in range(args.reps):
@@ -129,7 +133,8 @@ def run(args: argparse.Namespace) -> None:
         hook, plain = best[name] / best["plain+hook"], best[name] / best["plain"]
         print(
             f"  {name:11s} {1000 * best[name]:8.3f} ms/step   x{hook:.3f} of plain+hook   "
-            f"x{plain:.3f} of plain"
+            f"x{plain:.3f} of plain   batch ends on "
+            f"{'a worker thread' if worker[name] else 'the training thread'}"
         )
     last = min(spent, key=lambda s: sum(s.values()))
     own = sum(last.values()) / args.steps
@@ -155,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="mixed_float16")
     ap.add_argument("--monitor-args", default="", help='e.g. "probe=False"')
     ap.add_argument("--huge-layers", type=int, default=1000)  # real_models.build reads it
+    ap.add_argument(
+        "--async-batch-end", choices=("auto", "on", "off"), default="auto",
+        help="the monitor's async_batch_end: auto (on JAX with a GPU), on, off",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     args.monitor_kwargs = parse_kwargs(args.monitor_args)
     backends = args.backends.split(",") if args.backends else []

@@ -145,6 +145,18 @@ def gpu_device() -> str | None:
     return gpus[0].name.replace("/device:", "") if gpus else None
 
 
+def jax_on_accelerator() -> bool:
+    """Keras' JAX backend computing on a GPU or TPU (not the host's CPU)."""
+    if name() != JAX:
+        return False
+    import jax
+
+    try:
+        return jax.default_backend() != "cpu"
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _jax_gpu() -> Any:
     import jax
 

@@ -34,6 +34,9 @@ from mpwatch.record.writer import RunWriter
 
 logger = logging.getLogger("mpwatch")
 
+#: what :meth:`RecordingCallback.quiet_through` says of a callback with no batch work left
+ALWAYS_QUIET = 2**62
+
 
 # --- argument checks ----------------------------------------------------------------------------
 def check_log_dir(log_dir: Any) -> str:
@@ -294,3 +297,20 @@ class RecordingCallback(keras.callbacks.Callback):
 
     def _end(self) -> None:
         pass
+
+    def quiet_through(self, step: int) -> int:
+        """Asked after this callback's batch hooks ran for the call that ended at ``step``: the
+        last step through which they have nothing to do, so :class:`MixedPrecisionMonitor` may
+        skip them until then (the tap's data, when it is read, reaches them whatever this says).
+        By default: never again when the class has no batch work of its own (neither
+        ``_batch_begin`` nor ``_batch_end`` nor a batch hook overridden), else ``step`` (every
+        call is needed)."""
+        cls, base = type(self), RecordingCallback
+        if (
+            cls._batch_begin is base._batch_begin
+            and cls._batch_end is base._batch_end
+            and cls.on_train_batch_begin is base.on_train_batch_begin
+            and cls.on_train_batch_end is base.on_train_batch_end
+        ):
+            return ALWAYS_QUIET
+        return step

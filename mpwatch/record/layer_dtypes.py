@@ -9,7 +9,7 @@ from mpwatch import contract
 from mpwatch.formats import FLOAT32_INSIDE, is_16bit
 from mpwatch.layers import sublayers, walk
 from mpwatch.record import memory
-from mpwatch.record.base import RecordingCallback
+from mpwatch.record.base import ALWAYS_QUIET, RecordingCallback
 from mpwatch.record.layer_graph import graph_columns
 
 logger = logging.getLogger("mpwatch")
@@ -253,6 +253,10 @@ class LayerDtypeMonitor(RecordingCallback):
             tracer.undo()
             self._write_if_changed(self.table(tracer.dtypes, tracer.widths), got.steps[0])
             self._write_memory(tracer.shapes, got.steps[0])
+
+    def quiet_through(self, step: int) -> int:
+        """Only the fit's first call is traced (its output dtypes noted)."""
+        return step if self._first or self._tracer is not None else ALWAYS_QUIET
 
     def _write_memory(self, shapes: dict[int, list[Any]], step: int) -> None:
         """The ``memory`` record (:mod:`mpwatch.record.memory`), once the first step has built

@@ -386,6 +386,12 @@ class Probe:
             self._fn = self._build_fn()
         return bool(self._fn.precompile(x, y, sw, cached_only=cached_only))
 
+    def ahead_pending(self) -> bool:
+        """Whether the program :meth:`precompile` started is still compiling beside training
+        (a probe now would wait for the rest of the compile on the training thread)."""
+        fn = getattr(self, "_fn", None)
+        return bool(fn is not None and getattr(fn, "ahead_pending", lambda: False)())
+
     # --- one probe -------------------------------------------------------------------------------
     def current_scale(self) -> float:
         """The scale a probe uses when none is given (see the class doc)."""

@@ -363,6 +363,11 @@ class JaxProbeFunction:
         pool.shutdown(wait=False)
         return True
 
+    def ahead_pending(self) -> bool:
+        """Whether the program compiled ahead is still compiling (the next call would wait)."""
+        later = self._ahead[1] if self._ahead is not None else None
+        return later is not None and hasattr(later, "done") and not later.done()
+
     def __call__(self, x: Any, y: Any, sw: Any, scale: float) -> dict[str, np.ndarray]:
         import jax.numpy as jnp
 

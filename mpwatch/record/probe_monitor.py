@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from mpwatch.record import underflow
-from mpwatch.record.base import RecordingCallback, check_positive_int
+from mpwatch.record.base import ALWAYS_QUIET, RecordingCallback, check_positive_int
 from mpwatch.record.probe import Probe, first_batch
 
 logger = logging.getLogger("mpwatch")
@@ -265,6 +265,7 @@ class ProbeMonitor(RecordingCallback):
                 (int(budget.decide("probe", step, estimate, explicit=self.explicit)),)
             )[0]:
                 return  # the decision is kept: the diagnosis says it was skipped, and why
+        self.state.wait_for_device()  # the steps queued before it are training's time
         t0 = time.perf_counter()
         source = "probe_data" if self.probe_data is not None else "training"
         payload = self.probe.run(self._data, batch_source=source)
@@ -279,10 +280,24 @@ class ProbeMonitor(RecordingCallback):
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
 
+    def quiet_through(self, step: int) -> int:
+        """Busy until the probe's batch is taken and its compile ahead decided, and while a
+        probe waits for a profile window to close; then nothing to do before the next multiple
+        of ``every`` (the probe at an epoch's end runs from ``on_epoch_end``)."""
+        if getattr(self, "_off", False):
+            return ALWAYS_QUIET
+        if self._data is None or self._wrapped_train_function is not None:
+            return step
+        if self._held or (not self._ahead_decided and self.probe is not None):
+            return step
+        return (step // self.every + 1) * self.every - 1
+
     def _estimate(self, budget: Any) -> float:
         """The next probe's cost: its passes (and, the first time, the trace and compile not
         done ahead), plus float8 readiness when it measures it."""
-        ahead = 1.0 if self._ahead else 0.0
+        # compiled ahead, and done: its passes; still compiling beside training: as much as a
+        # probe that compiles (it would wait for the compile on the training thread)
+        ahead = 1.0 if self._ahead and not self.probe.ahead_pending() else 0.0
         cost = budget.estimate("probe", ahead=ahead, traced=self._traced_s)
         return cost + self._float8_estimate(budget)
 

@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpwatch.record.backend import JAX, TENSORFLOW
-from mpwatch.record.base import RecordingCallback
+from mpwatch.record.base import ALWAYS_QUIET, RecordingCallback
 
 logger = logging.getLogger("mpwatch")
 
@@ -171,7 +171,7 @@ class ProfileMonitor(RecordingCallback):
         self._profiling = False
         self._done = False
         self._range: tuple[int, int] | None = None
-        self._batch = 0
+        self._step0 = 0
         self._before: set[str] = set()
         self._pending: dict[str, Any] | None = None
         self._captured: list[int] = []
@@ -201,7 +201,7 @@ class ProfileMonitor(RecordingCallback):
 
     # --- RecordingCallback hooks ------------------------------------------------------------------
     def _begin(self) -> None:
-        self._batch = 0
+        self._step0 = self.state.step  # the step before this fit's first batch
         self._range = None
         self._backend = keras_backend()
         if self.once and self._done:
@@ -233,11 +233,20 @@ class ProfileMonitor(RecordingCallback):
     def _batch_begin(self, batch: int) -> None:
         if self._range is None or self._profiling:
             return
-        first_here, last_here = self._batch + 1, self._batch + self._spe()
+        done = self.state.step - self._step0  # this fit's batches so far
+        first_here, last_here = done + 1, done + self._spe()
         if last_here >= self._range[0] and first_here <= self._range[1]:
             if not self._affordable():
                 return
             self._start()
+
+    def quiet_through(self, step: int) -> int:
+        """Nothing to do before the window's first batch, nor after the capture."""
+        if self._profiling:
+            return step
+        if self._range is None:
+            return ALWAYS_QUIET
+        return self._step0 + self._range[0] - 1
 
     def _affordable(self) -> bool:
         """Whether the budget (if any) lets the capture run; a "no" ends this fit's profile (a
@@ -251,16 +260,12 @@ class ProfileMonitor(RecordingCallback):
         self._range = None
         return False
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self._active:
-            self._batch += self._spe()  # before the base collects: the Keras batch count
-        super().on_train_batch_end(batch, logs)
-
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
         if not self._profiling:
             return
         self._captured.extend(got.steps)
-        if self._batch >= self._range[1]:
+        if got.last_step - self._step0 >= self._range[1]:
+            self.state.wait_for_device()  # the window's steps have run (JAX dispatches ahead)
             wall = time.perf_counter() - self._t0
             self._stop()
             self._charge_capture(wall)
@@ -340,6 +345,7 @@ class ProfileMonitor(RecordingCallback):
         return set(glob.glob(os.path.join(glob.escape(self._profile_root()), "*")))
 
     def _start(self) -> None:
+        self.state.wait_for_device()  # the window holds its own steps, not the queued ones
         self._before = self._runs()
         try:
             if self._backend == JAX:

@@ -35,6 +35,7 @@ next mpwatch ``fit`` with the same needs (ring size, gradient-count period, opti
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from mpwatch.record import backend
@@ -87,6 +88,27 @@ class ModelState:
         # Keras' first call of this model's first monitored fit, mpwatch's own time out (its
         # trace of the train step; the budget's estimate of a probe's trace in later fits)
         self.first_step_s: float | None = None
+
+    def wait_for_device(self) -> None:
+        """Wait until the device has run every step queued so far: Keras on JAX dispatches the
+        steps ahead of the host (with no batch hook that reads the logs on the training thread,
+        it does not wait for one), so mpwatch's own work on the device (a probe, a profile
+        window) waits first, and is timed alone. The wait is training's time: counted with the
+        tap's reads (``device_wait``), never as mpwatch's."""
+        if backend.name() != backend.JAX:
+            return
+        jax_state = getattr(self._model, "_jax_state", None)
+        if not jax_state:
+            return
+        import jax
+
+        t0 = time.perf_counter()
+        try:
+            jax.block_until_ready(jax_state)
+        except Exception:  # noqa: BLE001  (an array Keras already handed on: nothing to wait for)
+            return
+        if self.tap is not None:
+            self.tap.device_wait += time.perf_counter() - t0
 
     def resolve_start(self, log_dir: str, reads_logs: bool) -> None:
         """Fix where this fit's steps start, once per fit: the first mpwatch callback to reach the
@@ -266,6 +288,27 @@ class ModelState:
         self._cache = (got, data)
         self._consumers = {id(user)}
         return self._cache
+
+    def users(self) -> set[int]:
+        """The ids of the callbacks recording this fit."""
+        return set(self._users)
+
+    def advance(self, n: int) -> int | None:
+        """Count a call of ``n`` batches on the host when nothing is to be read at it (no read
+        step in it, room in the ring): the last step; None when :meth:`collect` must take the
+        call instead (a read falls in it, or the tap is off, failed or not ready). For
+        :class:`MixedPrecisionMonitor`'s quiet calls, when it and its parts are the only users
+        (any other collects every call: :meth:`users`)."""
+        tap, needs = self.tap, self._needs
+        if tap is None or needs is None or not tap.installed or tap.failed is not None:
+            return None
+        every, step = needs[2], self.step
+        if not tap.read_ready or (step + n) // every != step // every:
+            return None
+        if self._pending + n + self._spe() > tap.capacity:
+            return None
+        self.step, self._pending = step + n, self._pending + n
+        return self.step
 
     def flush(self, user: object) -> Collected | None:
         """At the end of a fit: the tap's data not read yet (the same object for every user)."""

@@ -269,32 +269,38 @@ class _ScalarEvents:
 
     def __init__(self, metadata: bytes) -> None:
         self._meta = b"\x4a" + wire.put_varint(len(metadata)) + metadata
+        # per tag: the event's bytes from the summary's field tag to the float's (all constant:
+        # the summary's length does not depend on the step, the value or the time)
         self._tags: dict[str, bytes] = {}
         self._pack_f, self._pack_d = struct.Struct("<f").pack, struct.Struct("<d").pack
+        self._steps: dict[int, bytes] = {}  # recent steps' bytes (field 2, varint)
+
+    def _prefix(self, tag: str) -> bytes:
+        raw = tag.encode("utf-8")
+        head = b"\x0a" + wire.put_varint(len(raw)) + raw
+        v_len = len(head) + 2 + len(self._TENSOR) + 4 + len(self._meta)
+        v_head = head + b"\x42\x0a" + self._TENSOR
+        summary_len = 1 + len(wire.put_varint(v_len)) + v_len
+        prefix = b"\x2a" + wire.put_varint(summary_len) + b"\x0a" + wire.put_varint(v_len) + v_head
+        self._tags[tag] = prefix
+        return prefix
 
     def encode(self, tag: str, step: int, value: float, wall_time: float) -> bytes:
-        head = self._tags.get(tag)
-        if head is None:
-            raw = tag.encode("utf-8")
-            head = self._tags[tag] = b"\x0a" + wire.put_varint(len(raw)) + raw
+        prefix = self._tags.get(tag) or self._prefix(tag)
         try:
             f = self._pack_f(value)
         except (OverflowError, TypeError):  # beyond float32 (inf, as numpy rounds it), not a float
             import numpy as np
 
             f = np.float32(value).tobytes()
-        v = head + b"\x42\x0a" + self._TENSOR + f + self._meta
-        summary = b"\x0a" + wire.put_varint(len(v)) + v
-        step = int(step)  # proto3 leaves a 0 out
-        at = b"\x10" + wire.put_varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
-        return (
-            b"\x09"
-            + self._pack_d(wall_time)
-            + at
-            + b"\x2a"
-            + wire.put_varint(len(summary))
-            + summary
-        )
+        at = self._steps.get(step)
+        if at is None:
+            step = int(step)  # proto3 leaves a 0 out
+            at = b"\x10" + wire.put_varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
+            if len(self._steps) >= 4096:  # the steps of the last few writes
+                self._steps.clear()
+            self._steps[step] = at
+        return b"\x09" + self._pack_d(wall_time) + at + prefix + f + self._meta
 
 
 def _float32_scalar(value: float) -> Any:

@@ -16,7 +16,12 @@ CNN with BatchNormalization and Dropout, probed every step during fit: the probe
 train step's network and change nothing, so its weights equal a plain fit's bit for bit);
 ``refits`` (fits with, with, without, with mpwatch: the traces of the train step counted, whether
 the tap was in them, the loss-scale truth per batch, and the weights against a plain twin's);
-``syncs`` (Keras' own state write-backs during monitored fits of 8 and 32 batches).
+``syncs`` (Keras' own state write-backs during monitored fits of 8 and 32 batches);
+``select_spe1_every7``/``select_spe4_every7`` (``forced`` with the gradient counts computed at
+every step and selected, a GPU's way, instead of under a conditional); ``async_spe1``/``async_spe4``
+(``forced`` with the monitor alone and Keras' batch ends on its
+worker thread); ``slow_worker``/``slow_training`` (a step that sleeps 30 ms on the device side:
+the step time recorded when the host runs ahead of the device, and when it does not).
 """
 
 from __future__ import annotations
@@ -48,7 +53,19 @@ class Observer(keras.callbacks.Callback):
         self.iterations.append(int(self.model.optimizer.iterations.numpy()))
 
 
-def forced(logdir, spe, log_every):
+def forced(logdir, spe, log_every, select=None):
+    """``select``: the tap computes the gradient counts at every step and selects them (a GPU's
+    way: JaxTap.select_counts) instead of under a lax.cond."""
+    from mpwatch.record.jax_tap import JaxTap
+
+    JaxTap.select_counts = select
+    try:
+        return _forced(logdir, spe, log_every)
+    finally:
+        JaxTap.select_counts = None
+
+
+def _forced(logdir, spe, log_every):
     keras.utils.set_random_seed(0)
     keras.mixed_precision.set_global_policy("mixed_float16")
     inp = keras.Input((16,))
@@ -65,6 +82,65 @@ def forced(logdir, spe, log_every):
     monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=log_every, probe=False, profile=False)
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[monitor, observer])
     return {"scale": observer.scale, "iterations": observer.iterations}
+
+
+def asynchronous(logdir, spe):
+    """``forced``'s model and data, watched by the monitor alone with Keras' batch ends on its
+    worker thread (``async_batch_end``, the default on a GPU): which threads ran the monitor's
+    batch ends, and what Keras chose."""
+    import threading
+
+    main, seen = threading.get_ident(), []
+
+    class Watched(mpwatch.MixedPrecisionMonitor):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(threading.get_ident() != main)
+            super().on_train_batch_end(batch, logs)
+
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    inp = keras.Input((16,))
+    h = keras.layers.Dense(32, activation="relu")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
+    model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=spe)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(24 * 8, 16)).astype("float32")
+    for b in OVERFLOW_BATCHES:
+        x[b * 8 : (b + 1) * 8] *= 1e4
+    y = rng.normal(size=(24 * 8, 1)).astype("float32")
+    monitor = Watched(logdir, log_every=7, probe=False, profile=False)
+    monitor.async_batch_end = True
+    chosen = keras.callbacks.CallbackList([monitor], model=model)._async_train
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
+    return {"keras_async": chosen, "on_worker": seen}
+
+
+def slow_steps(logdir, worker):
+    """A model whose every step sleeps 30 ms on the device side (a host callback inside the
+    jitted step): the step time mpwatch records, with the batch ends on Keras' worker thread
+    (the host runs ahead of the device) or on the training thread, against the sleep and the
+    fit's wall time."""
+    import time
+
+    import jax
+
+    class Sleep(keras.layers.Layer):
+        def call(self, x):
+            jax.debug.callback(lambda: time.sleep(0.03))
+            return x
+
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    inp = keras.Input((4,))
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(Sleep()(inp)))
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    x, y = np.ones((8 * 30, 4), "float32"), np.ones((8 * 30, 1), "float32")
+    model.fit(x[:16], y[:16], batch_size=8, verbose=0)  # traced before the timed fit
+    monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=10, probe=False, profile=False)
+    monitor.async_batch_end = worker
+    t0 = time.perf_counter()
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=[monitor])
+    return {"wall": time.perf_counter() - t0, "steps": 30, "sleep": 0.03}
 
 
 def softmax(logdir):
@@ -262,6 +338,13 @@ def main(out):
     for spe, log_every in [(1, 1), (1, 7), (4, 1), (4, 7)]:
         name = f"forced_spe{spe}_every{log_every}"
         truth[name] = forced(os.path.join(out, name), spe, log_every)
+    for spe in (1, 4):
+        truth[f"async_spe{spe}"] = asynchronous(os.path.join(out, f"async_spe{spe}"), spe)
+        name = f"select_spe{spe}_every7"
+        truth[name] = forced(os.path.join(out, name), spe, 7, select=True)
+    for worker in (True, False):
+        name = f"slow_{'worker' if worker else 'training'}"
+        truth[name] = slow_steps(os.path.join(out, name), worker)
     truth["softmax"] = softmax(os.path.join(out, "softmax"))
     truth["probe_known"] = probe_known(os.path.join(out, "probe_known"))
     truth["probe_bn"] = probe_bn(os.path.join(out, "probe_bn"))

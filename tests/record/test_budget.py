@@ -72,6 +72,37 @@ def test_a_later_fit_estimates_the_probes_trace_from_the_models_first_trace():
     assert b.estimate("probe", traced=5.0) == pytest.approx(3 * 0.02)
 
 
+def test_a_probe_whose_program_still_compiles_ahead_is_estimated_as_a_compiling_one(tmp_path):
+    """On a GPU the probe compiles on a thread beside training; a probe due before that compile
+    ends would wait for it on the training thread (H200, keras.io's Transformer: estimated as
+    its passes, 0.01 s, it cost 9.8 s). Until the compile is done the estimate is the trace's."""
+    from concurrent.futures import Future
+
+    import keras
+
+    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe_jax import JaxProbeFunction
+    from mpwatch.record.probe_monitor import ProbeMonitor
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    fn = JaxProbeFunction.__new__(JaxProbeFunction)  # its compile ahead, as a real future
+    compiling: Future = Future()
+    fn._ahead = ("the batch's signature", compiling)
+    monitor = ProbeMonitor(str(tmp_path), every=100)
+    monitor.probe, monitor._ahead = Probe(model), True
+    monitor.probe._fn, monitor.probe.float8 = fn, False  # (float8 readiness: estimated apart)
+    b = CostBudget(0.05)
+    b.begin_fit({"epochs": 1, "steps": 400}, now=0.0)
+    for i in range(1, 4):
+        b.batch_end(1, now=1.0 + 0.02 * i)  # a 1 s first step (Keras' trace), then 20 ms
+    assert monitor.probe.ahead_pending()
+    assert monitor._estimate(b) == pytest.approx(1.02 + 3 * 0.02)  # the trace and the passes
+    compiling.set_result(None)
+    assert not monitor.probe.ahead_pending()
+    assert monitor._estimate(b) == pytest.approx(3 * 0.02)  # compiled: the passes alone
+
+
 def test_a_second_monitored_fit_keeps_the_models_first_step(tmp_path):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])

@@ -167,6 +167,65 @@ def test_later_fits_reuse_the_tapped_step_and_plain_fits_run_keras_own(jax_runs,
     assert [s for s, _ in scalars[contract.GRAD_NONFINITE_COUNT]] == list(range(3, 25, 3))
 
 
+@pytest.mark.parametrize("spe", [1, 4])
+def test_batch_ends_on_keras_worker_thread_record_the_same_run(jax_runs, read_events, spe):
+    """With the monitor alone Keras runs its batch ends on a worker thread (``async_safe``; what
+    a GPU gets by default, the host then never waits for the device): the monitor only notes
+    them there and does the work on the training thread, and every record equals the run whose
+    batch ends ran on the training thread (beside the observer that gives the optimizer's own
+    truth), the times and memory aside."""
+    out, truth = jax_runs
+    t = truth[f"async_spe{spe}"]
+    assert t["keras_async"] and t["on_worker"] and all(t["on_worker"])
+    assert len(t["on_worker"]) == 24 // spe
+    mine, mine_records = read_events(str(out / f"async_spe{spe}"))
+    theirs, theirs_records = read_events(str(out / f"forced_spe{spe}_every7"))
+    timed = {contract.STEP_TIME_MS, contract.PEAK_MEMORY_MB}
+    assert set(mine) == set(theirs)
+    for tag in set(mine) - timed:
+        assert mine[tag] == theirs[tag], tag
+    assert [s for s, _ in mine[contract.TRAIN_LOSS]] == list(range(spe, 25, spe))
+    assert set(mine_records) == set(theirs_records)
+
+
+@pytest.mark.parametrize("spe", [1, 4])
+def test_counts_selected_at_every_step_record_the_same_run(jax_runs, read_events, spe):
+    """On a GPU the tap computes the gradient counts at every step and keeps them at the count
+    steps (a ``lax.cond`` there copies its predicate to the host and waits for the device, every
+    step): the same records, bit for bit, as the conditional's, which the optimizer's own state
+    checks (test_loss_scale_and_skips_equal_the_optimizers)."""
+    out, truth = jax_runs
+    assert truth[f"select_spe{spe}_every7"]["scale"] == truth[f"forced_spe{spe}_every7"]["scale"]
+    mine, mine_records = read_events(str(out / f"select_spe{spe}_every7"))
+    theirs, theirs_records = read_events(str(out / f"forced_spe{spe}_every7"))
+    timed = {contract.STEP_TIME_MS, contract.PEAK_MEMORY_MB}
+    assert set(mine) == set(theirs)
+    for tag in set(mine) - timed:
+        assert mine[tag] == theirs[tag], tag
+    assert [s for s, _ in mine[contract.GRAD_NONFINITE_COUNT]] == [7, 14, 21]
+
+    def numbers(records):  # the per-variable counts (names aside: the models' are numbered)
+        return [(s, [row[2:] for row in p["variables"]["data"]]) for s, p in records]
+
+    assert numbers(mine_records["grad_variables"]) == numbers(theirs_records["grad_variables"])
+    assert len(mine_records["grad_variables"]) == 3
+
+
+@pytest.mark.parametrize("where", ["worker", "training"])
+def test_step_time_holds_when_the_host_runs_ahead(jax_runs, read_events, where):
+    """Each step sleeps 30 ms on the device side (a host callback in the jitted step). With the
+    batch ends on Keras' worker thread the host dispatches ahead of the device, so a clock on
+    the training thread would read the dispatch; the recorded step time is the device's: at
+    least the sleep, at most the fit's wall time per step."""
+    out, truth = jax_runs
+    t = truth[f"slow_{where}"]
+    scalars, _ = read_events(str(out / f"slow_{where}"))
+    times = [v for _, v in scalars[contract.STEP_TIME_MS]]
+    assert len(times) == 4  # steps 10, 20, 30 of the run and the fit's end (its 32nd)
+    ceiling = 1000.0 * t["wall"] / t["steps"]
+    assert all(1000.0 * t["sleep"] <= v <= ceiling for v in times), (times, ceiling)
+
+
 def test_no_batch_hook_makes_keras_write_its_state_back(jax_runs):
     """Keras' ``Callback.model`` on JAX syncs the whole training state into the variables (and
     Keras rebuilds the state for the next step): mpwatch's batch hooks never ask for it, so a fit
