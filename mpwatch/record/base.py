@@ -246,6 +246,9 @@ class RecordingCallback(keras.callbacks.Callback):
         ``steps_per_execution``); a custom training loop's steps per call."""
         if self.state.capacity:
             return self.state.capacity
+        steps = (self.params or {}).get("steps")  # Keras' last call of an epoch can run fewer
+        if isinstance(steps, int) and steps > 0:  # batches than its end index says (it adds
+            end = min(end, steps - 1)  # steps_per_execution - 1 to the begin, unclipped)
         begin = getattr(self, "_call_begin", None)
         if begin is None or end < begin:
             return int(getattr(self._batch_model, "steps_per_execution", 1) or 1)

@@ -268,7 +268,10 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if threading.get_ident() != getattr(self, "_thread", None):  # Keras' worker thread
-            self._finished.append((batch, time.perf_counter(), (logs or {}).get("loss")))
+            try:  # (what raises here would reach Keras' wait for its thread: never)
+                self._finished.append((batch, time.perf_counter(), (logs or {}).get("loss")))
+            except Exception:  # noqa: BLE001
+                logger.debug("mpwatch: a batch end's note was lost", exc_info=True)
             return
         self._end_call(batch, logs or {}, time.perf_counter())
 

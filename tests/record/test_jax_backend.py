@@ -167,6 +167,18 @@ def test_later_fits_reuse_the_tapped_step_and_plain_fits_run_keras_own(jax_runs,
     assert [s for s, _ in scalars[contract.GRAD_NONFINITE_COUNT]] == list(range(3, 25, 3))
 
 
+def _same_scalars(read_events, out, case, spe):
+    """``case``'s scalars equal those of ``forced`` (same spe, log_every 7), the times and memory
+    aside; (its scalars, its records, forced's records)."""
+    mine, mine_records = read_events(str(out / case))
+    theirs, theirs_records = read_events(str(out / f"forced_spe{spe}_every7"))
+    timed = {contract.STEP_TIME_MS, contract.PEAK_MEMORY_MB}
+    assert set(mine) == set(theirs)
+    for tag in set(mine) - timed:
+        assert mine[tag] == theirs[tag], tag
+    return mine, mine_records, theirs_records
+
+
 @pytest.mark.parametrize("spe", [1, 4])
 def test_batch_ends_on_keras_worker_thread_record_the_same_run(jax_runs, read_events, spe):
     """With the monitor alone Keras runs its batch ends on a worker thread (``async_safe``; what
@@ -178,12 +190,7 @@ def test_batch_ends_on_keras_worker_thread_record_the_same_run(jax_runs, read_ev
     t = truth[f"async_spe{spe}"]
     assert t["keras_async"] and t["on_worker"] and all(t["on_worker"])
     assert len(t["on_worker"]) == 24 // spe
-    mine, mine_records = read_events(str(out / f"async_spe{spe}"))
-    theirs, theirs_records = read_events(str(out / f"forced_spe{spe}_every7"))
-    timed = {contract.STEP_TIME_MS, contract.PEAK_MEMORY_MB}
-    assert set(mine) == set(theirs)
-    for tag in set(mine) - timed:
-        assert mine[tag] == theirs[tag], tag
+    mine, mine_records, theirs_records = _same_scalars(read_events, out, f"async_spe{spe}", spe)
     assert [s for s, _ in mine[contract.TRAIN_LOSS]] == list(range(spe, 25, spe))
     assert set(mine_records) == set(theirs_records)
 
@@ -196,12 +203,8 @@ def test_counts_selected_at_every_step_record_the_same_run(jax_runs, read_events
     checks (test_loss_scale_and_skips_equal_the_optimizers)."""
     out, truth = jax_runs
     assert truth[f"select_spe{spe}_every7"]["scale"] == truth[f"forced_spe{spe}_every7"]["scale"]
-    mine, mine_records = read_events(str(out / f"select_spe{spe}_every7"))
-    theirs, theirs_records = read_events(str(out / f"forced_spe{spe}_every7"))
-    timed = {contract.STEP_TIME_MS, contract.PEAK_MEMORY_MB}
-    assert set(mine) == set(theirs)
-    for tag in set(mine) - timed:
-        assert mine[tag] == theirs[tag], tag
+    case = f"select_spe{spe}_every7"
+    mine, mine_records, theirs_records = _same_scalars(read_events, out, case, spe)
     assert [s for s, _ in mine[contract.GRAD_NONFINITE_COUNT]] == [7, 14, 21]
 
     def numbers(records):  # the per-variable counts (names aside: the models' are numbered)

@@ -93,6 +93,26 @@ def test_loss_scale_equals_dynamic_scale_each_step(tmp_path, policy, read_events
     assert scalars["mpwatch/skipped_steps_total"] == [(4, 1.0), (8, 3.0), (12, 4.0)]
 
 
+def test_an_epochs_last_partial_call_counts_its_own_batches(tmp_path, policy, read_events):
+    """11 batches an epoch with steps_per_execution 4: Keras' last call of each epoch runs 3
+    batches, though the end index it passes says 4 (begin + 4 - 1). The steps counted on the
+    host (the training loss is written at each call's last step) follow the batches run, as the
+    optimizer's iterations do, with no tap read in between to correct them."""
+    import mpwatch
+
+    with policy("mixed_float16"):
+        x, y = _data(n=110)
+        model = _model(4)
+        model.fit(
+            x, y, batch_size=10, epochs=2, shuffle=False, verbose=0,
+            callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=100, probe=False,
+                                                     profile=False)],
+        )  # fmt: skip
+        assert int(model.optimizer.iterations.numpy()) == 22  # nothing overflowed
+    scalars, _ = read_events(tmp_path)
+    assert [s for s, _ in scalars["mpwatch/train/loss"]] == [4, 8, 11, 15, 19, 22]
+
+
 @pytest.mark.parametrize("spe", [1, 4])
 def test_k_overflowing_batches_give_k_skipped_steps(tmp_path, policy, read_events, spe):
     import mpwatch
