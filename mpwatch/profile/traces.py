@@ -485,7 +485,9 @@ def xla_op_table(path: str | os.PathLike | Sequence[str]) -> pd.DataFrame:
     if not rows:
         raise ProfileError(
             f"the trace {traces[0]} holds no XLA ops (no host events with hlo_op stats): was the "
-            "profiler started and stopped around training steps?"
+            "profiler started and stopped around training steps? (On a CPU, while Keras runs "
+            "its batch ends on a worker thread, jax.profiler records no XLA op events: keep "
+            "MixedPrecisionMonitor's async_batch_end off there, its default)"
         )
     df = pd.DataFrame(
         [
