@@ -172,6 +172,9 @@ class CostBudget:
         # (wall clock, own seconds) at the last batch ends: the steady step time's window (a
         # long fit keeps no per-step list)
         self._recent: deque[tuple[float, float]] = deque(maxlen=STEP_WINDOW + 1)
+        # the device's time per step, from when each call's results were ready (Keras' worker
+        # thread notes it): the host's clock alone reads the dispatch when it runs ahead
+        self._done: deque[float] = deque(maxlen=STEP_WINDOW)
         self._first_step: float | None = None  # the first Keras call, mpwatch's own time out
         self._calls = 0
         self._steps_done = 0
@@ -188,6 +191,7 @@ class CostBudget:
         self._t0 = time.perf_counter() if now is None else now
         self.spent, self.decisions = {}, []
         self._recent.clear()
+        self._done.clear()
         self._first_step, self._calls = None, 0
         self._steps_done, self._fit_end = 0, None
         params = params or {}
@@ -203,6 +207,11 @@ class CostBudget:
             self._first_step = max(0.0, end - self._t0 - own)
         self._calls += 1
         self._recent.append((end, own))
+
+    def call_done(self, seconds: float, n_steps: int) -> None:
+        """A call's results were ready ``seconds`` after the previous call's (Keras' worker
+        thread's clock; not the fit's first call): the step time the device keeps up."""
+        self._done.append(max(0.0, float(seconds)) / max(1, int(n_steps)))
 
     def end_fit(self, now: float | None = None) -> None:
         self._fit_end = time.perf_counter() if now is None else now
@@ -236,13 +245,17 @@ class CostBudget:
 
     def step_seconds(self) -> float | None:
         """The fit's steady time per step: the median of its calls after the first, mpwatch's own
-        time taken out (None before the second call)."""
+        time taken out (None before the second call); when Keras' worker thread notes the calls'
+        results (:meth:`call_done`), at least the median time between them."""
         if self._calls < 2:
             return None
         recent = list(self._recent)
         per = [max(0.0, (e1 - e0) - (o1 - o0)) for (e0, o0), (e1, o1) in zip(recent, recent[1:])]
         n = self._steps_done / self._calls  # steps per call (steps_per_execution)
-        return statistics.median(per) / max(1.0, n)
+        host = statistics.median(per) / max(1.0, n)
+        # the host may dispatch ahead of the device (batch ends on Keras' worker thread): then
+        # the calls' results, as they came, say the step's time
+        return max(host, statistics.median(self._done)) if self._done else host
 
     def projected_fit_seconds(self, now: float | None = None) -> float:
         """The fit's wall time: so far, plus the steps to come at the steady step time (only so

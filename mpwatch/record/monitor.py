@@ -367,6 +367,8 @@ class MixedPrecisionMonitor(RecordingCallback):
             if end not in notes:
                 break
             (t_done, loss), (last_step, n, t_begin, first) = notes.pop(end), self._settled.pop(end)
+            if not first and self._last_done is not None:
+                self.budget.call_done(t_done - self._last_done, n)
             if not first and self._step_time is not None:
                 start = t_begin if self._last_done is None else max(t_begin, self._last_done)
                 self._step_time.add_call(t_done - start, n, pooled=True)

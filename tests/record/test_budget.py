@@ -52,6 +52,26 @@ def test_the_allowance_is_the_share_of_the_projected_fit_less_what_mpwatch_spent
     assert b.decide("probe", 3, now=105.25, ahead=1.0)  # compiled ahead: its passes, 1.5 s
 
 
+def test_the_step_time_is_the_devices_when_the_host_runs_ahead():
+    """Keras' batch ends on its worker thread (JAX on a GPU): the training thread dispatches
+    calls 1 ms apart while the device takes 100 ms a step; the results' times, noted by the
+    worker, give the steady step time (the host's clock alone would say 1 ms)."""
+    b = CostBudget(0.05)
+    b.begin_fit({"epochs": 1, "steps": 400}, now=0.0)
+    for i in range(1, 6):
+        b.batch_end(1, now=0.001 * i)
+    assert b.step_seconds() == pytest.approx(0.001)
+    for _ in range(4):
+        b.call_done(0.1, 1)
+    assert b.step_seconds() == pytest.approx(0.1)
+    b.call_done(0.4, 2)  # a call of two steps: per step
+    assert b.step_seconds() == pytest.approx(0.1)
+    b.begin_fit({"epochs": 1, "steps": 400}, now=10.0)  # a new fit forgets them
+    b.batch_end(1, now=10.5)
+    b.batch_end(1, now=10.501)
+    assert b.step_seconds() == pytest.approx(0.001)
+
+
 def test_a_later_fit_estimates_the_probes_trace_from_the_models_first_trace():
     """A second fit of a model reuses Keras' trace and starts fast; a new monitor's probe still
     traces its passes: its first-probe estimate takes the model's first traced step."""

@@ -227,6 +227,9 @@ def test_step_time_holds_when_the_host_runs_ahead(jax_runs, read_events, where):
     assert len(times) == 4  # steps 10, 20, 30 of the run and the fit's end (its 32nd)
     ceiling = 1000.0 * t["wall"] / t["steps"]
     assert all(1000.0 * t["sleep"] <= v <= ceiling for v in times), (times, ceiling)
+    # the cost budget's step time too (its projection of the fit, its estimates of a probe's
+    # passes), which the training thread's clock alone would read as the dispatch
+    assert t["sleep"] <= t["budget_step"] <= ceiling / 1000.0, t
 
 
 def test_no_batch_hook_makes_keras_write_its_state_back(jax_runs):
