@@ -38,6 +38,15 @@ logger = logging.getLogger("mpwatch")
 ALWAYS_QUIET = 2**62
 
 
+def before_next_multiple(step: int, every: int) -> int:
+    """The last step before the first multiple of ``every`` after ``step``.
+
+    >>> before_next_multiple(50, 50), before_next_multiple(51, 50)
+    (99, 99)
+    """
+    return (step // every + 1) * every - 1
+
+
 # --- argument checks ----------------------------------------------------------------------------
 def check_log_dir(log_dir: Any) -> str:
     """Create ``log_dir`` if needed and prove it writable; raise ValueError with the reason if

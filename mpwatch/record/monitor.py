@@ -14,7 +14,7 @@ from mpwatch import contract
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
 from mpwatch.record import backend
 from mpwatch.record.backend import device_info  # noqa: F401  (old import path)
-from mpwatch.record.base import RecordingCallback, check_positive_int
+from mpwatch.record.base import RecordingCallback, before_next_multiple, check_positive_int
 from mpwatch.record.budget import CostBudget, check_budget, default_budget
 from mpwatch.record.gradient_health import GradientHealthMonitor
 from mpwatch.record.input_health import InputHealthMonitor
@@ -267,7 +267,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         self._open = (batch, time.perf_counter(), busy)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if threading.get_ident() != getattr(self, "_thread", None):  # Keras' worker thread
+        if threading.get_ident() != self._thread:  # Keras' worker thread
             try:  # (what raises here would reach Keras' wait for its thread: never)
                 self._finished.append((batch, time.perf_counter(), (logs or {}).get("loss")))
             except Exception:  # noqa: BLE001
@@ -284,7 +284,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         """The call in flight, settled when the worker thread noted its end; else, with
         ``discard``, dropped: a begin whose call never ran (the data ran out in it; a custom
         loop's last begin)."""
-        if getattr(self, "_open", None) is None:
+        if self._open is None:
             return
         begin = self._open[0]
         ends = [e for e, _, _ in list(self._finished) if e >= begin]
@@ -313,13 +313,7 @@ class MixedPrecisionMonitor(RecordingCallback):
             self._alone = state.users() <= {id(self), *(id(p) for p in self.parts)}
         last = None if busy or not self._alone else state.advance(n)
         if last is not None:  # a quiet call: the monitor's own bookkeeping alone
-            if t_end is None:
-                self._settled[end] = (last, n, t_begin, first)
-            else:
-                loss = logs.get("loss")
-                if loss is not None:
-                    self._loss_steps.append(last)
-                    self._losses.append(float(loss))
+            self._record_call(last, n, logs)
             return self._quiet_end(t0, n)
         got = self._guard("steps", state.collect, self, n)
         steps, data = got if got is not None else (None, None)
@@ -379,12 +373,11 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def _quiet_after(self, step: int) -> int:
         """The last step through which no part has batch work (nor the monitor's interval)."""
-        quiet = (step // self.log_every + 1) * self.log_every - 1
+        quiet = before_next_multiple(step, self.log_every)
         try:
             tap = self.state.tap
             if tap is not None and tap.installed and tap.failed is None:
-                every = self.state.read_interval()
-                quiet = min(quiet, (step // every + 1) * every - 1)
+                quiet = min(quiet, before_next_multiple(step, self.state.read_interval()))
             for p in self.parts:
                 quiet = min(quiet, p.quiet_through(step))
         except Exception:  # noqa: BLE001  (never lose training to mpwatch: every call busy)
@@ -393,7 +386,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         return quiet
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        if getattr(self, "_settled", None) or getattr(self, "_early", None):
+        if self._settled or self._early:
             logger.debug("mpwatch: notes of the last epoch's calls lost: %s", self._settled)
             self._settled, self._early = {}, {}  # Keras' batch indices start again
         self._each("on_epoch_begin", epoch, logs)
@@ -406,8 +399,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         """At an epoch's end (Keras has waited for its worker thread): the last call's work, and
         every note."""
         self._settle_noted(discard=True)
-        if getattr(self, "_finished", None) is not None:
-            self._drain()
+        self._drain()
 
     def on_train_end(self, logs: Any = None) -> None:
         try:
@@ -472,19 +464,23 @@ class MixedPrecisionMonitor(RecordingCallback):
         self.writer.record(contract.KIND_RUN_INFO, self.state.step, self.run_info())
 
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
-        noting = getattr(self, "_noting", None)
-        if noting is not None:  # the loss comes with the worker thread's note of this call
-            end, t_begin, first = noting
-            self._settled[end] = (got.last_step, got.n, t_begin, first)
-            if any(s % self.log_every == 0 for s in got.steps):
-                self._drain()
-        else:
-            loss = logs.get("loss")
-            if loss is not None:  # buffered, written once per interval (cheap hot path)
-                self._loss_steps.append(got.last_step)
-                self._losses.append(float(loss))
+        self._record_call(got.last_step, got.n, logs)
         if any(s % self.log_every == 0 for s in got.steps):
+            if self._noting is not None:
+                self._drain()
             self._flush_loss()
+
+    def _record_call(self, last_step: int, n: int, logs: dict[str, Any]) -> None:
+        """A call's loss, buffered (written once per interval); from Keras' worker thread, the
+        call waits for its note (:meth:`_drain`)."""
+        if self._noting is not None:
+            end, t_begin, first = self._noting
+            self._settled[end] = (last_step, n, t_begin, first)
+            return
+        loss = logs.get("loss")
+        if loss is not None:
+            self._loss_steps.append(last_step)
+            self._losses.append(float(loss))
 
     def _flush_loss(self) -> None:
         self.writer.scalar_series(contract.TRAIN_LOSS, self._loss_steps, self._losses)

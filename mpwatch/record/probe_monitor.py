@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 
 from mpwatch.record import underflow
-from mpwatch.record.base import ALWAYS_QUIET, RecordingCallback, check_positive_int
+from mpwatch.record.base import (
+    ALWAYS_QUIET,
+    RecordingCallback,
+    before_next_multiple,
+    check_positive_int,
+)
 from mpwatch.record.probe import Probe, first_batch
 
 logger = logging.getLogger("mpwatch")
@@ -290,7 +295,7 @@ class ProbeMonitor(RecordingCallback):
             return step
         if self._held or (not self._ahead_decided and self.probe is not None):
             return step
-        return (step // self.every + 1) * self.every - 1
+        return before_next_multiple(step, self.every)
 
     def _estimate(self, budget: Any) -> float:
         """The next probe's cost: its passes (and, the first time, the trace and compile not

@@ -275,10 +275,10 @@ class ModelState:
         data = None
         if tap is not None and tap.installed and tap.failed is None:
             steps = list(range(self.step + 1, self.step + n + 1))
+            due = self._read_due(n)
             self.step += n
             self._pending += n
-            every = self.read_interval()
-            if any(s % every == 0 for s in steps) or self._pending + self._spe() > tap.capacity:
+            if due:
                 data = self._read()
             elif not tap.read_ready:  # the step is traced: trace the read now, off the interval
                 tap.prepare_read()  # steps (a one-time cost, not a per-interval one)
@@ -299,16 +299,21 @@ class ModelState:
         call instead (a read falls in it, or the tap is off, failed or not ready). For
         :class:`MixedPrecisionMonitor`'s quiet calls, when it and its parts are the only users
         (any other collects every call: :meth:`users`)."""
-        tap, needs = self.tap, self._needs
-        if tap is None or needs is None or not tap.installed or tap.failed is not None:
+        tap = self.tap
+        if tap is None or not tap.installed or tap.failed is not None or not tap.read_ready:
             return None
-        every, step = needs[2], self.step
-        if not tap.read_ready or (step + n) // every != step // every:
+        if self._read_due(n):
             return None
-        if self._pending + n + self._spe() > tap.capacity:
-            return None
-        self.step, self._pending = step + n, self._pending + n
+        self.step, self._pending = self.step + n, self._pending + n
         return self.step
+
+    def _read_due(self, n: int) -> bool:
+        """Whether the next call, of ``n`` batches, is read: it reaches a multiple of
+        :meth:`read_interval`, or the ring would overflow (counted before the call)."""
+        every, step = self.read_interval(), self.step
+        return (step + n) // every != step // every or self._pending + n + self._spe() > (
+            self.tap.capacity
+        )
 
     def flush(self, user: object) -> Collected | None:
         """At the end of a fit: the tap's data not read yet (the same object for every user)."""

@@ -13,7 +13,7 @@ from mpwatch.record.backend import (  # noqa: F401  (old import path of these)
     process_peak_rss_mb,
     reset_peak_memory,
 )
-from mpwatch.record.base import RecordingCallback
+from mpwatch.record.base import RecordingCallback, before_next_multiple
 
 
 class StepTimeMonitor(RecordingCallback):
@@ -87,7 +87,7 @@ class StepTimeMonitor(RecordingCallback):
         """Clocked by the monitor, only the interval's end writes."""
         if not self.clocked:
             return step
-        return (step // self.log_every + 1) * self.log_every - 1
+        return before_next_multiple(step, self.log_every)
 
     def _write(self, step: int) -> None:
         values = {contract.PEAK_MEMORY_MB: peak_memory_mb(self._device)}
