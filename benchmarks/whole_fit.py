@@ -28,6 +28,7 @@ pair moves by several percent: read the median and the range.
     python benchmarks/real_models.py --whole-fit 10,60 --models mobilenetv2,transformer
     python benchmarks/whole_fit.py --models mobilenetv2 --seconds 10,60 --backends tensorflow,jax
     python benchmarks/whole_fit.py --models mobilenetv2 --policy mixed_bfloat16 --backends jax
+    python benchmarks/whole_fit.py --models app:DenseNet121,app:Xception --backends jax
     python benchmarks/whole_fit.py --models efficientnetb0 --seconds 30 \
         --monitor-args probe_every=10
     python benchmarks/whole_fit.py --backends jax --models transformer --devices 4 \
@@ -75,6 +76,8 @@ from typing import Any  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ("resnet50", "mobilenetv2", "efficientnetb0", "transformer")
+APP = "app:"  # app:NAME: any keras.applications model (weights=None, APP_SIZE px, 10 classes)
+APP_SIZE = 96  # at least every application's minimum input (Xception 71, InceptionV3 75)
 WARMUP = 5
 MIN_STEPS = 8
 
@@ -110,15 +113,47 @@ def build(name: str, rm: Any, args: argparse.Namespace) -> Any:
     import keras
 
     keras.utils.set_random_seed(0)
-    if name == "efficientnetb0":
-        model = keras.applications.EfficientNetB0(weights=None, input_shape=(64, 64, 3), classes=10)
+    if name == "efficientnetb0" or name.startswith(APP):
+        size, app = (64, "EfficientNetB0") if name == "efficientnetb0" else (APP_SIZE, name[4:])
+        model = getattr(keras.applications, app)(
+            weights=None, input_shape=(size, size, 3), classes=10
+        )
         model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
         return model
     return rm.build(name, args)
 
 
 def make_data(name: str, rm: Any, batch_size: int) -> Any:
+    if name.startswith(APP):  # images of the application's size, pixels in [0, 1]
+        import numpy as np
+
+        n, rng = rm.POOL * batch_size, np.random.default_rng(0)
+        x = rng.uniform(0, 1, (n, APP_SIZE, APP_SIZE, 3)).astype("float32")
+        return x, rng.integers(0, 10, n)
     return rm.make_data("resnet50" if name == "efficientnetb0" else name, batch_size)
+
+
+def pipeline(rm: Any, data: Any, args: argparse.Namespace) -> Any:
+    """The batches, cycled. On TensorFlow a ``tf.data`` pipeline with its autotuning off and no
+    prefetch: Keras wraps a generator or arrays in ``prefetch(AUTOTUNE)``, and at the fit's end
+    TensorFlow's teardown of that iterator sometimes waits for tf.data's autotuning thread (measured
+    on DenseNet121, 2 CPU cores: fits of 39-52 s returned 10-40 s after their last callback, in
+    about 2 of 5, plain and monitored alike; never in 6 fits without autotuning): a delay of
+    TensorFlow's that lands on either fit of a pair at random. ``--keras-pipeline``: Keras' own."""
+    if args.keras_pipeline or _backend() != "tensorflow":
+        return rm.batches(*data, args.batch_size)
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices(data).batch(args.batch_size).repeat()
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
+def _backend() -> str:
+    import keras
+
+    return keras.backend.backend()
 
 
 def fit_once(name: str, rm: Any, args, data, steps: int, monitor_kwargs=None, logdir=None):
@@ -140,7 +175,7 @@ def fit_once(name: str, rm: Any, args, data, steps: int, monitor_kwargs=None, lo
     tail = rm.Timer()
     t0 = time.perf_counter()
     model.fit(
-        rm.batches(*data, args.batch_size),
+        pipeline(rm, data, args),
         steps_per_epoch=steps,
         epochs=1,
         verbose=0,
@@ -302,7 +337,12 @@ def parse_kwargs(text: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="mobilenetv2,transformer", help=", ".join(MODELS))
+    ap.add_argument(
+        "--models",
+        default="mobilenetv2,transformer",
+        help=f"{', '.join(MODELS)}, or {APP}NAME for any keras.applications model "
+        f"(e.g. {APP}DenseNet121: weights=None, {APP_SIZE}x{APP_SIZE}, 10 classes)",
+    )
     ap.add_argument("--seconds", default="10,60", help="target plain fit lengths, s")
     ap.add_argument("--backends", default=None, help="tensorflow,jax: one process each")
     ap.add_argument("--policy", default="mixed_float16")
@@ -324,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         "the plain fit's step twice; mpwatch's tap builds it first)",
     )
     ap.add_argument(
+        "--keras-pipeline",
+        action="store_true",
+        help="TensorFlow: feed Keras a Python generator, which it wraps in prefetch(AUTOTUNE) "
+        "(its teardown at a fit's end sometimes waits tens of seconds: see pipeline())",
+    )
+    ap.add_argument(
         "--program-cache", choices=("cold", "warm"), default="cold",
         help="cold: each monitored fit starts with an empty mpwatch cache (a first run: the "
         "probe's programs compiled); warm: one untimed monitored fit first fills it (a later "
@@ -342,8 +388,12 @@ def main(argv: list[str] | None = None) -> int:
             code |= subprocess.call(cmd + rest, env=env)
         return code
     names = [m for m in args.models.split(",") if m]
-    if set(names) - set(MODELS):
-        ap.error(f"--models: choose from {', '.join(MODELS)}")
+    import keras
+
+    for n in names:
+        if n not in MODELS and not (n.startswith(APP) and hasattr(keras.applications, n[4:])):
+            ap.error(f"--models: {n!r}: choose from {', '.join(MODELS)}, or {APP}NAME of "
+                     "keras.applications")  # fmt: skip
     args.monitor_kwargs = parse_kwargs(args.monitor_args)
     if args.distribution:
         set_distribution(args.distribution)

@@ -29,6 +29,12 @@ from mpwatch.record.twin import model_kind
 
 logger = logging.getLogger("mpwatch")
 
+#: how long validation's start waits for Keras' worker thread to note the epoch's last call,
+#: after the device has run it (the note is a host conversion of the call's logs, ready then)
+NOTE_WAIT_S = 2.0
+NOTE_WAIT_UNKNOWN_S = 0.05  # the epoch's length unknown: the data may have run out in the call
+#: a fit that raised left Keras' worker thread with batch ends to run: their time to land
+STALE_NOTES_S = 0.05
 DEFAULT_PROBE_EVERY = 500  # steps between probes the budget may run (and each epoch's end)
 
 
@@ -142,6 +148,8 @@ class MixedPrecisionMonitor(RecordingCallback):
         self.probe_data = probe_data
         self.loss_fn = loss_fn
         self.parts: list[keras.callbacks.Callback] = self._build_parts()
+        self._in_fit = False  # between this monitor's on_train_begin and its on_train_end
+        self._loss_unreadable = False  # said once: the train step's "loss" is not a number
         self._reset_batch_path()
 
     def _reset_batch_path(self) -> None:
@@ -157,6 +165,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         self._per_call: int | None = None  # batches per call
         self._alone: bool | None = None  # the monitor and its parts are the state's only users
         self._fit_calls = 0
+        self._first_begin: float | None = None  # the clock of the fit's first call's begin
 
     def _build_parts(self) -> list[keras.callbacks.Callback]:
         o, d, n = self.options, self.log_dir, self.log_every
@@ -235,6 +244,9 @@ class MixedPrecisionMonitor(RecordingCallback):
             p.set_params(params)
 
     def on_train_begin(self, logs: Any = None) -> None:
+        if self._in_fit:  # the last fit raised (Keras skips on_train_end): its notes are stale
+            self._let_stale_notes_in()
+        self._in_fit = True
         self._reset_batch_path()
         self.budget.begin_fit(self.params)
         self._charged(self, super().on_train_begin, logs)
@@ -265,6 +277,8 @@ class MixedPrecisionMonitor(RecordingCallback):
             spent = self.budget.spent
             spent[self.part] = spent.get(self.part, 0.0) + (time.perf_counter() - t0)
         self._open = (batch, time.perf_counter(), busy)
+        if self._first_begin is None:
+            self._first_begin = self._open[1]
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if threading.get_ident() != self._thread:  # Keras' worker thread
@@ -276,9 +290,53 @@ class MixedPrecisionMonitor(RecordingCallback):
         self._end_call(batch, logs or {}, time.perf_counter())
 
     def on_test_begin(self, logs: Any = None) -> None:
-        """Validation starts: the fit's last call is settled first when Keras' worker thread
-        has noted it (else at the epoch's end), so its work does not wait past the validation."""
+        """Validation starts: the epoch's last call is settled first, so that its work (a
+        profile window's end, the layer tracer's removal) is done before the validation runs.
+        Keras does not wait for its worker thread here: the monitor waits for the device and
+        then for the worker's note of that call."""
+        if self._open is not None:
+            self._await_note(self._open[0])
         self._settle_noted(discard=False)
+
+    def _await_note(self, begin: int) -> None:
+        """Wait (the device, then at most :data:`NOTE_WAIT_S`) for the worker thread's note of
+        the call that began at ``begin``. With the epoch's length known a call that began ran;
+        with it unknown the data may have run out in it, and no note comes: a short wait."""
+        steps = (self.params or {}).get("steps")
+        limit = NOTE_WAIT_S if steps is not None and begin < steps else NOTE_WAIT_UNKNOWN_S
+        try:
+            if self.state is not None:
+                self.state.wait_for_device()
+            deadline = time.perf_counter() + limit
+            while not self._noted_since(begin) and time.perf_counter() < deadline:
+                time.sleep(0.001)  # (lets the worker thread take the GIL)
+        except Exception:  # noqa: BLE001  (never lose training to mpwatch: settled later)
+            logger.debug("mpwatch: waiting for a batch end's note failed", exc_info=True)
+
+    def _let_stale_notes_in(self) -> None:
+        """A fit that raised left Keras' worker thread with batch ends of its own to run: wait
+        for the device and briefly for them, so that their notes land before this fit's first
+        call and are dropped (:meth:`_take_notes` keeps a fit's notes from its first call on)."""
+        try:
+            if self.state is not None:
+                self.state.wait_for_device()
+            time.sleep(STALE_NOTES_S)
+        except Exception:  # noqa: BLE001
+            logger.debug("mpwatch: waiting for a raised fit's batch ends failed", exc_info=True)
+
+    def _take_notes(self) -> dict[int, tuple[float, Any]]:
+        """The worker thread's notes so far, by call end (taken from its queue one at a time:
+        the queue is the only thing both threads touch). A note from before this fit's first
+        call is a raised fit's, dropped."""
+        notes, first = self._early, self._first_begin
+        while self._finished:
+            end, t_done, loss = self._finished.popleft()
+            if first is not None and t_done >= first:
+                notes[end] = (t_done, loss)
+        return notes
+
+    def _noted_since(self, begin: int) -> bool:
+        return any(e >= begin for e in self._take_notes())
 
     def _settle_noted(self, discard: bool) -> None:
         """The call in flight, settled when the worker thread noted its end; else, with
@@ -287,8 +345,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         if self._open is None:
             return
         begin = self._open[0]
-        ends = [e for e, _, _ in list(self._finished) if e >= begin]
-        ends += [e for e in self._early if e >= begin]
+        ends = [e for e in self._take_notes() if e >= begin]
         if ends:
             self._end_call(max(ends), {}, None)
         elif discard:
@@ -353,10 +410,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         """The worker thread's notes of the calls settled so far, in their order: each call's
         loss, and its time (from the later of its begin and the previous call's results, to its
         own results). A note that came before the note of an earlier call waits for it."""
-        notes = self._early
-        while self._finished:
-            end, t_done, loss = self._finished.popleft()
-            notes[end] = (t_done, loss)
+        notes = self._take_notes()
         for end in sorted(self._settled):
             if end not in notes:
                 break
@@ -367,9 +421,7 @@ class MixedPrecisionMonitor(RecordingCallback):
                 start = t_begin if self._last_done is None else max(t_begin, self._last_done)
                 self._step_time.add_call(t_done - start, n, pooled=True)
             self._last_done = t_done
-            if loss is not None:
-                self._loss_steps.append(last_step)
-                self._losses.append(float(loss))
+            self._buffer_loss(last_step, loss)
 
     def _quiet_after(self, step: int) -> int:
         """The last step through which no part has batch work (nor the monitor's interval)."""
@@ -402,6 +454,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         self._drain()
 
     def on_train_end(self, logs: Any = None) -> None:
+        self._in_fit = False
         try:
             self._catch_up()
             self._each("on_train_end", logs)
@@ -477,10 +530,26 @@ class MixedPrecisionMonitor(RecordingCallback):
             end, t_begin, first = self._noting
             self._settled[end] = (last_step, n, t_begin, first)
             return
-        loss = logs.get("loss")
-        if loss is not None:
-            self._loss_steps.append(last_step)
-            self._losses.append(float(loss))
+        self._buffer_loss(last_step, logs.get("loss"))
+
+    def _buffer_loss(self, step: int, loss: Any) -> None:
+        """A call's loss, buffered; none when the loss part failed, and none for a loss that is
+        not one number (a custom ``train_step`` may return any tensor as its "loss": never a
+        reason to stop the fit)."""
+        if loss is None or self.part in self._failed or self._loss_unreadable:
+            return
+        try:
+            value = float(loss)
+        except (TypeError, ValueError):
+            if not self._loss_unreadable:
+                self._loss_unreadable = True
+                logger.warning(
+                    "mpwatch: the train step's 'loss' is not one number (%s): the loss is not "
+                    "recorded", type(loss).__name__,
+                )  # fmt: skip
+            return
+        self._loss_steps.append(step)
+        self._losses.append(value)
 
     def _flush_loss(self) -> None:
         self.writer.scalar_series(contract.TRAIN_LOSS, self._loss_steps, self._losses)

@@ -20,7 +20,8 @@ the tap was in them, the loss-scale truth per batch, and the weights against a p
 ``select_spe1_every7``/``select_spe4_every7`` (``forced`` with the gradient counts computed at
 every step and selected, a GPU's way, instead of under a conditional); ``async_spe1``/``async_spe4``
 (``forced`` with the monitor alone and Keras' batch ends on its
-worker thread); ``slow_worker``/``slow_training`` (a step that sleeps 30 ms on the device side:
+worker thread); ``async_validation`` (the worker thread, with validation after an epoch of one
+call); ``slow_worker``/``slow_training`` (a step that sleeps 30 ms on the device side:
 the step time recorded when the host runs ahead of the device, and when it does not).
 """
 
@@ -142,6 +143,39 @@ def slow_steps(logdir, worker):
     model.fit(x, y, batch_size=8, verbose=0, callbacks=[monitor])
     wall = time.perf_counter() - t0
     return {"wall": wall, "steps": 30, "sleep": 0.03, "budget_step": monitor.budget.step_seconds()}
+
+
+def async_validation(logdir):
+    """Keras' worker thread with validation after each epoch of one call (3 batches of 8, one
+    ``steps_per_execution`` call) whose step sleeps 20 ms on the device side: the host reaches
+    the validation before the worker has noted the call. The call's work (the layer tracer's
+    record of the training batch, then its removal) must be done before the validation (batches
+    of 5) runs. Truth: the training batch size, and the fit's own logs."""
+    import time
+
+    import jax
+
+    class Sleep(keras.layers.Layer):
+        def call(self, x):
+            jax.debug.callback(lambda: time.sleep(0.02))
+            return x
+
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    inp = keras.Input((16,))
+    h = keras.layers.Dense(32, activation="relu")(Sleep()(inp))
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
+    model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=3)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(24, 16)).astype("float32"), rng.normal(size=(24, 1)).astype("float32")
+    vx, vy = rng.normal(size=(10, 16)).astype("float32"), rng.normal(size=(10, 1)).astype("float32")
+    monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=3, probe=False, profile=False)
+    monitor.async_batch_end = True
+    history = model.fit(
+        x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[monitor],
+        validation_data=(vx, vy), validation_batch_size=5,
+    )  # fmt: skip
+    return {"batch_size": 8, "val_loss": history.history["val_loss"]}
 
 
 def softmax(logdir):
@@ -343,6 +377,7 @@ def main(out):
         truth[f"async_spe{spe}"] = asynchronous(os.path.join(out, f"async_spe{spe}"), spe)
         name = f"select_spe{spe}_every7"
         truth[name] = forced(os.path.join(out, name), spe, 7, select=True)
+    truth["async_validation"] = async_validation(os.path.join(out, "async_validation"))
     for worker in (True, False):
         name = f"slow_{'worker' if worker else 'training'}"
         truth[name] = slow_steps(os.path.join(out, name), worker)

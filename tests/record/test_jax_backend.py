@@ -195,6 +195,22 @@ def test_batch_ends_on_keras_worker_thread_record_the_same_run(jax_runs, read_ev
     assert set(mine_records) == set(theirs_records)
 
 
+def test_validation_waits_for_the_epochs_last_call_noted_on_the_worker_thread(
+    jax_runs, read_events
+):
+    """Keras does not wait for its worker thread before validation: the epoch's last call (the
+    fit's first here, whose step sleeps on the device side) is noted after the validation has
+    begun. Its work is done first: the layer tracer records the training batch (8), not the
+    validation's (5), and is removed before the validation's step is traced."""
+    out, truth = jax_runs
+    t = truth["async_validation"]
+    scalars, records = read_events(str(out / "async_validation"))
+    ((step, memory),) = records["memory"]
+    assert step == 1 and memory["batch_size"] == t["batch_size"] == 8
+    assert [s for s, _ in scalars[contract.TRAIN_LOSS]] == [3, 6]
+    assert len(t["val_loss"]) == 2
+
+
 @pytest.mark.parametrize("spe", [1, 4])
 def test_counts_selected_at_every_step_record_the_same_run(jax_runs, read_events, spe):
     """On a GPU the tap computes the gradient counts at every step and keeps them at the count

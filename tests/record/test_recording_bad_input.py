@@ -135,3 +135,43 @@ def test_a_failed_event_write_loses_that_batch_ends_events_not_training(
     steps = [s for s, _ in scalars["mpwatch/loss_scale"]]
     assert steps == [s for s in range(19) if s not in failed[0]]  # that write's steps lost
     assert len(failed[0]) == 2 and max(steps) == 18  # one interval (log_every 2); later ones kept
+
+
+def test_a_train_step_whose_loss_is_not_one_number_trains_on(tmp_path, policy, read_events, caplog):
+    """A custom ``train_step`` may return any tensor as its "loss" (here the per-sample losses):
+    the loss is not recorded (said once), the other records are, and the fit is never stopped:
+    neither at the calls where the monitor's parts have work nor at the quiet ones between."""
+    import keras
+    import tensorflow as tf
+
+    import mpwatch
+    from mpwatch import contract
+
+    class PerSample(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                per_sample = keras.ops.mean(keras.ops.square(self(x, training=True) - y), axis=1)
+                loss = self.optimizer.scale_loss(keras.ops.mean(per_sample))
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(grads, self.trainable_variables)
+            return {"loss": per_sample}
+
+    with policy("mixed_float16"), caplog.at_level(logging.WARNING, logger="mpwatch"):
+        inp = keras.Input((4,))
+        model = PerSample(inp, keras.layers.Dense(2, dtype="float32")(keras.layers.Dense(8)(inp)))
+        model.compile("sgd", "mse")
+        history = model.fit(
+            np.random.rand(60, 4).astype("float32"),
+            np.random.rand(60, 2).astype("float32"),
+            batch_size=10,
+            epochs=3,
+            verbose=0,
+            callbacks=[mpwatch.MixedPrecisionMonitor(tmp_path, log_every=4, profile=False)],
+        )
+    assert len(history.history["loss"]) == 3  # training completed
+    said = [r for r in caplog.records if r.name == "mpwatch" and "not one number" in r.getMessage()]
+    assert len(said) == 1
+    scalars, _ = read_events(tmp_path)
+    assert contract.TRAIN_LOSS not in scalars
+    assert [s for s, _ in scalars[contract.LOSS_SCALE]] == list(range(19))  # 0: the start
