@@ -67,6 +67,7 @@ import argparse  # noqa: E402
 import ast  # noqa: E402
 import gc  # noqa: E402
 import importlib.util  # noqa: E402
+import inspect  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -391,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     import keras
 
     for n in names:
-        if n not in MODELS and not (n.startswith(APP) and hasattr(keras.applications, n[4:])):
+        app = getattr(keras.applications, n[len(APP) :], None) if n.startswith(APP) else None
+        if n not in MODELS and not inspect.isfunction(app):  # (not a submodule: app:densenet)
             ap.error(f"--models: {n!r}: choose from {', '.join(MODELS)}, or {APP}NAME of "
                      "keras.applications")  # fmt: skip
     args.monitor_kwargs = parse_kwargs(args.monitor_args)

@@ -94,6 +94,11 @@ def counts_by_select(model: Any) -> bool:
     return size <= SELECT_MAX_ELEMENTS
 
 
+def _deleted(array: Any) -> bool:
+    is_deleted = getattr(array, "is_deleted", None)
+    return bool(is_deleted()) if is_deleted is not None else False
+
+
 def _replicated(dist: Any) -> Any:
     """A sharding that puts the same whole array on every device of ``dist``'s mesh."""
     from jax.sharding import NamedSharding, PartitionSpec
@@ -209,10 +214,21 @@ class JaxTap(TapBase):
         def stateless_apply(optimizer_variables: Any, grads: Any, trainable_variables: Any) -> Any:
             return tap._apply(orig_apply, optimizer_variables, grads, trainable_variables)
 
+        orig_sync = model.jax_state_sync
+
+        def jax_state_sync(*args: Any, **kwargs: Any) -> Any:
+            # Keras writes its state back to the variables, the buffers aside (and a fit that
+            # raises then drops that state): take the buffers first, or the tap would keep
+            # arrays that later steps were given (donated), and the next fit would fail on them
+            tap._latest()
+            return orig_sync(*args, **kwargs)
+
         get_jax_state._mpwatch_tap = True  # type: ignore[attr-defined]
         stateless_apply._mpwatch_tap = True  # type: ignore[attr-defined]
+        jax_state_sync._mpwatch_tap = True  # type: ignore[attr-defined]
         object.__setattr__(model, "_get_jax_state", get_jax_state)
         object.__setattr__(opt, "stateless_apply", stateless_apply)
+        object.__setattr__(model, "jax_state_sync", jax_state_sync)
         if self._sharding is not None and hasattr(model, "_get_state_sharding_spec"):
             orig_spec = model._get_state_sharding_spec
 
@@ -244,7 +260,7 @@ class JaxTap(TapBase):
         model, opt = self.model, self.optimizer
         for obj, attr in (
             (model, "_get_jax_state"), (opt, "stateless_apply"), (model, "train_step"),
-            (model, "_get_state_sharding_spec"),
+            (model, "_get_state_sharding_spec"), (model, "jax_state_sync"),
         ):  # fmt: skip
             if getattr(obj.__dict__.get(attr), "_mpwatch_tap", False):
                 object.__delattr__(obj, attr)
@@ -256,7 +272,17 @@ class JaxTap(TapBase):
         self._step = int(step)
 
     def current_step(self) -> int:
-        return self._step
+        """The step of the last batch the tap wrote: the last read's, plus the batches the
+        buffers counted since (a fit that raised leaves some: Keras skips the fit's end, where
+        the last read comes). One scalar from the device, asked once a fit."""
+        values = self._latest()
+        if values is None or self._step is None:
+            return self._step
+        try:
+            count = int(host(values[0]))
+        except Exception:  # noqa: BLE001  (buffers not made yet: nothing written since)
+            return self._step
+        return self._step + max(0, count - self._read_count)
 
     # --- in the jitted step ---------------------------------------------------------------------
     def _extend_state(self, state: tuple, args: tuple, kwargs: dict) -> tuple:
@@ -264,6 +290,12 @@ class JaxTap(TapBase):
         flags = [kwargs.get(n, args[i] if i < len(args) else False) for i, n in enumerate(names)]
         if not flags[2] or self._values is None:
             return state
+        if any(_deleted(v) for v in self._values):  # (never: jax_state_sync takes them first)
+            logger.warning(
+                "mpwatch: the loss-scale buffers were lost (given to a step that did not come "
+                "back); recording starts again at step %d", self._step,
+            )  # fmt: skip
+            self._restart(self._step)
         i = int(bool(flags[0])) + int(bool(flags[1]))
         state = list(state)
         state[i] = list(state[i]) + list(self._values)

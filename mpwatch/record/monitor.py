@@ -33,8 +33,8 @@ logger = logging.getLogger("mpwatch")
 #: after the device has run it (the note is a host conversion of the call's logs, ready then)
 NOTE_WAIT_S = 2.0
 NOTE_WAIT_UNKNOWN_S = 0.05  # the epoch's length unknown: the data may have run out in the call
-#: a fit that raised left Keras' worker thread with batch ends to run: their time to land
-STALE_NOTES_S = 0.05
+#: a fit that raised left Keras' worker thread with batch ends to run: the most to wait for them
+STALE_NOTES_S = 2.0
 DEFAULT_PROBE_EVERY = 500  # steps between probes the budget may run (and each epoch's end)
 
 
@@ -149,7 +149,6 @@ class MixedPrecisionMonitor(RecordingCallback):
         self.loss_fn = loss_fn
         self.parts: list[keras.callbacks.Callback] = self._build_parts()
         self._in_fit = False  # between this monitor's on_train_begin and its on_train_end
-        self._loss_unreadable = False  # said once: the train step's "loss" is not a number
         self._reset_batch_path()
 
     def _reset_batch_path(self) -> None:
@@ -166,6 +165,10 @@ class MixedPrecisionMonitor(RecordingCallback):
         self._alone: bool | None = None  # the monitor and its parts are the state's only users
         self._fit_calls = 0
         self._first_begin: float | None = None  # the clock of the fit's first call's begin
+        self._ends_here = False  # a batch end of this fit ran on the training thread
+        self._calls_begun = 0  # calls begun this fit, and notes taken from the worker's queue
+        self._notes_taken = 0
+        self._loss_unreadable = False  # said once a fit: the train step's "loss" is not a number
 
     def _build_parts(self) -> list[keras.callbacks.Callback]:
         o, d, n = self.options, self.log_dir, self.log_every
@@ -246,6 +249,7 @@ class MixedPrecisionMonitor(RecordingCallback):
     def on_train_begin(self, logs: Any = None) -> None:
         if self._in_fit:  # the last fit raised (Keras skips on_train_end): its notes are stale
             self._let_stale_notes_in()
+            self._keep_raised_losses()
         self._in_fit = True
         self._reset_batch_path()
         self.budget.begin_fit(self.params)
@@ -277,6 +281,7 @@ class MixedPrecisionMonitor(RecordingCallback):
             spent = self.budget.spent
             spent[self.part] = spent.get(self.part, 0.0) + (time.perf_counter() - t0)
         self._open = (batch, time.perf_counter(), busy)
+        self._calls_begun += 1
         if self._first_begin is None:
             self._first_begin = self._open[1]
 
@@ -287,6 +292,7 @@ class MixedPrecisionMonitor(RecordingCallback):
             except Exception:  # noqa: BLE001
                 logger.debug("mpwatch: a batch end's note was lost", exc_info=True)
             return
+        self._ends_here = True
         self._end_call(batch, logs or {}, time.perf_counter())
 
     def on_test_begin(self, logs: Any = None) -> None:
@@ -294,9 +300,16 @@ class MixedPrecisionMonitor(RecordingCallback):
         profile window's end, the layer tracer's removal) is done before the validation runs.
         Keras does not wait for its worker thread here: the monitor waits for the device and
         then for the worker's note of that call."""
-        if self._open is not None:
+        if self._open is not None and self._in_fit and self._worker_notes():
             self._await_note(self._open[0])
         self._settle_noted(discard=False)
+
+    def _worker_notes(self) -> bool:
+        """Whether this fit's batch ends may go to Keras' worker thread: on JAX (Keras never
+        runs them there on TensorFlow), when the monitor says it is async-safe, and no batch end
+        of the fit ran on the training thread (another callback that is not async-safe keeps
+        them all there). Else a call still open has no note to come: its data ran out."""
+        return backend.name() == backend.JAX and self.async_safe and not self._ends_here
 
     def _await_note(self, begin: int) -> None:
         """Wait (the device, then at most :data:`NOTE_WAIT_S`) for the worker thread's note of
@@ -314,15 +327,31 @@ class MixedPrecisionMonitor(RecordingCallback):
             logger.debug("mpwatch: waiting for a batch end's note failed", exc_info=True)
 
     def _let_stale_notes_in(self) -> None:
-        """A fit that raised left Keras' worker thread with batch ends of its own to run: wait
-        for the device and briefly for them, so that their notes land before this fit's first
-        call and are dropped (:meth:`_take_notes` keeps a fit's notes from its first call on)."""
+        """A fit that raised left Keras' worker thread with batch ends of its own to run (Keras
+        skips its wait for them): wait, at most :data:`STALE_NOTES_S`, until every call it began
+        but the last (the one that may have raised) has its note in the raised fit's queue,
+        which this fit then drops; a later one is dropped by its clock (:meth:`_take_notes`
+        keeps a fit's notes from its first call on)."""
+        if not self._worker_notes():
+            return
+        deadline = time.perf_counter() + STALE_NOTES_S
+        while (
+            self._notes_taken + len(self._finished) < self._calls_begun - 1
+            and time.perf_counter() < deadline
+        ):
+            time.sleep(0.001)
+
+    def _keep_raised_losses(self) -> None:
+        """The losses of a fit that raised, buffered since its last interval (and, from Keras'
+        worker thread, those whose notes came since): written now, at their steps, as its end
+        would have written them."""
         try:
-            if self.state is not None:
-                self.state.wait_for_device()
-            time.sleep(STALE_NOTES_S)
-        except Exception:  # noqa: BLE001
-            logger.debug("mpwatch: waiting for a raised fit's batch ends failed", exc_info=True)
+            if self._noting is not None or self._settled:
+                self._drain()
+            if getattr(self, "_losses", None) and self.writer is not None:
+                self._flush_loss()
+        except Exception:  # noqa: BLE001  (never lose the next fit to the last one's records)
+            logger.debug("mpwatch: a raised fit's losses were not written", exc_info=True)
 
     def _take_notes(self) -> dict[int, tuple[float, Any]]:
         """The worker thread's notes so far, by call end (taken from its queue one at a time:
@@ -331,6 +360,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         notes, first = self._early, self._first_begin
         while self._finished:
             end, t_done, loss = self._finished.popleft()
+            self._notes_taken += 1
             if first is not None and t_done >= first:
                 notes[end] = (t_done, loss)
         return notes

@@ -21,7 +21,8 @@ the tap was in them, the loss-scale truth per batch, and the weights against a p
 every step and selected, a GPU's way, instead of under a conditional); ``async_spe1``/``async_spe4``
 (``forced`` with the monitor alone and Keras' batch ends on its
 worker thread); ``async_validation`` (the worker thread, with validation after an epoch of one
-call); ``slow_worker``/``slow_training`` (a step that sleeps 30 ms on the device side:
+call); ``raised_worker``/``raised_training`` (a fit that raises, then a whole one, with one
+monitor); ``slow_worker``/``slow_training`` (a step that sleeps 30 ms on the device side:
 the step time recorded when the host runs ahead of the device, and when it does not).
 """
 
@@ -145,9 +146,45 @@ def slow_steps(logdir, worker):
     return {"wall": wall, "steps": 30, "sleep": 0.03, "budget_step": monitor.budget.step_seconds()}
 
 
+def raised_then_fit(logdir, worker):
+    """``forced``'s model and data, one monitor through a fit that raises at its 11th call's
+    begin (a callback that Keras lets run with the batch ends on its worker thread) and a second
+    whole fit: with the batch ends on the worker thread (``worker``) Keras skips its wait for
+    them at the raise, and their notes must not leak into the second fit. The test compares it
+    with the same two fits with the batch ends on the training thread."""
+
+    class Interrupt(keras.callbacks.Callback):
+        async_safe = True
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 10:
+                raise KeyboardInterrupt("a user stopped the fit")
+
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    inp = keras.Input((16,))
+    h = keras.layers.Dense(32, activation="relu")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(24 * 8, 16)).astype("float32")
+    for b in OVERFLOW_BATCHES:
+        x[b * 8 : (b + 1) * 8] *= 1e4
+    y = rng.normal(size=(24 * 8, 1)).astype("float32")
+    monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=7, probe=False, profile=False)
+    monitor.async_batch_end = worker
+    fit = dict(batch_size=8, shuffle=False, verbose=0)
+    try:
+        model.fit(x, y, epochs=1, callbacks=[monitor, Interrupt()], **fit)
+    except KeyboardInterrupt:
+        pass
+    history = model.fit(x, y, epochs=1, callbacks=[monitor], **fit)
+    return {"loss": history.history["loss"], "iterations": int(model.optimizer.iterations.numpy())}
+
+
 def async_validation(logdir):
     """Keras' worker thread with validation after each epoch of one call (3 batches of 8, one
-    ``steps_per_execution`` call) whose step sleeps 20 ms on the device side: the host reaches
+    ``steps_per_execution`` call) whose step sleeps 100 ms on the device side: the host reaches
     the validation before the worker has noted the call. The call's work (the layer tracer's
     record of the training batch, then its removal) must be done before the validation (batches
     of 5) runs. Truth: the training batch size, and the fit's own logs."""
@@ -157,7 +194,7 @@ def async_validation(logdir):
 
     class Sleep(keras.layers.Layer):
         def call(self, x):
-            jax.debug.callback(lambda: time.sleep(0.02))
+            jax.debug.callback(lambda: time.sleep(0.1))
             return x
 
     keras.utils.set_random_seed(0)
@@ -378,6 +415,9 @@ def main(out):
         name = f"select_spe{spe}_every7"
         truth[name] = forced(os.path.join(out, name), spe, 7, select=True)
     truth["async_validation"] = async_validation(os.path.join(out, "async_validation"))
+    for worker in (True, False):
+        name = f"raised_{'worker' if worker else 'training'}"
+        truth[name] = raised_then_fit(os.path.join(out, name), worker)
     for worker in (True, False):
         name = f"slow_{'worker' if worker else 'training'}"
         truth[name] = slow_steps(os.path.join(out, name), worker)
