@@ -175,3 +175,41 @@ def test_a_train_step_whose_loss_is_not_one_number_trains_on(tmp_path, policy, r
     scalars, _ = read_events(tmp_path)
     assert contract.TRAIN_LOSS not in scalars
     assert [s for s, _ in scalars[contract.LOSS_SCALE]] == list(range(19))  # 0: the start
+
+
+def test_a_fit_that_raised_loses_nothing_for_the_next(tmp_path, policy, read_events):
+    """A fit stopped by an exception (a KeyboardInterrupt at its 11th batch: Keras skips the
+    callbacks' on_train_end), then a whole fit with the same monitor: the second trains, the
+    steps continue the first's, and every batch's loss is recorded at its step, the raised fit's
+    last ones (after its last interval) included, as Keras' own logs gave them."""
+    import keras
+
+    import mpwatch
+    from mpwatch import contract
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 10:
+                raise KeyboardInterrupt("a user stopped the fit")
+
+    class Losses(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen.append(float(logs["loss"]))
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((240, 4), np.float32), rng.random((240, 2), np.float32)
+    truth = Losses()
+    with policy("mixed_float16"):
+        model = _compiled()
+        monitor = mpwatch.MixedPrecisionMonitor(tmp_path, log_every=7, profile=False, probe=False)
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(x, y, batch_size=10, verbose=0, callbacks=[monitor, truth, Interrupt()])
+        model.fit(x, y, batch_size=10, verbose=0, callbacks=[monitor, truth])
+    scalars, _ = read_events(tmp_path)
+    assert [s for s, _ in scalars[contract.LOSS_SCALE]] == list(range(35))  # 0: the start
+    assert scalars[contract.TRAIN_LOSS] == [(i + 1, v) for i, v in enumerate(truth.seen)]
+    assert len(truth.seen) == 34
