@@ -67,19 +67,40 @@ def forced(logdir, spe, log_every, select=None):
         JaxTap.select_counts = None
 
 
-def _forced(logdir, spe, log_every):
+def forced_model(spe=1):
+    """``forced``'s model (a Dense network under mixed_float16) and data (24 batches of 8)."""
     keras.utils.set_random_seed(0)
     keras.mixed_precision.set_global_policy("mixed_float16")
     inp = keras.Input((16,))
     h = keras.layers.Dense(32, activation="relu")(inp)
-    out = keras.layers.Dense(1, dtype="float32")(h)
-    model = keras.Model(inp, out)
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
     model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=spe)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(24 * 8, 16)).astype("float32")
     for b in OVERFLOW_BATCHES:
         x[b * 8 : (b + 1) * 8] *= 1e4  # float16 overflows in the first Dense: inf loss
     y = rng.normal(size=(24 * 8, 1)).astype("float32")
+    return model, x, y
+
+
+class DeviceSleep(keras.layers.Layer):
+    """Sleeps ``seconds`` on the device side of every step (a host callback in the jitted step)."""
+
+    def __init__(self, seconds, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def call(self, x):
+        import time
+
+        import jax
+
+        jax.debug.callback(lambda: time.sleep(self.seconds))
+        return x
+
+
+def _forced(logdir, spe, log_every):
+    model, x, y = forced_model(spe)
     observer = Observer()
     monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=log_every, probe=False, profile=False)
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[monitor, observer])
@@ -99,17 +120,7 @@ def asynchronous(logdir, spe):
             seen.append(threading.get_ident() != main)
             super().on_train_batch_end(batch, logs)
 
-    keras.utils.set_random_seed(0)
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    inp = keras.Input((16,))
-    h = keras.layers.Dense(32, activation="relu")(inp)
-    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
-    model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=spe)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(24 * 8, 16)).astype("float32")
-    for b in OVERFLOW_BATCHES:
-        x[b * 8 : (b + 1) * 8] *= 1e4
-    y = rng.normal(size=(24 * 8, 1)).astype("float32")
+    model, x, y = forced_model(spe)
     monitor = Watched(logdir, log_every=7, probe=False, profile=False)
     monitor.async_batch_end = True
     chosen = keras.callbacks.CallbackList([monitor], model=model)._async_train
@@ -124,17 +135,10 @@ def slow_steps(logdir, worker):
     fit's wall time."""
     import time
 
-    import jax
-
-    class Sleep(keras.layers.Layer):
-        def call(self, x):
-            jax.debug.callback(lambda: time.sleep(0.03))
-            return x
-
     keras.utils.set_random_seed(0)
     keras.mixed_precision.set_global_policy("mixed_float16")
     inp = keras.Input((4,))
-    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(Sleep()(inp)))
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(DeviceSleep(0.03)(inp)))
     model.compile(keras.optimizers.SGD(0.01), "mse")
     x, y = np.ones((8 * 30, 4), "float32"), np.ones((8 * 30, 1), "float32")
     model.fit(x[:16], y[:16], batch_size=8, verbose=0)  # traced before the timed fit
@@ -160,17 +164,7 @@ def raised_then_fit(logdir, worker):
             if batch == 10:
                 raise KeyboardInterrupt("a user stopped the fit")
 
-    keras.utils.set_random_seed(0)
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    inp = keras.Input((16,))
-    h = keras.layers.Dense(32, activation="relu")(inp)
-    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
-    model.compile(keras.optimizers.SGD(0.01), "mse")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(24 * 8, 16)).astype("float32")
-    for b in OVERFLOW_BATCHES:
-        x[b * 8 : (b + 1) * 8] *= 1e4
-    y = rng.normal(size=(24 * 8, 1)).astype("float32")
+    model, x, y = forced_model()
     monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=7, probe=False, profile=False)
     monitor.async_batch_end = worker
     fit = dict(batch_size=8, shuffle=False, verbose=0)
@@ -188,19 +182,10 @@ def async_validation(logdir):
     the validation before the worker has noted the call. The call's work (the layer tracer's
     record of the training batch, then its removal) must be done before the validation (batches
     of 5) runs. Truth: the training batch size, and the fit's own logs."""
-    import time
-
-    import jax
-
-    class Sleep(keras.layers.Layer):
-        def call(self, x):
-            jax.debug.callback(lambda: time.sleep(0.1))
-            return x
-
     keras.utils.set_random_seed(0)
     keras.mixed_precision.set_global_policy("mixed_float16")
     inp = keras.Input((16,))
-    h = keras.layers.Dense(32, activation="relu")(Sleep()(inp))
+    h = keras.layers.Dense(32, activation="relu")(DeviceSleep(0.1)(inp))
     model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
     model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=3)
     rng = np.random.default_rng(0)
