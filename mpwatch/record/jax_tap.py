@@ -94,11 +94,6 @@ def counts_by_select(model: Any) -> bool:
     return size <= SELECT_MAX_ELEMENTS
 
 
-def _deleted(array: Any) -> bool:
-    is_deleted = getattr(array, "is_deleted", None)
-    return bool(is_deleted()) if is_deleted is not None else False
-
-
 def _replicated(dist: Any) -> Any:
     """A sharding that puts the same whole array on every device of ``dist``'s mesh."""
     from jax.sharding import NamedSharding, PartitionSpec
@@ -290,12 +285,6 @@ class JaxTap(TapBase):
         flags = [kwargs.get(n, args[i] if i < len(args) else False) for i, n in enumerate(names)]
         if not flags[2] or self._values is None:
             return state
-        if any(_deleted(v) for v in self._values):  # (never: jax_state_sync takes them first)
-            logger.warning(
-                "mpwatch: the loss-scale buffers were lost (given to a step that did not come "
-                "back); recording starts again at step %d", self._step,
-            )  # fmt: skip
-            self._restart(self._step)
         i = int(bool(flags[0])) + int(bool(flags[1]))
         state = list(state)
         state[i] = list(state[i]) + list(self._values)

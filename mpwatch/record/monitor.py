@@ -166,8 +166,6 @@ class MixedPrecisionMonitor(RecordingCallback):
         self._fit_calls = 0
         self._first_begin: float | None = None  # the clock of the fit's first call's begin
         self._ends_here = False  # a batch end of this fit ran on the training thread
-        self._calls_begun = 0  # calls begun this fit, and notes taken from the worker's queue
-        self._notes_taken = 0
         self._loss_unreadable = False  # said once a fit: the train step's "loss" is not a number
 
     def _build_parts(self) -> list[keras.callbacks.Callback]:
@@ -281,7 +279,6 @@ class MixedPrecisionMonitor(RecordingCallback):
             spent = self.budget.spent
             spent[self.part] = spent.get(self.part, 0.0) + (time.perf_counter() - t0)
         self._open = (batch, time.perf_counter(), busy)
-        self._calls_begun += 1
         if self._first_begin is None:
             self._first_begin = self._open[1]
 
@@ -328,17 +325,13 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def _let_stale_notes_in(self) -> None:
         """A fit that raised left Keras' worker thread with batch ends of its own to run (Keras
-        skips its wait for them): wait, at most :data:`STALE_NOTES_S`, until every call it began
-        but the last (the one that may have raised) has its note in the raised fit's queue,
-        which this fit then drops; a later one is dropped by its clock (:meth:`_take_notes`
-        keeps a fit's notes from its first call on)."""
+        skips its wait for them): wait, at most :data:`STALE_NOTES_S`, until every call it
+        settled has its note (the open one may be the call that raised); a later one is dropped
+        by its clock (:meth:`_take_notes` keeps a fit's notes from its first call on)."""
         if not self._worker_notes():
             return
         deadline = time.perf_counter() + STALE_NOTES_S
-        while (
-            self._notes_taken + len(self._finished) < self._calls_begun - 1
-            and time.perf_counter() < deadline
-        ):
+        while not set(self._settled) <= set(self._take_notes()) and time.perf_counter() < deadline:
             time.sleep(0.001)
 
     def _keep_raised_losses(self) -> None:
@@ -360,7 +353,6 @@ class MixedPrecisionMonitor(RecordingCallback):
         notes, first = self._early, self._first_begin
         while self._finished:
             end, t_done, loss = self._finished.popleft()
-            self._notes_taken += 1
             if first is not None and t_done >= first:
                 notes[end] = (t_done, loss)
         return notes
