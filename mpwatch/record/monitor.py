@@ -471,9 +471,27 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def _catch_up(self) -> None:
         """At an epoch's end (Keras has waited for its worker thread): the last call's work, and
-        every note."""
+        every note; then the steps of a last call that ran fewer batches than counted."""
         self._settle_noted(discard=True)
         self._drain()
+        if self._may_run_short() and self.state is not None:
+            self._guard("steps", self._settle_short_call)
+
+    def _may_run_short(self) -> bool:
+        """Whether an epoch's last call may run fewer batches than Keras' indices say: several
+        batches a call, and the epoch's length unknown (the data runs out inside the call)."""
+        steps = (self.params or {}).get("steps")
+        return (self._per_call or 1) > 1 and not (isinstance(steps, int) and steps > 0)
+
+    def _settle_short_call(self) -> None:
+        """The host's count set to the tap's (:meth:`ModelState.settle_count`), and the loss of
+        the epoch's last call, held back from the interval's write, moved to that call's last
+        batch."""
+        state = self.state
+        if state.settle_count():
+            self._quiet_to = self._quiet_after(state.step)
+        if getattr(self, "_loss_steps", None):
+            self._loss_steps = [min(s, state.step) for s in self._loss_steps]
 
     def on_train_end(self, logs: Any = None) -> None:
         self._in_fit = False
@@ -543,7 +561,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         if any(s % self.log_every == 0 for s in got.steps):
             if self._noting is not None:
                 self._drain()
-            self._flush_loss()
+            self._flush_loss(hold_last=self._may_run_short())
 
     def _record_call(self, last_step: int, n: int, logs: dict[str, Any]) -> None:
         """A call's loss, buffered (written once per interval); from Keras' worker thread, the
@@ -573,9 +591,15 @@ class MixedPrecisionMonitor(RecordingCallback):
         self._loss_steps.append(step)
         self._losses.append(value)
 
-    def _flush_loss(self) -> None:
-        self.writer.scalar_series(contract.TRAIN_LOSS, self._loss_steps, self._losses)
-        self._loss_steps, self._losses = [], []
+    def _flush_loss(self, hold_last: bool = False) -> None:
+        """The buffered losses, written; ``hold_last``: all but the newest call's, which may be
+        an epoch's short last call (:meth:`_may_run_short`) whose step is known at the epoch's
+        end."""
+        keep = 1 if hold_last and self._loss_steps else 0
+        n = len(self._loss_steps) - keep
+        if n > 0:
+            self.writer.scalar_series(contract.TRAIN_LOSS, self._loss_steps[:n], self._losses[:n])
+        self._loss_steps, self._losses = self._loss_steps[n:], self._losses[n:]
 
     def _end(self) -> None:
         if getattr(self, "_losses", None):

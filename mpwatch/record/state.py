@@ -326,6 +326,26 @@ class ModelState:
         self._flushed, self._flush_consumers = data, {id(user)}
         return data
 
+    def settle_count(self) -> int:
+        """At an epoch's end: the host's step count set back to the tap's own, when the host
+        counted batches that never ran (with the epoch's length unknown and several batches a
+        call, Keras' indices count the last call whole though the data ran out in it); the
+        number of such batches (0 when the counts agree). One scalar from the device, asked
+        once an epoch (the device has finished the epoch's steps by then)."""
+        tap = self.tap
+        if tap is None or not tap.installed or tap.failed is not None:
+            return 0
+        try:
+            over = self.step - int(tap.current_step())
+        except Exception:  # noqa: BLE001  (never lose training to mpwatch: counts kept)
+            logger.debug("mpwatch: could not read the tap's step count", exc_info=True)
+            return 0
+        if over <= 0:
+            return 0
+        self.step -= over
+        self._pending = max(0, self._pending - over)
+        return over
+
     def _read(self) -> Collected:
         data = self.tap.read()
         self._pending = 0

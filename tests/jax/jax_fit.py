@@ -21,7 +21,9 @@ the tap was in them, the loss-scale truth per batch, and the weights against a p
 every step and selected, a GPU's way, instead of under a conditional); ``async_spe1``/``async_spe4``
 (``forced`` with the monitor alone and Keras' batch ends on its
 worker thread); ``async_validation`` (the worker thread, with validation after an epoch of one
-call); ``raised_worker``/``raised_training`` (a fit that raises, then a whole one, with one
+call); ``unknown_worker``/``unknown_training`` (data of unknown length, ``steps_per_execution``
+4: each epoch's last call runs fewer batches than Keras' indices say); ``raised_worker``/
+``raised_training`` (a fit that raises, then a whole one, with one
 monitor); ``slow_worker``/``slow_training`` (a step that sleeps 30 ms on the device side:
 the step time recorded when the host runs ahead of the device, and when it does not).
 """
@@ -174,6 +176,37 @@ def raised_then_fit(logdir, worker):
         pass
     history = model.fit(x, y, epochs=1, callbacks=[monitor], **fit)
     return {"loss": history.history["loss"], "iterations": int(model.optimizer.iterations.numpy())}
+
+
+def unknown_length(logdir, worker):
+    """``forced``'s model with ``steps_per_execution`` 4, fed by a generator of 10 batches (an
+    epoch of unknown length: its last call runs 2 batches, though Keras' indices say 4), two
+    fits of it; ``worker``: Keras' batch ends on its worker thread, else on the training thread
+    beside an observer of each call's loss and the optimizer's iterations (the truth)."""
+    model, x, y = forced_model(4)
+    clean = [b for b in range(24) if b not in OVERFLOW_BATCHES][-10:]  # no step skipped
+
+    def batches():
+        for b in clean:
+            yield x[8 * b : 8 * (b + 1)], y[8 * b : 8 * (b + 1)]
+
+    class Losses(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.model.jax_state_sync()
+            iterations = int(self.model.optimizer.iterations.numpy())
+            self.calls.append((iterations, float(logs["loss"])))
+
+    monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=5, probe=False, profile=False)
+    monitor.async_batch_end = worker
+    losses = Losses()
+    callbacks = [monitor] if worker else [monitor, losses]
+    for _ in range(2):
+        model.fit(batches(), epochs=1, verbose=0, callbacks=callbacks)
+    return {"calls": losses.calls, "iterations": int(model.optimizer.iterations.numpy())}
 
 
 def async_validation(logdir):
@@ -400,6 +433,9 @@ def main(out):
         name = f"select_spe{spe}_every7"
         truth[name] = forced(os.path.join(out, name), spe, 7, select=True)
     truth["async_validation"] = async_validation(os.path.join(out, "async_validation"))
+    for worker in (True, False):
+        name = f"unknown_{'worker' if worker else 'training'}"
+        truth[name] = unknown_length(os.path.join(out, name), worker)
     for worker in (True, False):
         name = f"raised_{'worker' if worker else 'training'}"
         truth[name] = raised_then_fit(os.path.join(out, name), worker)

@@ -211,6 +211,27 @@ def test_validation_waits_for_the_epochs_last_call_noted_on_the_worker_thread(
     assert [s for s, _ in scalars[contract.TRAIN_LOSS]] == [3, 6]
 
 
+def test_an_epochs_short_last_call_of_unknown_length_is_counted_as_it_ran(
+    jax_runs, read_events
+):
+    """Data of unknown length (a generator of 10 batches), ``steps_per_execution`` 4, two fits:
+    each epoch's last call runs 2 batches, though Keras' indices say 4. Each call's loss is
+    written at its last batch's step (the optimizer's iterations, read by the observer; nothing
+    overflows in these batches), with its value; the same with Keras' batch ends on its worker
+    thread. Before, the short call's loss went to 12 and 22 (the steps after it corrected by the
+    next read)."""
+    out, truth = jax_runs
+    training, worker = truth["unknown_training"], truth["unknown_worker"]
+    expected = [4, 8, 10, 14, 18, 20]
+    assert [i for i, _ in training["calls"]] == expected
+    for case in ("unknown_training", "unknown_worker"):
+        scalars, _ = read_events(str(out / case))
+        assert scalars[contract.TRAIN_LOSS] == [
+            (s, loss) for s, (_, loss) in zip(expected, training["calls"])
+        ], case
+    assert worker["iterations"] == training["iterations"] == 20
+
+
 def test_a_fit_that_raised_leaves_nothing_in_the_next_fit(jax_runs, read_events):
     """One monitor, a fit that raises at its 11th call (Keras then skips its wait for the batch
     ends on its worker thread) and a whole fit after it: every record of both fits equals the

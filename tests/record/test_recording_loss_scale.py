@@ -113,6 +113,53 @@ def test_an_epochs_last_partial_call_counts_its_own_batches(tmp_path, policy, re
     assert [s for s, _ in scalars["mpwatch/train/loss"]] == [4, 8, 11, 15, 19, 22]
 
 
+@pytest.mark.parametrize("log_every", [5, 100])
+def test_an_epochs_short_last_call_of_unknown_length_counts_its_own_batches(
+    tmp_path, policy, read_events, log_every
+):
+    """Data of unknown length (``tf.data`` from a generator of 10 batches), steps_per_execution
+    4, three epochs: each epoch's last call runs 2 batches, though Keras' indices say 4 and the
+    fit's params say nothing of the epoch's length. Each call's loss is written at its last
+    batch's step (the optimizer's iterations after the call, read by a test callback) with the
+    value Keras logged; with tap reads every 5 steps (one falls in a short call) and with none
+    before the fit's end. Before, the short calls' losses went to 12, 22 and 32 (reads every 5
+    steps) or 12, 24 and 36 (none)."""
+    import keras
+    import tensorflow as tf
+
+    import mpwatch
+
+    class Calls(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            iterations = int(self.model.optimizer.iterations.numpy())
+            self.calls.append((iterations, float(logs["loss"])))
+
+    x, y = _data(n=100)
+
+    def batches():
+        for b in range(10):
+            yield x[10 * b : 10 * (b + 1)], y[10 * b : 10 * (b + 1)]
+
+    data = tf.data.Dataset.from_generator(
+        batches, output_signature=(tf.TensorSpec((None, 8)), tf.TensorSpec((None,), tf.int64))
+    )
+    assert int(data.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    with policy("mixed_float16"):
+        model, calls = _model(4), Calls()
+        monitor = mpwatch.MixedPrecisionMonitor(
+            tmp_path, log_every=log_every, probe=False, profile=False
+        )
+        model.fit(data, epochs=3, verbose=0, callbacks=[monitor, calls])
+    expected = [4, 8, 10, 14, 18, 20, 24, 28, 30]
+    assert [i for i, _ in calls.calls] == expected  # nothing overflowed
+    scalars, _ = read_events(tmp_path)
+    assert scalars["mpwatch/train/loss"] == [(s, v) for s, (_, v) in zip(expected, calls.calls)]
+
+
 @pytest.mark.parametrize("spe", [1, 4])
 def test_k_overflowing_batches_give_k_skipped_steps(tmp_path, policy, read_events, spe):
     import mpwatch
