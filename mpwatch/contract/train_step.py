@@ -17,9 +17,23 @@ _OPTIMIZER = s._obj(
         "iterations_start": s._int("its iterations when the fit began"),
         "iterations": s._int("its iterations when the record was written"),
         "loss_scale": s._num("its dynamic scale now (None: not loss-scaled)", nullable=True),
+        "scale_loss_calls": s._int(
+            "the compiled LossScaleOptimizer's scale_loss calls in the train step's last trace "
+            "(0: the loss it differentiates is not scaled); None: not seen (another optimizer, "
+            "or no trace watched); absent from records written before it existed",
+            nullable=True,
+        ),
+        "epsilon": s._num(
+            "the (inner) optimizer's epsilon, the floor of an adaptive optimizer's divisor "
+            "(Adam's); None: it has none (SGD)",
+            nullable=True,
+        ),
     },
     "one optimizer the model holds",
-)
+    required=[
+        "name", "class", "compiled", "loss_scaled", "iterations_start", "iterations", "loss_scale",
+    ],
+)  # fmt: skip
 
 #: the ``train_step`` record's payload schema
 SCHEMA = s._record_schema(

@@ -243,7 +243,7 @@ class JaxTap(TapBase):
                     tap._pending_input = input_health(data)
                 except Exception as e:  # noqa: BLE001  (an input mpwatch cannot read)
                     logger.debug("mpwatch: no input health for this batch: %r", e)
-                return orig_step(state, data)
+                return tap.watch_scale_loss(lambda: orig_step(state, data))
 
             train_step._mpwatch_tap = True  # type: ignore[attr-defined]
             object.__setattr__(model, "train_step", train_step)

@@ -148,6 +148,36 @@ class TapBase:
         self._clean_fn: Any = None  # Keras' train function before the tap's (given back at park)
         self._parked_fn: Any = None  # the tapped train function, kept between mpwatch fits
         self.device_wait = 0.0  # seconds the host reads waited for the device (not mpwatch's)
+        #: calls of the LossScaleOptimizer's ``scale_loss`` in the train step's last trace (or
+        #: eager run) that mpwatch saw; None: none seen (see :meth:`watch_scale_loss`)
+        self.scale_loss_calls: int | None = None
+
+    def watch_scale_loss(self, run: Any) -> Any:
+        """``run()`` (the user's train step, being traced or run eagerly), counting its calls of
+        the ``LossScaleOptimizer``'s ``scale_loss`` into :attr:`scale_loss_calls`: Keras' own
+        train step calls it once; a custom one that never calls it differentiates an unscaled
+        loss, which the optimizer still divides by the scale. Nothing is counted where the
+        step raised."""
+        lso = self.lso
+        if lso is None:
+            return run()
+        own = vars(lso).get("scale_loss")  # an instance attribute of the user's, kept
+        orig, calls = lso.scale_loss, [0]
+
+        def scale_loss(loss: Any) -> Any:
+            calls[0] += 1
+            return orig(loss)
+
+        object.__setattr__(lso, "scale_loss", scale_loss)
+        try:
+            out = run()
+        finally:
+            if own is not None:
+                object.__setattr__(lso, "scale_loss", own)
+            else:
+                object.__delattr__(lso, "scale_loss")
+        self.scale_loss_calls = calls[0]
+        return out
 
     # --- the host read -------------------------------------------------------------------------
     read_ready = False  # the host read is ready to run (traced, where it is a function)

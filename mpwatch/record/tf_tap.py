@@ -133,7 +133,7 @@ class Tap(TapBase):
 
             def train_step(data: Any) -> Any:
                 tap._look_at_input(data)
-                return orig_step(data)
+                return tap.watch_scale_loss(lambda: orig_step(data))
 
             train_step._mpwatch_tap = True  # type: ignore[attr-defined]
             object.__setattr__(self.model, "train_step", train_step)

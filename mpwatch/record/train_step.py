@@ -11,12 +11,15 @@ pure ``"float16"`` policy break it silently. This part records what the judge ne
 - where ``train_step`` is defined (Keras' own, or the user's class);
 - whether the model has a forward pass of its own (the probe needs one);
 - every optimizer the model holds (the compiled one and any held in an attribute, as a GAN's
-  ``d_optimizer`` and ``g_optimizer``): its class, whether it scales the loss, its iterations when
-  the fit began and now (so which ones really stepped), and its scale.
+  ``d_optimizer`` and ``g_optimizer``): its class, whether it is a ``LossScaleOptimizer``, its
+  iterations when the fit began and now (so which ones really stepped), and its scale;
+- for the compiled ``LossScaleOptimizer``, how many times the train step called its
+  ``scale_loss`` while it was traced (the tap watches it: ``TapBase.watch_scale_loss``).
 
 Whether the loss really was scaled is judged from two other records: the gradients the optimizer
 received (``grad_variables``) against the probe's float32 reference gradients times the scale
-(``mpwatch/judge/rules/train_step.py``).
+(``mpwatch/judge/rules/train_step.py``); where no probe runs (a model without a forward pass of
+its own, as a VAE whose train step runs its encoder and decoder), from the ``scale_loss`` calls.
 """
 
 from __future__ import annotations
@@ -89,7 +92,9 @@ def _iterations(opt: Any) -> int:
         return 0
 
 
-def _optimizer_facts(name: str, opt: Any, compiled: bool, start: int) -> dict[str, Any]:
+def _optimizer_facts(
+    name: str, opt: Any, compiled: bool, start: int, scale_loss_calls: int | None = None
+) -> dict[str, Any]:
     lso = loss_scale_optimizer(opt)
     scale = None
     if lso is not None:
@@ -98,8 +103,14 @@ def _optimizer_facts(name: str, opt: Any, compiled: bool, start: int) -> dict[st
         except Exception:  # noqa: BLE001  (unbuilt: its initial scale)
             scale = float(getattr(lso, "initial_scale", 0.0) or 0.0) or None
         cls = f"LossScaleOptimizer({type(lso.inner_optimizer).__name__})"
+        inner = lso.inner_optimizer
     else:
         cls = type(opt).__name__
+        inner = opt
+    try:
+        epsilon = float(inner.epsilon) if getattr(inner, "epsilon", None) is not None else None
+    except (TypeError, ValueError):
+        epsilon = None
     return {
         "name": name,
         "class": cls,
@@ -108,12 +119,18 @@ def _optimizer_facts(name: str, opt: Any, compiled: bool, start: int) -> dict[st
         "iterations_start": int(start),
         "iterations": _iterations(opt),
         "loss_scale": scale,
+        "scale_loss_calls": scale_loss_calls if lso is not None else None,
+        "epsilon": epsilon,
     }
 
 
-def train_step_facts(model: Any, starts: dict[int, int] | None = None) -> dict[str, Any]:
+def train_step_facts(
+    model: Any, starts: dict[int, int] | None = None, scale_loss_calls: int | None = None
+) -> dict[str, Any]:
     """The ``train_step`` record's payload for ``model`` now; ``starts``: each optimizer's
-    iterations when the fit began, by ``id`` (missing: now)."""
+    iterations when the fit began, by ``id`` (missing: now); ``scale_loss_calls``: the compiled
+    optimizer's ``scale_loss`` calls in the train step's last trace, as the tap saw them (None:
+    not seen)."""
     starts = starts or {}
     compiled = getattr(model, "optimizer", None)
     owner = train_step_owner(model)
@@ -122,7 +139,13 @@ def train_step_facts(model: Any, starts: dict[int, int] | None = None) -> dict[s
         "train_step_owner": owner,
         "has_call": has_forward_pass(model),
         "optimizers": [
-            _optimizer_facts(name, opt, opt is compiled, starts.get(id(opt), _iterations(opt)))
+            _optimizer_facts(
+                name,
+                opt,
+                opt is compiled,
+                starts.get(id(opt), _iterations(opt)),
+                scale_loss_calls if opt is compiled else None,
+            )
             for name, opt in model_optimizers(model)
         ],
     }
@@ -173,6 +196,11 @@ class TrainStepMonitor(RecordingCallback):
         self._write()
 
     def _write(self) -> None:
+        state = self.state
+        tap = (state.tap or state.parked) if state is not None else None
+        calls = getattr(tap, "scale_loss_calls", None)
         self.writer.record(
-            contract.KIND_TRAIN_STEP, self.state.step, train_step_facts(self.model, self._starts)
+            contract.KIND_TRAIN_STEP,
+            self.state.step,
+            train_step_facts(self.model, self._starts, calls),
         )

@@ -21,9 +21,10 @@ the tap was in them, the loss-scale truth per batch, and the weights against a p
 every step and selected, a GPU's way, instead of under a conditional); ``async_spe1``/``async_spe4``
 (``forced`` with the monitor alone and Keras' batch ends on its
 worker thread); ``async_validation`` (the worker thread, with validation after an epoch of one
-call); ``unknown_worker``/``unknown_training`` (data of unknown length, ``steps_per_execution``
-4: each epoch's last call runs fewer batches than Keras' indices say); ``raised_worker``/
-``raised_training`` (a fit that raises, then a whole one, with one
+call); ``custom_unscaled`` (a custom stateless ``train_step`` that never calls
+``scale_loss``); ``unknown_worker``/``unknown_training`` (data of unknown length,
+``steps_per_execution`` 4: each epoch's last call runs fewer batches than Keras' indices say);
+``raised_worker``/``raised_training`` (a fit that raises, then a whole one, with one
 monitor); ``slow_worker``/``slow_training`` (a step that sleeps 30 ms on the device side:
 the step time recorded when the host runs ahead of the device, and when it does not).
 """
@@ -207,6 +208,34 @@ def unknown_length(logdir, worker):
     for _ in range(2):
         model.fit(batches(), epochs=1, verbose=0, callbacks=callbacks)
     return {"calls": losses.calls, "iterations": int(model.optimizer.iterations.numpy())}
+
+
+def custom_unscaled(logdir):
+    """``forced``'s model as keras.io's JAX guide writes a custom stateless ``train_step``
+    ("Customizing what happens in fit() with JAX"): it never calls ``optimizer.scale_loss``."""
+    import jax
+
+    class Custom(keras.Model):
+        def compute_loss_and_updates(self, tv, ntv, x, y, training=False):
+            y_pred, ntv = self.stateless_call(tv, ntv, x, training=training)
+            return self.compute_loss(x, y, y_pred), (y_pred, ntv)
+
+        def train_step(self, state, data):
+            tv, ntv, ov, mv = state
+            x, y = data
+            grad_fn = jax.value_and_grad(self.compute_loss_and_updates, has_aux=True)
+            (loss, (_, ntv)), grads = grad_fn(tv, ntv, x, y, training=True)
+            tv, ov = self.optimizer.stateless_apply(ov, grads, tv)
+            return {"loss": loss}, (tv, ntv, ov, mv)
+
+    plain, x, y = forced_model()
+    model = Custom(plain.inputs, plain.outputs)
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    clean = [b for b in range(24) if b not in OVERFLOW_BATCHES]
+    x, y = x.reshape(24, 8, 16)[clean].reshape(-1, 16), y.reshape(24, 8, 1)[clean].reshape(-1, 1)
+    monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=5, probe=False, profile=False)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
+    return {"iterations": int(model.optimizer.iterations.numpy())}
 
 
 def async_validation(logdir):
@@ -433,6 +462,7 @@ def main(out):
         name = f"select_spe{spe}_every7"
         truth[name] = forced(os.path.join(out, name), spe, 7, select=True)
     truth["async_validation"] = async_validation(os.path.join(out, "async_validation"))
+    truth["custom_unscaled"] = custom_unscaled(os.path.join(out, "custom_unscaled"))
     for worker in (True, False):
         name = f"unknown_{'worker' if worker else 'training'}"
         truth[name] = unknown_length(os.path.join(out, name), worker)

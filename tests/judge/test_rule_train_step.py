@@ -33,8 +33,9 @@ def _grads(seed=0):
             for i in range(4)}  # fmt: skip
 
 
-def _optimizer(name="optimizer", scaled=True, compiled=True, start=0, its=100, scale=S):
-    cls = "LossScaleOptimizer(Adam)" if scaled else "Adam"
+def _optimizer(name="optimizer", scaled=True, compiled=True, start=0, its=100, scale=S,
+               inner="Adam", **more):  # fmt: skip
+    cls = f"LossScaleOptimizer({inner})" if scaled else inner
     return {
         "name": name,
         "class": cls,
@@ -43,6 +44,7 @@ def _optimizer(name="optimizer", scaled=True, compiled=True, start=0, its=100, s
         "iterations_start": start,
         "iterations": its,
         "loss_scale": scale if scaled else None,
+        **more,
     }
 
 
@@ -70,8 +72,23 @@ def _with_gradients(run, factor, probe_steps=(50, 100), grad_steps=(40, 100), ow
     return run
 
 
-def unscaled():
-    return _with_gradients(healthy_run(), 1.0, owner="__main__.CustomModel")
+def unscaled(inner="SGD", **more):
+    return _with_gradients(
+        healthy_run(), 1.0, owner="__main__.CustomModel",
+        optimizers=[_optimizer(inner=inner, **more)],
+    )  # fmt: skip
+
+
+def never_called(calls, inner="SGD", **more):
+    """No probe (a model without a forward pass of its own): the train step's trace called the
+    LossScaleOptimizer's scale_loss ``calls`` times (None: not seen)."""
+    run = _with_gradients(
+        healthy_run(), 1.0, owner="__main__.VAE",
+        optimizers=[_optimizer(inner=inner, scale_loss_calls=calls, **more)],
+    )  # fmt: skip
+    run.probe_variables = pd.DataFrame()
+    run.train_step["has_call"] = False
+    return run
 
 
 def scaled():
@@ -129,6 +146,45 @@ CASES = [
         ],  # fmt: skip
         id="custom-train-step-without-scale-loss",
     ),
+    pytest.param(
+        unscaled("Adam", epsilon=1e-7),
+        [
+            {
+                "severity": "warning",
+                "title_has": ("CustomModel.train_step", "Adam's updates shrink"),
+                "evidence_has": ("S x epsilon = 0.00328", "flushing to zero"),
+                "fix_has": "scale_loss",
+                "data": {"cause": "loss_not_scaled"},
+            }
+        ],  # fmt: skip
+        id="adam-without-scale-loss-a-warning",
+    ),
+    pytest.param(
+        never_called(0),
+        [
+            {
+                "severity": "error",
+                "title_has": ("VAE.train_step", "1/32768"),
+                "evidence_has": "never called optimizer.scale_loss",
+                "data": {"cause": "loss_not_scaled", "scale_loss_calls": 0},
+            }
+        ],  # fmt: skip
+        id="no-probe-the-trace-never-called-scale-loss",
+    ),
+    pytest.param(
+        never_called(0, "Lion"),
+        [
+            {
+                "severity": "warning",
+                "title_has": "its float16 gradients have no loss scale",
+                "data": {"cause": "loss_not_scaled"},
+            }
+        ],  # fmt: skip
+        id="no-probe-lion-has-no-epsilon-floor",
+    ),
+    pytest.param(never_called(1), [], id="no-probe-the-trace-called-scale-loss"),
+    pytest.param(never_called(None), [], id="no-probe-no-trace-seen-judges-nothing"),
+    pytest.param(never_called(0, scale=1.0), [], id="no-probe-a-scale-of-one-changes-nothing"),
     pytest.param(scaled(), [], id="custom-train-step-that-scales"),
     pytest.param(
         twice(),

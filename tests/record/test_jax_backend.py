@@ -232,6 +232,20 @@ def test_an_epochs_short_last_call_of_unknown_length_is_counted_as_it_ran(
     assert worker["iterations"] == training["iterations"] == 20
 
 
+def test_the_train_steps_scale_loss_calls_are_counted(jax_runs, read_events):
+    """The tap watches the LossScaleOptimizer's ``scale_loss`` while Keras traces the train
+    step: Keras' own step calls it once; keras.io's custom stateless train step never does
+    (which the judge then names, with or without a probe)."""
+    out, truth = jax_runs
+    for case, calls in (("forced_spe4_every7", 1), ("custom_unscaled", 0)):
+        _, records = read_events(str(out / case))
+        _, latest = records["train_step"][-1]
+        (compiled,) = [o for o in latest["optimizers"] if o["compiled"]]
+        assert compiled["class"] == "LossScaleOptimizer(SGD)", case
+        assert compiled["scale_loss_calls"] == calls, case
+    assert truth["custom_unscaled"]["iterations"] == 20  # it trained (no step overflowed)
+
+
 def test_a_fit_that_raised_leaves_nothing_in_the_next_fit(jax_runs, read_events):
     """One monitor, a fit that raises at its 11th call (Keras then skips its wait for the batch
     ends on its worker thread) and a whole fit after it: every record of both fits equals the

@@ -5,8 +5,15 @@ One error for each way the train step itself breaks mixed precision, whatever th
 - **the loss is not scaled**: the gradients the loss-scale optimizer receives (``grad_variables``)
   are about the float32 reference gradients (the probe's ``ref_max_abs``) instead of the
   reference times the scale S: a custom ``train_step`` that never calls
-  ``optimizer.scale_loss``. The optimizer still divides by S, so every update is 1/S of the right
-  one and training stalls. (Scaled twice: about S² times the reference, the gradients overflow.)
+  ``optimizer.scale_loss``. Where no probe runs (a model whose train step runs sub-models, as
+  keras.io's VAE), the train step's own trace says it: mpwatch watches the LossScaleOptimizer's
+  ``scale_loss`` while Keras traces the step, and it was never called. The optimizer still
+  divides by S: SGD's every update is 1/S of the right one and training stalls (an error); an
+  adaptive optimizer (Adam) divides the factor out again except against its epsilon, so its
+  updates shrink where a gradient is below S x epsilon, a floor the scale raises as it doubles
+  (unscaled gradients never overflow to stop it), and the float16 backward pass runs without
+  the factor that keeps small gradients from flushing to zero (a warning). (Scaled twice: about
+  S² times the reference, the gradients overflow.)
 - **an optimizer steps without loss scaling** under a float16 compute dtype: a GAN's
   ``d_optimizer``/``g_optimizer``, or a model compiled with ``auto_scale_loss=False``; float16
   gradients underflow and nothing skips an overflowing step. When the compiled optimizer never
@@ -27,8 +34,10 @@ Unscaled loss: the median, over variables and probes, of log2(received max |g| /
 |g|) - log2 S below -log2 S / 2, comparing only gradient records taken at a scale of at least
 2^{MIN_SCALE_LOG2} (received and reference gradients come from other batches, Dropout on in one
 and off in the other: a few doublings apart); scaled twice: above ({TWICE_FACTOR:g} - 1) x log2 S.
-An optimizer "steps" when its iterations advanced during the run. Errors, except bfloat16
-variables (a warning).
+Without comparisons (no probe): the train step's trace called ``scale_loss`` 0 times, at a
+scale of at least 2 (a loss multiplied by ``optimizer.dynamic_scale`` by hand, not through
+``scale_loss``, would be taken for unscaled there; with a probe the gradients decide). An optimizer "steps" when its iterations advanced during the run. Errors,
+except bfloat16 variables and an unscaled loss under an adaptive optimizer (warnings).
 
 ## Example evidence
 ```text
@@ -290,7 +299,7 @@ def _loss_not_scaled(run: Run) -> Finding | None:
         return None
     excess, scale = _ratios(run)
     if scale is None or len(excess) < MIN_COMPARISONS:
-        return None
+        return _never_called_scale_loss(run, compiled)
     k = math.log2(scale)
     got = float(np.median(excess)) + k  # log2(received / reference) at the median scale
     n_vars = int(pd.Series(run.probe_variables["variable"]).nunique())
@@ -303,14 +312,14 @@ def _loss_not_scaled(run: Run) -> Finding | None:
     where = f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
     backend = str(run.info.get("backend") or "tensorflow")
     if got < k / 2:
+        severity, title, consequence = _unscaled_consequence(run, compiled, scale, where)
         evidence = (
             f"{measured}: the loss was not multiplied by the scale, and LossScaleOptimizer "
-            f"divides by it: every update is 2^-{k:g} of the right one" + _loss_trend(run)
+            f"divides by it: {consequence}" + _loss_trend(run)
         )
         return RULE.finding(
-            "error",
-            f"{where} does not scale the loss: every update is 1/{words.number(scale)} of the "
-            "right one",
+            severity,
+            title,
             evidence,
             fix=_scale_loss_fix(backend),
             data={
@@ -337,6 +346,104 @@ def _loss_not_scaled(run: Run) -> Finding | None:
             },  # fmt: skip
         )
     return None
+
+
+#: optimizers that divide each update by a running magnitude of the gradients (or take their
+#: sign): a constant factor on every gradient cancels, except against their ``epsilon``
+ADAPTIVE = frozenset(
+    {"Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "Lion",
+     "Lamb", "Muon"}
+)  # fmt: skip
+
+
+def _inner_class(o: dict[str, Any] | None) -> str:
+    cls = str((o or {}).get("class") or "")
+    return cls[len("LossScaleOptimizer(") : -1] if cls.startswith("LossScaleOptimizer(") else cls
+
+
+def _unscaled_consequence(
+    run: Run, compiled: dict[str, Any] | None, scale: float, where: str
+) -> tuple[str, str, str]:
+    """(severity, title, what the division by the scale does to the updates) for an unscaled
+    loss: SGD's updates are 1/S of the right ones; an adaptive optimizer (Adam) divides the
+    factor out again, except against its epsilon, which the scale (never stopped by an overflow
+    of unscaled gradients) grows past."""
+    inner = _inner_class(compiled)
+    n = words.number(scale)
+    if inner not in ADAPTIVE:
+        return (
+            "error",
+            f"{where} does not scale the loss: every update is 1/{n} of the right one",
+            f"every update is 2^-{math.log2(scale):g} of the right one",
+        )
+    eps = _pos((compiled or {}).get("epsilon"))
+    growth = (run.info.get("loss_scale") or {}).get("growth_interval")
+    every = f" every {growth} steps" if growth else ""
+    floor = (
+        f": each element's update shrinks where its gradient is below about S x epsilon = "
+        f"{fmt(scale * eps)} (S = {n}, epsilon {fmt(eps)}), a floor the scale raises as it doubles"
+        f"{every} (unscaled gradients never overflow to stop it)"
+        if eps
+        else ""
+    )
+    return (
+        "warning",
+        f"{where} does not scale the loss: its float16 gradients have no loss scale"
+        + (f", and {inner}'s updates shrink as the scale grows" if eps else ""),
+        f"{inner} divides each update by the gradients' own magnitude, which cancels the "
+        f"division{' except against its epsilon' if eps else ''}{floor}; the backward pass runs "
+        "in float16 without the factor that keeps small gradients from flushing to zero",
+    )
+
+
+def _never_called_scale_loss(run: Run, compiled: dict[str, Any] | None) -> Finding | None:
+    """Without a float32 reference (no probe: a model whose train step runs sub-models), the
+    train step's own trace: the compiled LossScaleOptimizer stepped, and the train step never
+    called its ``scale_loss`` (the tap watched it while Keras traced the step)."""
+    if compiled is None or compiled.get("scale_loss_calls") != 0:
+        return None
+    scale = _pos(compiled.get("loss_scale"))
+    if scale is None or scale < 2.0:
+        return None  # a scale of 1: the division changes nothing
+    owner = run.train_step.get("train_step_owner")
+    where = f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
+    severity, title, consequence = _unscaled_consequence(run, compiled, scale, where)
+    evidence = (
+        f"{where} never called optimizer.scale_loss while Keras traced it (mpwatch watched "
+        f"{compiled.get('class')}.scale_loss): the loss it differentiates is not multiplied by "
+        f"the scale ({words.loss_scale(scale)}), and LossScaleOptimizer divides the gradients "
+        f"by it: {consequence}" + _received(run) + _loss_trend(run)
+    )
+    return RULE.finding(
+        severity,
+        title,
+        evidence,
+        fix=_scale_loss_fix(str(run.info.get("backend") or "tensorflow")),
+        data={
+            "cause": "loss_not_scaled",
+            "scale_loss_calls": 0,
+            "loss_scale": scale,
+            "optimizer": compiled.get("class"),
+            "train_step_owner": owner,
+        },  # fmt: skip
+    )
+
+
+def _received(run: Run) -> str:
+    """The largest gradients the optimizer received (the last record), as evidence of their
+    size: a scaled loss gives them S times the unscaled ones."""
+    gv = run.grad_variables
+    if not len(gv) or "max_abs" not in gv:
+        return ""
+    last = gv[gv["step"] == gv["step"].max()]
+    m = pd.to_numeric(last["max_abs"], errors="coerce").dropna()
+    if not len(m):
+        return ""
+    return (
+        f"; the largest gradient the optimizer received, by variable (step "
+        f"{int(last['step'].iloc[0])}): {fmt(float(m.min()))} to {fmt(float(m.max()))}, median "
+        f"{fmt(float(m.median()))}"
+    )
 
 
 def _scale_loss_fix(backend: str) -> str:

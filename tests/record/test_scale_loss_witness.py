@@ -1,0 +1,165 @@
+"""A train step that never calls ``optimizer.scale_loss``, on a model the probe cannot run (no
+forward pass of its own: its train step runs an encoder and a decoder, as keras.io's VAE does).
+
+mpwatch watches the LossScaleOptimizer's ``scale_loss`` while Keras traces the train step (the
+``train_step`` record's ``scale_loss_calls``), and the judge says what the missing scale does to
+the updates, by optimizer. The claims are checked against the optimizers themselves: one step of
+SGD moves each weight by lr x g / S (1/S of the right update; some of them too small for a float32
+weight to take at all), Adam's first by lr x g' / (|g'| + eps') with g' = g / S: about lr where
+|g| is well above S x eps', less below it (g: the unscaled gradient).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _autoencoder(scaled: bool, optimizer):
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    encoder = keras.Model(inp, keras.layers.Dense(4, activation="relu")(inp), name="encoder")
+    code = keras.Input((4,))
+    decoder = keras.Model(code, keras.layers.Dense(8, dtype="float32")(code), name="decoder")
+
+    class AutoEncoder(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.decoder = encoder, decoder
+
+        def train_step(self, data):
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+            with tf.GradientTape() as tape:
+                out = self.decoder(self.encoder(x))
+                loss = tf.reduce_mean(tf.square(tf.cast(x, "float32") - out))
+                if scaled:
+                    loss_used = self.optimizer.scale_loss(loss)
+                else:
+                    loss_used = loss
+            grads = tape.gradient(loss_used, self.trainable_weights)
+            self.optimizer.apply(grads, self.trainable_weights)
+            return {"loss": loss}
+
+    model = AutoEncoder()
+    model.compile(optimizer=optimizer)
+    return model
+
+
+def _data():
+    return np.random.default_rng(0).normal(size=(48, 8)).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory, policy):
+    """(optimizer name, scaled) -> (logdir, model), each trained once, 6 steps of 8."""
+    import keras
+
+    import mpwatch
+
+    out = {}
+    for name, scaled in (("sgd", False), ("adam", False), ("adam", True)):
+        logdir = str(tmp_path_factory.mktemp(f"{name}_{'scaled' if scaled else 'unscaled'}"))
+        opt = keras.optimizers.SGD(0.01) if name == "sgd" else keras.optimizers.Adam(1e-3)
+        with policy("mixed_float16"):
+            model = _autoencoder(scaled, opt)
+            monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=2)
+            model.fit(_data(), batch_size=8, epochs=1, verbose=0, callbacks=[monitor])
+        out[(name, scaled)] = (logdir, model)
+    return out
+
+
+@pytest.mark.parametrize(("name", "scaled"), [("sgd", False), ("adam", False), ("adam", True)])
+def test_the_record_counts_the_train_steps_scale_loss_calls(fits, read_events, name, scaled):
+    logdir, model = fits[(name, scaled)]
+    _, records = read_events(logdir)
+    _, latest = records["train_step"][-1]
+    (compiled,) = [o for o in latest["optimizers"] if o["compiled"]]
+    assert latest["has_call"] is False and latest["custom_train_step"] is True
+    assert compiled["scale_loss_calls"] == (1 if scaled else 0)
+    inner = model.optimizer.inner_optimizer
+    assert compiled["epsilon"] == (None if name == "sgd" else pytest.approx(inner.epsilon))
+    assert "probe" not in records  # no float32 reference: the trace is the only witness
+
+
+def _finding(logdir):
+    import mpwatch
+
+    return [f for f in mpwatch.diagnose(logdir) if f.rule == "train-step"]
+
+
+def test_sgd_unscaled_loss_is_an_error_every_update_one_over_the_scale(fits, policy):
+    import keras
+    import tensorflow as tf
+
+    logdir, model = fits[("sgd", False)]
+    (f,) = _finding(logdir)
+    scale = float(model.optimizer.dynamic_scale.numpy())
+    assert f.severity == "error" and f.data["cause"] == "loss_not_scaled"
+    assert f.data["scale_loss_calls"] == 0 and f.data["loss_scale"] == scale
+    assert f"1/{scale:.0f}" in f.title and "scale_loss" in f.fix
+    # the claim, on SGD itself: one step moves each weight by lr x g / S
+    x = _data()[:8]
+    with policy("mixed_float16"):
+        twin = _autoencoder(False, keras.optimizers.SGD(0.01))
+        twin.set_weights(model.get_weights())
+        before = [v.numpy().copy() for v in twin.trainable_weights]
+        with tf.GradientTape() as tape:
+            out = twin.decoder(twin.encoder(x))
+            loss = tf.reduce_mean(tf.square(x - out))
+        grads = [g.numpy() for g in tape.gradient(loss, twin.trainable_weights)]
+        twin.train_on_batch(x)
+        s = float(twin.optimizer.dynamic_scale.numpy())
+    lost = 0
+    for b, a, g in zip(before, twin.trainable_weights, grads):
+        expected = (b.astype(np.float64) - 0.01 * g.astype(np.float64) / s).astype(np.float32)
+        np.testing.assert_array_max_ulp(a.numpy(), expected, maxulp=1)
+        lost += int(((a.numpy() == b) & (g != 0)).sum())
+    assert lost > 0  # so small an update that float32 weights do not take some of them at all
+
+
+def test_adam_unscaled_loss_is_a_warning_naming_its_epsilon_floor(fits, policy):
+    import keras
+    import tensorflow as tf
+
+    logdir, model = fits[("adam", False)]
+    (f,) = _finding(logdir)
+    scale = float(model.optimizer.dynamic_scale.numpy())
+    eps = float(model.optimizer.inner_optimizer.epsilon)
+    assert f.severity == "warning" and f.data["cause"] == "loss_not_scaled"
+    assert "1/" not in f.title and "Adam's updates shrink" in f.title
+    assert f"{scale * eps:.3g}" in f.evidence and "every 2000 steps" in f.evidence
+    # the claim, on Adam itself: its first step moves each weight by lr x g' / (|g'| + eps'),
+    # g' = g / S the gradient it gets and eps' = eps / sqrt(1 - beta_2) (Keras adds epsilon to
+    # sqrt(v) before the bias correction): the division by S cancels where |g| is well above
+    # S x eps', and the update shrinks where |g| is below it
+    x = _data()[:8]
+    with policy("mixed_float16"):
+        twin = _autoencoder(False, keras.optimizers.Adam(1e-3))
+        twin.optimizer.build(twin.trainable_weights)
+        before = [v.numpy().copy() for v in twin.trainable_weights]
+        with tf.GradientTape() as tape:
+            out = twin.decoder(twin.encoder(x))
+            loss = tf.reduce_mean(tf.square(x - out))
+        grads = tape.gradient(loss, twin.trainable_weights)
+        g = np.concatenate([g.numpy().ravel() for g in grads]).astype(np.float64)
+        s = float(twin.optimizer.dynamic_scale.numpy())
+        twin.train_on_batch(x)
+    moved = np.concatenate(
+        [np.abs(a.numpy() - b).ravel() for b, a in zip(before, twin.trainable_weights)]
+    )
+    floor = s * eps / np.sqrt(1 - twin.optimizer.inner_optimizer.beta_2)
+    live = g != 0
+    np.testing.assert_allclose(
+        moved[live], 1e-3 * np.abs(g[live]) / (np.abs(g[live]) + floor), rtol=0.02, atol=2e-9
+    )
+    assert (np.abs(g) > 3 * floor).any() and (moved[np.abs(g) > 3 * floor] > 0.74e-3).all()
+    shrunk = live & (np.abs(g) < floor / 2)
+    assert shrunk.any() and (moved[shrunk] < 0.34e-3).all()
+
+
+def test_a_scaled_loss_gives_no_finding(fits):
+    logdir, _ = fits[("adam", True)]
+    assert _finding(logdir) == []
