@@ -18,9 +18,10 @@ _OPTIMIZER = s._obj(
         "iterations": s._int("its iterations when the record was written"),
         "loss_scale": s._num("its dynamic scale now (None: not loss-scaled)", nullable=True),
         "scale_loss_calls": s._int(
-            "the compiled LossScaleOptimizer's scale_loss calls in the train step's last trace "
-            "(0: the loss it differentiates is not scaled); None: not seen (another optimizer, "
-            "or no trace watched); absent from records written before it existed",
+            "a LossScaleOptimizer's scale_loss calls in the train step's last trace (0: the "
+            "loss it differentiates for this optimizer is not scaled); None: not seen (not a "
+            "LossScaleOptimizer, or no trace watched); absent from records written before it "
+            "existed",
             nullable=True,
         ),
         "epsilon": s._num(

@@ -128,6 +128,14 @@ def counts_entries(written: int, slots: int, since: int = 0) -> list[tuple[int, 
     return [(c, c % slots) for c in range(first, written)]
 
 
+def _counting(scale_loss: Any, calls: dict[int, int], key: int) -> Any:
+    def counted(loss: Any) -> Any:
+        calls[key] += 1
+        return scale_loss(loss)
+
+    return counted
+
+
 class TapBase:
     """The state every tap has: the model and its optimizer (and ``LossScaleOptimizer``), the ring
     capacity (batches per read), the gradient-count period, and the failure that stopped it."""
@@ -148,35 +156,41 @@ class TapBase:
         self._clean_fn: Any = None  # Keras' train function before the tap's (given back at park)
         self._parked_fn: Any = None  # the tapped train function, kept between mpwatch fits
         self.device_wait = 0.0  # seconds the host reads waited for the device (not mpwatch's)
-        #: calls of the LossScaleOptimizer's ``scale_loss`` in the train step's last trace (or
-        #: eager run) that mpwatch saw; None: none seen (see :meth:`watch_scale_loss`)
-        self.scale_loss_calls: int | None = None
+        #: per LossScaleOptimizer the model holds (by ``id``): its ``scale_loss`` calls in the
+        #: train step's last trace (or eager run) that mpwatch saw; None: none seen
+        #: (see :meth:`watch_scale_loss`)
+        self.scale_loss_calls: dict[int, int] | None = None
 
     def watch_scale_loss(self, run: Any) -> Any:
         """``run()`` (the user's train step, being traced or run eagerly), counting its calls of
-        the ``LossScaleOptimizer``'s ``scale_loss`` into :attr:`scale_loss_calls`: Keras' own
-        train step calls it once; a custom one that never calls it differentiates an unscaled
+        ``scale_loss`` on every ``LossScaleOptimizer`` the model holds (the compiled one, a
+        GAN's ``d_optimizer``...) into :attr:`scale_loss_calls`: Keras' own train step calls
+        the compiled one's once; a custom one that never calls it differentiates an unscaled
         loss, which the optimizer still divides by the scale. Nothing is counted where the
         step raised."""
-        lso = self.lso
-        if lso is None:
+        from mpwatch.record.train_step import model_optimizers
+
+        try:
+            lsos = [o for _, o in model_optimizers(self.model) if loss_scale_optimizer(o)]
+        except Exception:  # noqa: BLE001  (never lose training to mpwatch: nothing watched)
+            lsos = []
+        if not lsos:
             return run()
-        own = vars(lso).get("scale_loss")  # an instance attribute of the user's, kept
-        orig, calls = lso.scale_loss, [0]
-
-        def scale_loss(loss: Any) -> Any:
-            calls[0] += 1
-            return orig(loss)
-
-        object.__setattr__(lso, "scale_loss", scale_loss)
+        calls = {id(o): 0 for o in lsos}
+        kept = []
+        for opt in lsos:
+            own = vars(opt).get("scale_loss")  # an instance attribute of the user's, kept
+            kept.append((opt, own))
+            object.__setattr__(opt, "scale_loss", _counting(opt.scale_loss, calls, id(opt)))
         try:
             out = run()
         finally:
-            if own is not None:
-                object.__setattr__(lso, "scale_loss", own)
-            else:
-                object.__delattr__(lso, "scale_loss")
-        self.scale_loss_calls = calls[0]
+            for opt, own in kept:
+                if own is not None:
+                    object.__setattr__(opt, "scale_loss", own)
+                else:
+                    object.__delattr__(opt, "scale_loss")
+        self.scale_loss_calls = calls
         return out
 
     # --- the host read -------------------------------------------------------------------------

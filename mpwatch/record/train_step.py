@@ -13,8 +13,8 @@ pure ``"float16"`` policy break it silently. This part records what the judge ne
 - every optimizer the model holds (the compiled one and any held in an attribute, as a GAN's
   ``d_optimizer`` and ``g_optimizer``): its class, whether it is a ``LossScaleOptimizer``, its
   iterations when the fit began and now (so which ones really stepped), and its scale;
-- for the compiled ``LossScaleOptimizer``, how many times the train step called its
-  ``scale_loss`` while it was traced (the tap watches it: ``TapBase.watch_scale_loss``).
+- for each ``LossScaleOptimizer``, how many times the train step called its ``scale_loss``
+  while it was traced (the tap watches them: ``TapBase.watch_scale_loss``).
 
 Whether the loss really was scaled is judged from two other records: the gradients the optimizer
 received (``grad_variables``) against the probe's float32 reference gradients times the scale
@@ -125,13 +125,16 @@ def _optimizer_facts(
 
 
 def train_step_facts(
-    model: Any, starts: dict[int, int] | None = None, scale_loss_calls: int | None = None
+    model: Any,
+    starts: dict[int, int] | None = None,
+    scale_loss_calls: dict[int, int] | None = None,
 ) -> dict[str, Any]:
     """The ``train_step`` record's payload for ``model`` now; ``starts``: each optimizer's
-    iterations when the fit began, by ``id`` (missing: now); ``scale_loss_calls``: the compiled
-    optimizer's ``scale_loss`` calls in the train step's last trace, as the tap saw them (None:
-    not seen)."""
+    iterations when the fit began, by ``id`` (missing: now); ``scale_loss_calls``: each
+    LossScaleOptimizer's ``scale_loss`` calls in the train step's last trace, by ``id``, as the
+    tap saw them (None, or an optimizer missing: not seen)."""
     starts = starts or {}
+    calls = scale_loss_calls or {}
     compiled = getattr(model, "optimizer", None)
     owner = train_step_owner(model)
     return {
@@ -144,7 +147,7 @@ def train_step_facts(
                 opt,
                 opt is compiled,
                 starts.get(id(opt), _iterations(opt)),
-                scale_loss_calls if opt is compiled else None,
+                calls.get(id(opt)),
             )
             for name, opt in model_optimizers(model)
         ],

@@ -163,3 +163,58 @@ def test_adam_unscaled_loss_is_a_warning_naming_its_epsilon_floor(fits, policy):
 def test_a_scaled_loss_gives_no_finding(fits):
     logdir, _ = fits[("adam", True)]
     assert _finding(logdir) == []
+
+
+def test_a_gans_own_loss_scale_optimizers_are_watched_each(tmp_path, policy, read_events):
+    """Two sub-models, each with a LossScaleOptimizer of its own (as mpwatch's GAN fix has it):
+    the train step scales the first one's loss and not the second's. The compiled optimizer
+    (Keras' default, never applied) is no part of it."""
+    import keras
+    import tensorflow as tf
+
+    import mpwatch
+
+    keras.utils.set_random_seed(0)
+    with policy("mixed_float16"):
+        inp = keras.Input((8,))
+        first = keras.Model(inp, keras.layers.Dense(8, dtype="float32")(inp), name="first")
+        inp2 = keras.Input((8,))
+        second = keras.Model(inp2, keras.layers.Dense(8, dtype="float32")(inp2), name="second")
+
+        class Pair(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.first, self.second = first, second
+
+            def compile(self):
+                super().compile()
+                self.a_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+                self.b_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+
+            def train_step(self, data):
+                x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+                with tf.GradientTape() as tape:
+                    a_loss = tf.reduce_mean(tf.square(self.first(x) - x))
+                    scaled = self.a_optimizer.scale_loss(a_loss)
+                grads = tape.gradient(scaled, self.first.trainable_weights)
+                self.a_optimizer.apply(grads, self.first.trainable_weights)
+                with tf.GradientTape() as tape:
+                    b_loss = tf.reduce_mean(tf.square(self.second(x) - x))
+                grads = tape.gradient(b_loss, self.second.trainable_weights)
+                self.b_optimizer.apply(grads, self.second.trainable_weights)
+                return {"a_loss": a_loss, "b_loss": b_loss}
+
+        model = Pair()
+        model.compile()
+        monitor = mpwatch.MixedPrecisionMonitor(str(tmp_path), log_every=2)
+        model.fit(_data(), batch_size=8, epochs=1, verbose=0, callbacks=[monitor])
+    _, records = read_events(tmp_path)
+    _, latest = records["train_step"][-1]
+    calls = {o["name"]: o["scale_loss_calls"] for o in latest["optimizers"]}
+    assert calls == {"optimizer": 0, "a_optimizer": 1, "b_optimizer": 0}
+    steps = {o["name"]: o["iterations"] - o["iterations_start"] for o in latest["optimizers"]}
+    assert steps == {"optimizer": 0, "a_optimizer": 6, "b_optimizer": 6}
+    (f,) = _finding(str(tmp_path))
+    assert f.severity == "error" and f.data["optimizers"] == ["b_optimizer"]
+    assert "b_optimizer.scale_loss" in f.evidence and "a_optimizer" not in f.evidence
+    assert "self.b_optimizer.scale_loss(b_loss)" in f.fix and "a_optimizer" not in f.fix

@@ -30,14 +30,15 @@ this contract; when it is broken they measure the wrong thing. A broken contract
 and the findings that rest on it become its evidence.
 
 ## Threshold
-Unscaled loss: the median, over variables and probes, of log2(received max |g| / reference max
-|g|) - log2 S below -log2 S / 2, comparing only gradient records taken at a scale of at least
-2^{MIN_SCALE_LOG2} (received and reference gradients come from other batches, Dropout on in one
-and off in the other: a few doublings apart); scaled twice: above ({TWICE_FACTOR:g} - 1) x log2 S.
-Without comparisons (no probe): the train step's trace called ``scale_loss`` 0 times, at a
-scale of at least 2 (a loss multiplied by ``optimizer.dynamic_scale`` by hand, not through
-``scale_loss``, would be taken for unscaled there; with a probe the gradients decide). An optimizer "steps" when its iterations advanced during the run. Errors,
-except bfloat16 variables and an unscaled loss under an adaptive optimizer (warnings).
+Unscaled loss: the median, over variables and probes, of log2(received max |g| / reference
+max |g|) - log2 S below -log2 S / 2, comparing only gradient records taken at a scale of at least
+2^{MIN_SCALE_LOG2} (received and reference gradients come from other batches, Dropout on in one and
+off in the other: a few doublings apart); scaled twice: above ({TWICE_FACTOR:g} - 1) x log2 S.
+Without comparisons (no probe): the train step's trace called ``scale_loss`` 0 times, at a scale of
+at least 2 (a loss multiplied by ``optimizer.dynamic_scale`` by hand, not through ``scale_loss``,
+would be taken for unscaled there; with a probe the gradients decide). An optimizer "steps" when its
+iterations advanced during the run. Errors, except bfloat16 variables and an unscaled loss under an
+adaptive optimizer (warnings).
 
 ## Example evidence
 ```text
@@ -294,12 +295,12 @@ def _loss_not_scaled(run: Run) -> Finding | None:
     opts = run.train_step.get("optimizers") or []
     compiled = next((o for o in opts if o.get("compiled")), None)
     if compiled is not None and not (compiled.get("loss_scaled") and _stepped(compiled)):
-        return None
+        return _never_called_scale_loss(run)  # a GAN's own loss-scale optimizers
     if compiled is None and str((run.info.get("loss_scale") or {}).get("kind")) != "dynamic":
         return None
     excess, scale = _ratios(run)
     if scale is None or len(excess) < MIN_COMPARISONS:
-        return _never_called_scale_loss(run, compiled)
+        return _never_called_scale_loss(run)
     k = math.log2(scale)
     got = float(np.median(excess)) + k  # log2(received / reference) at the median scale
     n_vars = int(pd.Series(run.probe_variables["variable"]).nunique())
@@ -396,34 +397,40 @@ def _unscaled_consequence(
     )
 
 
-def _never_called_scale_loss(run: Run, compiled: dict[str, Any] | None) -> Finding | None:
-    """Without a float32 reference (no probe: a model whose train step runs sub-models), the
-    train step's own trace: the compiled LossScaleOptimizer stepped, and the train step never
+def _never_called_scale_loss(run: Run) -> Finding | None:
+    """Without a float32 reference (no probe: a model whose train step runs sub-models, as a VAE
+    or a GAN), the train step's own trace: a LossScaleOptimizer stepped, and the train step never
     called its ``scale_loss`` (the tap watched it while Keras traced the step)."""
-    if compiled is None or compiled.get("scale_loss_calls") != 0:
+    opts = [
+        o
+        for o in run.train_step.get("optimizers") or []
+        if o.get("loss_scaled") and _stepped(o) and o.get("scale_loss_calls") == 0
+        and (_pos(o.get("loss_scale")) or 0.0) >= 2.0  # a scale of 1 changes nothing
+    ]  # fmt: skip
+    if not opts:
         return None
-    scale = _pos(compiled.get("loss_scale"))
-    if scale is None or scale < 2.0:
-        return None  # a scale of 1: the division changes nothing
+    first, scale = opts[0], float(opts[0]["loss_scale"])
     owner = run.train_step.get("train_step_owner")
     where = f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
-    severity, title, consequence = _unscaled_consequence(run, compiled, scale, where)
+    severity, title, consequence = _unscaled_consequence(run, first, scale, where)
+    names = ", ".join(f"{o.get('name')}.scale_loss ({o.get('class')})" for o in opts)
     evidence = (
-        f"{where} never called optimizer.scale_loss while Keras traced it (mpwatch watched "
-        f"{compiled.get('class')}.scale_loss): the loss it differentiates is not multiplied by "
-        f"the scale ({words.loss_scale(scale)}), and LossScaleOptimizer divides the gradients "
-        f"by it: {consequence}" + _received(run) + _loss_trend(run)
-    )
+        f"{where} never called {names} while Keras traced it (mpwatch watched them): the loss "
+        f"it differentiates is not multiplied by the scale ({words.loss_scale(scale)}), and "
+        f"LossScaleOptimizer divides the gradients by it: {consequence}"
+        + _received(run) + _loss_trend(run)
+    )  # fmt: skip
     return RULE.finding(
         severity,
         title,
         evidence,
-        fix=_scale_loss_fix(str(run.info.get("backend") or "tensorflow")),
+        fix=_scale_loss_fix(str(run.info.get("backend") or "tensorflow"), opts),
         data={
             "cause": "loss_not_scaled",
             "scale_loss_calls": 0,
             "loss_scale": scale,
-            "optimizer": compiled.get("class"),
+            "optimizers": [o.get("name") for o in opts],
+            "optimizer": first.get("class"),
             "train_step_owner": owner,
         },  # fmt: skip
     )
@@ -446,7 +453,18 @@ def _received(run: Run) -> str:
     )
 
 
-def _scale_loss_fix(backend: str) -> str:
+def _scale_loss_fix(backend: str, opts: list[dict[str, Any]] | None = None) -> str:
+    named = [str(o.get("name")) for o in opts or [] if not o.get("compiled")]
+    if named:  # a GAN's own optimizers: each loss scaled by the optimizer that applies it
+        lines = []
+        for n in named:
+            stem = n[: -len("optimizer")].rstrip("_") if n.endswith("optimizer") else n
+            loss = f"{stem or n}_loss"
+            lines.append(
+                f"{loss} = self.{n}.scale_loss({loss})  # inside its GradientTape, before "
+                f"tape.gradient({loss}, ...); self.{n}.apply unscales"
+            )
+        return "\n".join(lines)
     if backend == "jax":
         return (
             "# in the loss function your train_step differentiates (JAX), as Keras' own\n"
