@@ -6,6 +6,7 @@ the ``LossScaleOptimizer``."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,9 @@ def counts_entries(written: int, slots: int, since: int = 0) -> list[tuple[int, 
     return [(c, c % slots) for c in range(first, written)]
 
 
+_WATCH_LOCK = threading.Lock()
+
+
 def _counting(scale_loss: Any, calls: dict[int, int], key: int) -> Any:
     def counted(loss: Any) -> Any:
         calls[key] += 1
@@ -160,6 +164,9 @@ class TapBase:
         #: train step's last trace (or eager run) that mpwatch saw; None: none seen
         #: (see :meth:`watch_scale_loss`)
         self.scale_loss_calls: dict[int, int] | None = None
+        self._watching = 0  # train steps running under the watch (one per replica's thread)
+        self._watch_calls: dict[int, int] | None = None
+        self._watch_kept: list[tuple[Any, Any]] = []
 
     def watch_scale_loss(self, run: Any) -> Any:
         """``run()`` (the user's train step, being traced or run eagerly), counting its calls of
@@ -168,30 +175,46 @@ class TapBase:
         the compiled one's once; a custom one that never calls it differentiates an unscaled
         loss, which the optimizer still divides by the scale. Nothing is counted where the
         step raised."""
+        with _WATCH_LOCK:  # a tf.distribute strategy traces each replica's step in a thread
+            if self._watching == 0:
+                self._watch_calls = self._patch_scale_loss()
+            self._watching += 1
+        ok = False
+        try:
+            out = run()
+            ok = True
+        finally:
+            with _WATCH_LOCK:
+                self._watching -= 1
+                if self._watching == 0:
+                    calls, self._watch_calls = self._watch_calls, None
+                    self._unpatch_scale_loss()
+                    if ok and calls is not None:
+                        self.scale_loss_calls = calls
+        return out
+
+    def _patch_scale_loss(self) -> dict[int, int] | None:
         from mpwatch.record.train_step import model_optimizers
 
         try:
             lsos = [o for _, o in model_optimizers(self.model) if loss_scale_optimizer(o)]
         except Exception:  # noqa: BLE001  (never lose training to mpwatch: nothing watched)
-            lsos = []
-        if not lsos:
-            return run()
+            return None
         calls = {id(o): 0 for o in lsos}
-        kept = []
+        self._watch_kept = []
         for opt in lsos:
             own = vars(opt).get("scale_loss")  # an instance attribute of the user's, kept
-            kept.append((opt, own))
+            self._watch_kept.append((opt, own))
             object.__setattr__(opt, "scale_loss", _counting(opt.scale_loss, calls, id(opt)))
-        try:
-            out = run()
-        finally:
-            for opt, own in kept:
-                if own is not None:
-                    object.__setattr__(opt, "scale_loss", own)
-                else:
-                    object.__delattr__(opt, "scale_loss")
-        self.scale_loss_calls = calls
-        return out
+        return calls if lsos else None
+
+    def _unpatch_scale_loss(self) -> None:
+        for opt, own in getattr(self, "_watch_kept", []):
+            if own is not None:
+                object.__setattr__(opt, "scale_loss", own)
+            else:
+                object.__delattr__(opt, "scale_loss")
+        self._watch_kept = []
 
     # --- the host read -------------------------------------------------------------------------
     read_ready = False  # the host read is ready to run (traced, where it is a function)

@@ -43,6 +43,7 @@ SCRIPT = textwrap.dedent(
         for _ in range(2):
             model.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0,
                       callbacks=[mpwatch.MixedPrecisionMonitor(logdir, log_every=5)])
+        assert "scale_loss" not in vars(model.optimizer)  # the scale_loss witness is gone
         return int(model.optimizer.iterations.numpy())
 
     out = sys.argv[1]
@@ -78,6 +79,11 @@ def test_mirrored_strategy_records_what_single_device_records(tmp_path, read_eve
         assert [s for s, v in single["mpwatch/step_skipped"] if v] == [2, 6, 7, 12, 16, 17]
         assert len(mrec["run_info"]) == 2 and mrec["run_info"][0][1]["num_replicas"] == 2
         assert [s for s, _ in mirrored["mpwatch/grad/zero_fraction"]] == [5, 10, 15, 20]
+        # Keras' train step scales the loss on each replica (traced in a thread of its own):
+        # the witness counts every call, and leaves nothing on the optimizer (asserted there)
+        for rec, calls in ((srec, 1), (mrec, 2)):
+            (opt,) = rec["train_step"][-1][1]["optimizers"]
+            assert opt["scale_loss_calls"] == calls
         # same table up to the auto-generated layer names (the name and path columns, and the
         # inbound layers' names, the last column)
         strip = lambda rec: [row[2:-1] for row in rec["layers"][0][1]["layers"]["data"]]  # noqa: E731
