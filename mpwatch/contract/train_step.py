@@ -29,6 +29,10 @@ _OPTIMIZER = s._obj(
             "(Adam's); None: it has none (SGD)",
             nullable=True,
         ),
+        "family": s._str(
+            "the Keras class the (inner) optimizer is or derives from (a subclass of Adam: "
+            '"Adam"); its own class name when none is'
+        ),
     },
     "one optimizer the model holds",
     required=[

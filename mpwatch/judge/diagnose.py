@@ -106,11 +106,19 @@ def fold_into_root(
     findings: list[Finding],
     is_root: Callable[[Finding], bool],
     rests_on_it: Callable[[Finding], bool],
+    worst: bool = False,
 ) -> list[Finding]:
-    """In each run, the findings that rest on that run's root finding (the last one for which
-    ``is_root`` holds) become its evidence (:func:`_absorb`) instead of findings of their own:
-    the one mechanism of every cause-and-consequence fold."""
-    roots = {f.run: f for f in findings if is_root(f)}
+    """In each run, the findings that rest on that run's root finding (the most severe one for
+    which ``is_root`` holds, the last of equals) become its evidence (:func:`_absorb`) instead
+    of findings of their own: the one mechanism of every cause-and-consequence fold. ``worst``:
+    the root takes the severity of the worst finding it absorbs (a cause whose consequences are
+    errors is one)."""
+    roots: dict[Any, Finding] = {}
+    for f in findings:
+        if is_root(f):
+            had = roots.get(f.run)
+            if had is None or severity_rank(f.severity) >= severity_rank(had.severity):
+                roots[f.run] = f
     if not roots:
         return findings
     out = []
@@ -118,6 +126,8 @@ def fold_into_root(
         root = roots.get(f.run)
         if root is not None and f is not root and rests_on_it(f):
             _absorb(root, f)
+            if worst and severity_rank(f.severity) > severity_rank(root.severity):
+                root.severity = f.severity
             continue
         out.append(f)
     return out
@@ -194,6 +204,7 @@ def fold_train_step(findings: list[Finding]) -> list[Finding]:
             f.rule in RESTS_ON_CONTRACT
             or (f.rule == "activation-overflow" and not f.data.get("forward", True))
         ),
+        worst=True,
     )
 
 

@@ -479,9 +479,9 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def _may_run_short(self) -> bool:
         """Whether an epoch's last call may run fewer batches than Keras' indices say: several
-        batches a call, and the epoch's length unknown (the data runs out inside the call)."""
-        steps = (self.params or {}).get("steps")
-        return (self._per_call or 1) > 1 and not (isinstance(steps, int) and steps > 0)
+        batches a call (the data may run out inside it: an epoch of unknown length, or a
+        ``steps_per_epoch`` longer than the data, which Keras allows with a warning)."""
+        return (self._per_call or 1) > 1
 
     def _settle_short_call(self) -> None:
         """The host's count set to the tap's (:meth:`ModelState.settle_count`), and the loss of

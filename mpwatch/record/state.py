@@ -255,8 +255,12 @@ class ModelState:
         self.tap.install()
 
     def _sync_step(self) -> None:
+        """The host's count set to the tap's, where the tap counted (a tap whose optimizer was
+        never applied, as a GAN's compiled one, counted nothing: the host's count stands)."""
         if self.tap is not None:
-            self.step = self.tap.current_step()
+            tapped = self.tap.current_step()
+            if tapped > self.tap.restarted_at:
+                self.step = tapped
 
     def collect(self, user: object, keras_batches: int = 1) -> tuple[Collected, Collected | None]:
         """(this call's steps, the tap's data or None). Every user calls this once per
@@ -336,11 +340,14 @@ class ModelState:
         if tap is None or not tap.installed or tap.failed is not None:
             return 0
         try:
-            over = self.step - int(tap.current_step())
+            tapped = int(tap.current_step())
         except Exception:  # noqa: BLE001  (never lose training to mpwatch: counts kept)
             logger.debug("mpwatch: could not read the tap's step count", exc_info=True)
             return 0
-        if over <= 0:
+        over = self.step - tapped
+        # a short call counts at most spe - 1 batches too many; a tap that counted nothing this
+        # fit (a GAN's compiled optimizer, never applied, is the one it watches) says nothing
+        if tapped <= tap.restarted_at or not 0 < over < self._spe():
             return 0
         self.step -= over
         self._pending = max(0, self._pending - over)

@@ -164,6 +164,9 @@ class TapBase:
         #: train step's last trace (or eager run) that mpwatch saw; None: none seen
         #: (see :meth:`watch_scale_loss`)
         self.scale_loss_calls: dict[int, int] | None = None
+        #: the step the tap's count started from (its creation, or the last resume): a count
+        #: still there counted nothing (a GAN's compiled optimizer, the one it taps, unused)
+        self.restarted_at = 0
         self._watching = 0  # train steps running under the watch (one per replica's thread)
         self._watch_calls: dict[int, int] | None = None
         self._watch_kept: list[tuple[Any, Any]] = []
@@ -251,6 +254,7 @@ class TapBase:
         fn, self._parked_fn = self._parked_fn, None
         self._wrap()
         self._restart(step)
+        self.restarted_at = int(step)
         self.model.train_function = fn
 
     def _wrap(self) -> None:  # pragma: no cover  (each tap wraps its own optimizer methods)

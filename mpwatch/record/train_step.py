@@ -111,6 +111,9 @@ def _optimizer_facts(
         epsilon = float(inner.epsilon) if getattr(inner, "epsilon", None) is not None else None
     except (TypeError, ValueError):
         epsilon = None
+    family = next(
+        (c.__name__ for c in type(inner).__mro__ if _keras_own(c)), type(inner).__name__
+    )
     return {
         "name": name,
         "class": cls,
@@ -121,6 +124,7 @@ def _optimizer_facts(
         "loss_scale": scale,
         "scale_loss_calls": scale_loss_calls if lso is not None else None,
         "epsilon": epsilon,
+        "family": family,
     }
 
 

@@ -297,3 +297,49 @@ def test_pairs_at_different_scales_are_each_judged_at_their_own():
     run.grad_variables.loc[~first, "loss_scale"] = 2.0**9
     run.grad_variables.loc[~first, "max_abs"] *= 2.0**9
     assert findings_of(diagnose(run), RULE) == []
+
+
+def test_an_adam_subclass_is_judged_by_its_family():
+    """A user's subclass of Adam: the record's ``family`` says Adam (the Keras class it derives
+    from), so its unscaled loss is Adam's warning, not the 1/S error a class name would give."""
+    run = never_called(0, inner="MyAdam", family="Adam", epsilon=1e-7)
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.severity == "warning" and "Adam's updates shrink" in f.title
+    old = never_called(0, inner="MyAdam", epsilon=1e-7)  # a record without the family
+    (g,) = findings_of(diagnose(old), RULE)
+    assert g.severity == "error" and "MyAdam gets every gradient 1/32768 of its size" in g.title
+
+
+def test_rmsprop_s_floor_is_the_scale_times_the_root_of_its_epsilon():
+    (f,) = findings_of(diagnose(never_called(0, inner="RMSprop", epsilon=1e-7)), RULE)
+    assert f.severity == "warning" and "S x sqrt(epsilon) = 10.4" in f.evidence
+
+
+def test_several_unscaled_optimizers_take_the_worst_consequence_and_each_its_fix():
+    run = never_called(0, inner="Adam", epsilon=1e-7)
+    run.train_step["optimizers"] += [
+        _optimizer("d_optimizer", compiled=False, inner="SGD", scale_loss_calls=0),
+    ]
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.severity == "error" and "1/32768" in f.title
+    assert f.data["optimizers"] == ["d_optimizer", "optimizer"]
+    assert "self.d_optimizer.scale_loss(d_loss)" in f.fix
+    assert "self.optimizer.scale_loss(loss)" in f.fix
+
+
+def test_a_warning_root_takes_the_severity_of_the_errors_it_takes_in():
+    """Adam's unscaled loss is a warning; the errors measured on a train step that does not
+    exist (a gradient-only activation overflow here) become its evidence, and it an error."""
+    run = unscaled("Adam", epsilon=1e-7)
+    layers = [probe_layer("dense_0", mx=3.0, nonfinite=True), probe_layer("dense_1", mx=3.0)]
+    run.probe_layers = pd.DataFrame(
+        [[100, *r] for r in layers], columns=["step", *contract.PROBE_LAYER_COLUMNS]
+    )
+    run.probe_model = pd.DataFrame([{"step": 100, **model_row(first="dense_0"), "nonfinite": 10}])
+    alone = scaled()
+    alone.probe_layers, alone.probe_model = run.probe_layers, run.probe_model
+    (overflow,) = [f for f in diagnose(alone) if f.rule == "activation-overflow"]
+    found = diagnose(run)
+    (head,) = findings_of(found, RULE)
+    assert "activation-overflow" in head.data["also"]
+    assert head.severity == "error" == overflow.severity

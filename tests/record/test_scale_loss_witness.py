@@ -165,47 +165,52 @@ def test_a_scaled_loss_gives_no_finding(fits):
     assert _finding(logdir) == []
 
 
-def test_a_gans_own_loss_scale_optimizers_are_watched_each(tmp_path, policy, read_events):
-    """Two sub-models, each with a LossScaleOptimizer of its own (as mpwatch's GAN fix has it):
+def _pair(spe=1):
+    """Two sub-models, each with a LossScaleOptimizer of its own (as mpwatch's GAN fix has it);
     the train step scales the first one's loss and not the second's. The compiled optimizer
-    (Keras' default, never applied) is no part of it."""
+    (Keras' default) is never applied."""
     import keras
     import tensorflow as tf
 
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    first = keras.Model(inp, keras.layers.Dense(8, dtype="float32")(inp), name="first")
+    inp2 = keras.Input((8,))
+    second = keras.Model(inp2, keras.layers.Dense(8, dtype="float32")(inp2), name="second")
+
+    class Pair(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = first, second
+
+        def compile(self):
+            super().compile(steps_per_execution=spe)
+            self.a_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+            self.b_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+
+        def train_step(self, data):
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+            with tf.GradientTape() as tape:
+                a_loss = tf.reduce_mean(tf.square(self.first(x) - x))
+                scaled = self.a_optimizer.scale_loss(a_loss)
+            grads = tape.gradient(scaled, self.first.trainable_weights)
+            self.a_optimizer.apply(grads, self.first.trainable_weights)
+            with tf.GradientTape() as tape:
+                b_loss = tf.reduce_mean(tf.square(self.second(x) - x))
+            grads = tape.gradient(b_loss, self.second.trainable_weights)
+            self.b_optimizer.apply(grads, self.second.trainable_weights)
+            return {"loss": a_loss, "b_loss": b_loss}
+
+    model = Pair()
+    model.compile()
+    return model
+
+
+def test_a_gans_own_loss_scale_optimizers_are_watched_each(tmp_path, policy, read_events):
     import mpwatch
 
-    keras.utils.set_random_seed(0)
     with policy("mixed_float16"):
-        inp = keras.Input((8,))
-        first = keras.Model(inp, keras.layers.Dense(8, dtype="float32")(inp), name="first")
-        inp2 = keras.Input((8,))
-        second = keras.Model(inp2, keras.layers.Dense(8, dtype="float32")(inp2), name="second")
-
-        class Pair(keras.Model):
-            def __init__(self):
-                super().__init__()
-                self.first, self.second = first, second
-
-            def compile(self):
-                super().compile()
-                self.a_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
-                self.b_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
-
-            def train_step(self, data):
-                x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-                with tf.GradientTape() as tape:
-                    a_loss = tf.reduce_mean(tf.square(self.first(x) - x))
-                    scaled = self.a_optimizer.scale_loss(a_loss)
-                grads = tape.gradient(scaled, self.first.trainable_weights)
-                self.a_optimizer.apply(grads, self.first.trainable_weights)
-                with tf.GradientTape() as tape:
-                    b_loss = tf.reduce_mean(tf.square(self.second(x) - x))
-                grads = tape.gradient(b_loss, self.second.trainable_weights)
-                self.b_optimizer.apply(grads, self.second.trainable_weights)
-                return {"a_loss": a_loss, "b_loss": b_loss}
-
-        model = Pair()
-        model.compile()
+        model = _pair()
         monitor = mpwatch.MixedPrecisionMonitor(str(tmp_path), log_every=2)
         model.fit(_data(), batch_size=8, epochs=1, verbose=0, callbacks=[monitor])
     _, records = read_events(tmp_path)
@@ -218,3 +223,47 @@ def test_a_gans_own_loss_scale_optimizers_are_watched_each(tmp_path, policy, rea
     assert f.severity == "error" and f.data["optimizers"] == ["b_optimizer"]
     assert "b_optimizer.scale_loss" in f.evidence and "a_optimizer" not in f.evidence
     assert "self.b_optimizer.scale_loss(b_loss)" in f.fix and "a_optimizer" not in f.fix
+
+
+def test_steps_stand_where_the_tap_counts_nothing(tmp_path, policy, read_events):
+    """The same model with steps_per_execution 4, two fits of 2 batches: each call runs 2
+    batches. The tap counts the compiled optimizer's steps, and it never steps here: its count
+    says nothing of the batches run, and the host's count (from Keras' batch indices, clipped to
+    the epoch) stands: losses at steps 2 and 4, with Keras' values."""
+    import keras
+
+    import mpwatch
+
+    class Losses(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.losses = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.losses.append(float(logs["loss"]))
+
+    with policy("mixed_float16"):
+        model, losses = _pair(spe=4), Losses()
+        for _ in range(2):
+            monitor = mpwatch.MixedPrecisionMonitor(str(tmp_path), log_every=2)
+            model.fit(_data()[:16], batch_size=8, epochs=1, verbose=0,
+                      callbacks=[monitor, losses])  # fmt: skip
+        assert int(model.a_optimizer.iterations.numpy()) == 4
+    scalars, _ = read_events(tmp_path)
+    assert scalars["mpwatch/train/loss"] == [(2, losses.losses[0]), (4, losses.losses[1])]
+
+
+def test_the_record_names_the_keras_family_of_a_users_optimizer(policy):
+    import keras
+
+    from mpwatch.record.train_step import train_step_facts
+
+    class MyAdam(keras.optimizers.Adam):
+        pass
+
+    with policy("mixed_float16"):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
+        model.compile(MyAdam(1e-3, epsilon=1e-6), "mse")
+    (o,) = train_step_facts(model)["optimizers"]
+    assert o["class"] == "LossScaleOptimizer(MyAdam)" and o["family"] == "Adam"
+    assert o["epsilon"] == pytest.approx(1e-6) and o["scale_loss_calls"] is None

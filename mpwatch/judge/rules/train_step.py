@@ -8,12 +8,16 @@ One error for each way the train step itself breaks mixed precision, whatever th
   ``optimizer.scale_loss``. Where no probe runs (a model whose train step runs sub-models, as
   keras.io's VAE), the train step's own trace says it: mpwatch watches the LossScaleOptimizer's
   ``scale_loss`` while Keras traces the step, and it was never called. The optimizer still
-  divides by S: SGD's every update is 1/S of the right one and training stalls (an error); an
-  adaptive optimizer (Adam) divides the factor out again except against its epsilon, so its
-  updates shrink where a gradient is below S x epsilon, a floor the scale raises as it doubles
-  (unscaled gradients never overflow to stop it), and the float16 backward pass runs without
-  the factor that keeps small gradients from flushing to zero (a warning). (Scaled twice: about
-  S² times the reference, the gradients overflow.)
+  divides by S, and what that does depends on the optimizer's family (the Keras class it is or
+  derives from): SGD's every update is 1/S of the right one and training stalls (an error); an
+  adaptive optimizer (Adam, AdamW, Nadam, Adamax, RMSprop) divides the factor out again except
+  against its epsilon, so its updates shrink where a gradient is below S x epsilon (RMSprop:
+  S x sqrt(epsilon)), a floor the scale raises as it doubles (unscaled gradients never overflow
+  to stop it); one that normalizes its update (Lion, Lamb, Adafactor, Muon) divides it out
+  whole; for these two the float16 backward pass still runs without the factor that keeps
+  small gradients from flushing to zero (a warning). Any other optimizer (Adagrad, whose
+  accumulator starts at a floor of its own, Ftrl, Adadelta) gets every gradient 1/S of its
+  size (an error). (Scaled twice: about S² times the reference, the gradients overflow.)
 - **an optimizer steps without loss scaling** under a float16 compute dtype: a GAN's
   ``d_optimizer``/``g_optimizer``, or a model compiled with ``auto_scale_loss=False``; float16
   gradients underflow and nothing skips an overflowing step. When the compiled optimizer never
@@ -349,51 +353,67 @@ def _loss_not_scaled(run: Run) -> Finding | None:
     return None
 
 
-#: optimizers that divide each update by a running magnitude of the gradients (or take their
-#: sign): a constant factor on every gradient cancels, except against their ``epsilon``
-ADAPTIVE = frozenset(
-    {"Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "Lion",
-     "Lamb", "Muon"}
-)  # fmt: skip
+#: optimizers (Keras families) whose update divides the gradient by a running magnitude of it
+#: plus epsilon: a constant factor on every gradient cancels except against that floor (Adam's
+#: sqrt(v) + epsilon; RMSprop's sqrt(v + epsilon))
+FLOOR_EPSILON = frozenset({"Adam", "AdamW", "Nadam", "Adamax", "RMSprop"})
+#: optimizers that normalize the update itself (a sign, a trust ratio, an orthogonalization, a
+#: relative step): a constant factor on every gradient cancels
+NORMALIZING = frozenset({"Lion", "Lamb", "Adafactor", "Muon"})
 
 
-def _inner_class(o: dict[str, Any] | None) -> str:
-    cls = str((o or {}).get("class") or "")
+def _family(o: dict[str, Any] | None) -> str:
+    """The Keras optimizer class the record's (inner) optimizer is or derives from."""
+    o = o or {}
+    if o.get("family"):
+        return str(o["family"])
+    cls = str(o.get("class") or "")
     return cls[len("LossScaleOptimizer(") : -1] if cls.startswith("LossScaleOptimizer(") else cls
 
 
 def _unscaled_consequence(
-    run: Run, compiled: dict[str, Any] | None, scale: float, where: str
+    run: Run, o: dict[str, Any] | None, scale: float, where: str
 ) -> tuple[str, str, str]:
     """(severity, title, what the division by the scale does to the updates) for an unscaled
-    loss: SGD's updates are 1/S of the right ones; an adaptive optimizer (Adam) divides the
-    factor out again, except against its epsilon, which the scale (never stopped by an overflow
-    of unscaled gradients) grows past."""
-    inner = _inner_class(compiled)
+    loss, by optimizer family: SGD's updates are 1/S of the right ones; an adaptive optimizer
+    (Adam) divides the factor out again, except against its epsilon, which the scale (never
+    stopped by an overflow of unscaled gradients) grows past; any other optimizer gets every
+    gradient 1/S of its size (an error)."""
+    family = _family(o)
     n = words.number(scale)
-    if inner not in ADAPTIVE:
+    if family == "SGD":
         return (
             "error",
             f"{where} does not scale the loss: every update is 1/{n} of the right one",
             f"every update is 2^-{math.log2(scale):g} of the right one",
         )
-    eps = _pos((compiled or {}).get("epsilon"))
+    if family not in FLOOR_EPSILON | NORMALIZING:
+        return (
+            "error",
+            f"{where} does not scale the loss: {family} gets every gradient 1/{n} of its size",
+            f"{family} gets every gradient 2^-{math.log2(scale):g} of its size",
+        )
+    eps = _pos((o or {}).get("epsilon")) if family in FLOOR_EPSILON else None
+    floor = None
+    if eps:
+        floor = scale * (math.sqrt(eps) if family == "RMSprop" else eps)
+        rule = "S x sqrt(epsilon)" if family == "RMSprop" else "S x epsilon"
     growth = (run.info.get("loss_scale") or {}).get("growth_interval")
     every = f" every {growth} steps" if growth else ""
-    floor = (
-        f": each element's update shrinks where its gradient is below about S x epsilon = "
-        f"{fmt(scale * eps)} (S = {n}, epsilon {fmt(eps)}), a floor the scale raises as it doubles"
+    shrink = (
+        f": each element's update shrinks where its gradient is below about {rule} = "
+        f"{fmt(floor)} (S = {n}, epsilon {fmt(eps)}), a floor the scale raises as it doubles"
         f"{every} (unscaled gradients never overflow to stop it)"
-        if eps
+        if floor
         else ""
     )
     return (
         "warning",
         f"{where} does not scale the loss: its float16 gradients have no loss scale"
-        + (f", and {inner}'s updates shrink as the scale grows" if eps else ""),
-        f"{inner} divides each update by the gradients' own magnitude, which cancels the "
-        f"division{' except against its epsilon' if eps else ''}{floor}; the backward pass runs "
-        "in float16 without the factor that keeps small gradients from flushing to zero",
+        + (f", and {family}'s updates shrink as the scale grows" if floor else ""),
+        f"{family} normalizes its updates by the gradients' own size, which cancels the "
+        f"division{' except against its epsilon' if floor else ''}{shrink}; the backward pass "
+        "runs in float16 without the factor that keeps small gradients from flushing to zero",
     )
 
 
@@ -409,6 +429,8 @@ def _never_called_scale_loss(run: Run) -> Finding | None:
     ]  # fmt: skip
     if not opts:
         return None
+    # the most severe consequence first (SGD's, any optimizer that is not adaptive)
+    opts.sort(key=lambda o: _family(o) in FLOOR_EPSILON | NORMALIZING)
     first, scale = opts[0], float(opts[0]["loss_scale"])
     owner = run.train_step.get("train_step_owner")
     where = f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
@@ -431,6 +453,7 @@ def _never_called_scale_loss(run: Run) -> Finding | None:
             "loss_scale": scale,
             "optimizers": [o.get("name") for o in opts],
             "optimizer": first.get("class"),
+            "family": _family(first),
             "train_step_owner": owner,
         },  # fmt: skip
     )
@@ -457,6 +480,11 @@ def _scale_loss_fix(backend: str, opts: list[dict[str, Any]] | None = None) -> s
     named = [str(o.get("name")) for o in opts or [] if not o.get("compiled")]
     if named:  # a GAN's own optimizers: each loss scaled by the optimizer that applies it
         lines = []
+        if any(o.get("compiled") for o in opts or []):
+            lines.append(
+                "loss = self.optimizer.scale_loss(loss)  # inside its GradientTape, before "
+                "tape.gradient(loss, ...); self.optimizer.apply unscales"
+            )
         for n in named:
             stem = n[: -len("optimizer")].rstrip("_") if n.endswith("optimizer") else n
             loss = f"{stem or n}_loss"
