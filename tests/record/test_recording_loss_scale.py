@@ -160,6 +160,30 @@ def test_an_epochs_short_last_call_of_unknown_length_counts_its_own_batches(
     assert scalars["mpwatch/train/loss"] == [(s, v) for s, (_, v) in zip(expected, calls.calls)]
 
 
+def test_a_steps_per_epoch_longer_than_the_data_counts_the_batches_run(
+    tmp_path, policy, read_events
+):
+    """10 batches of arrays, steps_per_epoch 12, steps_per_execution 4, two epochs: Keras stops
+    each epoch when the data runs out (with a warning), inside its third call, which runs 2
+    batches where the epoch's length (12) says 4."""
+    import mpwatch
+
+    x, y = _data(n=100)
+    with policy("mixed_float16"):
+        model = _model(4)
+        monitor = mpwatch.MixedPrecisionMonitor(tmp_path, log_every=5, probe=False, profile=False)
+        history = model.fit(x, y, batch_size=10, epochs=2, steps_per_epoch=12, shuffle=False,
+                            verbose=0, callbacks=[monitor])  # fmt: skip
+        assert int(model.optimizer.iterations.numpy()) == 20  # nothing overflowed
+    scalars, _ = read_events(tmp_path)
+    steps = [s for s, _ in scalars["mpwatch/train/loss"]]
+    assert steps == [4, 8, 10, 14, 18, 20]
+    # each epoch's last loss, Keras' own
+    assert [v for s, v in scalars["mpwatch/train/loss"] if s in (10, 20)] == pytest.approx(
+        history.history["loss"], rel=1e-6
+    )
+
+
 @pytest.mark.parametrize("spe", [1, 4])
 def test_k_overflowing_batches_give_k_skipped_steps(tmp_path, policy, read_events, spe):
     import mpwatch
