@@ -198,8 +198,10 @@ def fold_train_step(findings: list[Finding]) -> list[Finding]:
 
     return fold_into_root(
         findings,
-        lambda f: f.rule == "train-step"
-        and (f.severity == "error" or f.data.get("cause") == "loss_not_scaled"),
+        lambda f: (
+            f.rule == "train-step"
+            and (f.severity == "error" or f.data.get("cause") == "loss_not_scaled")
+        ),
         lambda f: (
             f.rule in RESTS_ON_CONTRACT
             or (f.rule == "activation-overflow" and not f.data.get("forward", True))

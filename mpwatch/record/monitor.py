@@ -471,27 +471,19 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def _catch_up(self) -> None:
         """At an epoch's end (Keras has waited for its worker thread): the last call's work, and
-        every note; then the steps of a last call that ran fewer batches than counted."""
+        every note; with several batches a call, the steps of a last call the data ran out in."""
         self._settle_noted(discard=True)
         self._drain()
-        if self._may_run_short() and self.state is not None:
+        if (self._per_call or 1) > 1 and self.state is not None:
             self._guard("steps", self._settle_short_call)
 
-    def _may_run_short(self) -> bool:
-        """Whether an epoch's last call may run fewer batches than Keras' indices say: several
-        batches a call (the data may run out inside it: an epoch of unknown length, or a
-        ``steps_per_epoch`` longer than the data, which Keras allows with a warning)."""
-        return (self._per_call or 1) > 1
-
     def _settle_short_call(self) -> None:
-        """The host's count set to the tap's (:meth:`ModelState.settle_count`), and the loss of
-        the epoch's last call, held back from the interval's write, moved to that call's last
-        batch."""
-        state = self.state
-        if state.settle_count():
-            self._quiet_to = self._quiet_after(state.step)
+        """The host's count set to the tap's (:meth:`ModelState.settle_count`: data that ends
+        inside a call, which Keras' indices count whole), and its held-back loss moved there."""
+        if self.state.settle_count():
+            self._quiet_to = self._quiet_after(self.state.step)
         if getattr(self, "_loss_steps", None):
-            self._loss_steps = [min(s, state.step) for s in self._loss_steps]
+            self._loss_steps = [min(s, self.state.step) for s in self._loss_steps]
 
     def on_train_end(self, logs: Any = None) -> None:
         self._in_fit = False
@@ -561,7 +553,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         if any(s % self.log_every == 0 for s in got.steps):
             if self._noting is not None:
                 self._drain()
-            self._flush_loss(hold_last=self._may_run_short())
+            self._flush_loss(hold_last=(self._per_call or 1) > 1)
 
     def _record_call(self, last_step: int, n: int, logs: dict[str, Any]) -> None:
         """A call's loss, buffered (written once per interval); from Keras' worker thread, the
@@ -593,8 +585,7 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     def _flush_loss(self, hold_last: bool = False) -> None:
         """The buffered losses, written; ``hold_last``: all but the newest call's, which may be
-        an epoch's short last call (:meth:`_may_run_short`) whose step is known at the epoch's
-        end."""
+        an epoch's short last call, its step known at the epoch's end (:meth:`_catch_up`)."""
         keep = 1 if hold_last and self._loss_steps else 0
         n = len(self._loss_steps) - keep
         if n > 0:

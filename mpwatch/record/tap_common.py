@@ -29,6 +29,24 @@ def loss_scale_optimizer(optimizer: Any) -> Any:
     return None
 
 
+def model_optimizers(model: Any) -> list[tuple[str, Any]]:
+    """``(name, optimizer)`` for every optimizer the model holds: the compiled one first
+    (``"optimizer"``), then those in the model's attributes (``"d_optimizer"``), each once."""
+    import keras
+
+    out: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    compiled = getattr(model, "optimizer", None)
+    if isinstance(compiled, keras.optimizers.Optimizer):
+        out.append(("optimizer", compiled))
+        seen.add(id(compiled))
+    for name, value in list(vars(model).items()):
+        if isinstance(value, keras.optimizers.Optimizer) and id(value) not in seen:
+            seen.add(id(value))
+            out.append((name.lstrip("_") if name != "_optimizer" else "optimizer", value))
+    return out
+
+
 def input_health(data: Any) -> tuple[Any, Any]:
     """In the traced train step, on either backend: ``(max |x| over the finite elements, count of
     non-finite elements)`` of the batch's floating-point features (``x`` of ``(x, y,
@@ -197,8 +215,6 @@ class TapBase:
         return out
 
     def _patch_scale_loss(self) -> dict[int, int] | None:
-        from mpwatch.record.train_step import model_optimizers
-
         try:
             lsos = [o for _, o in model_optimizers(self.model) if loss_scale_optimizer(o)]
         except Exception:  # noqa: BLE001  (never lose training to mpwatch: nothing watched)

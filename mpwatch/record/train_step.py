@@ -30,7 +30,7 @@ import numpy as np
 
 from mpwatch import contract
 from mpwatch.record.base import RecordingCallback
-from mpwatch.record.tap_common import loss_scale_optimizer
+from mpwatch.record.tap_common import loss_scale_optimizer, model_optimizers
 
 __all__ = ["TrainStepMonitor", "train_step_facts", "model_optimizers", "has_forward_pass"]
 
@@ -67,24 +67,6 @@ def _defining_class(cls: type, attr: str) -> type:
     return object
 
 
-def model_optimizers(model: Any) -> list[tuple[str, Any]]:
-    """``(name, optimizer)`` for every optimizer the model holds: the compiled one first
-    (``"optimizer"``), then those in the model's attributes (``"d_optimizer"``), each once."""
-    import keras
-
-    out: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    compiled = getattr(model, "optimizer", None)
-    if isinstance(compiled, keras.optimizers.Optimizer):
-        out.append(("optimizer", compiled))
-        seen.add(id(compiled))
-    for name, value in list(vars(model).items()):
-        if isinstance(value, keras.optimizers.Optimizer) and id(value) not in seen:
-            seen.add(id(value))
-            out.append((name.lstrip("_") if name != "_optimizer" else "optimizer", value))
-    return out
-
-
 def _iterations(opt: Any) -> int:
     try:
         return int(np.asarray(opt.iterations.numpy()))
@@ -111,9 +93,7 @@ def _optimizer_facts(
         epsilon = float(inner.epsilon) if getattr(inner, "epsilon", None) is not None else None
     except (TypeError, ValueError):
         epsilon = None
-    family = next(
-        (c.__name__ for c in type(inner).__mro__ if _keras_own(c)), type(inner).__name__
-    )
+    family = next((c.__name__ for c in type(inner).__mro__ if _keras_own(c)), type(inner).__name__)
     return {
         "name": name,
         "class": cls,
