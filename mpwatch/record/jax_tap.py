@@ -119,8 +119,7 @@ class JaxTap(TapBase):
     select_counts: bool | None = None
 
     def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:
-        super().__init__(model, capacity, grad_every)
-        self.restarted_at = int(start_step)
+        super().__init__(model, capacity, grad_every, start_step)
         self._step = int(start_step)  # the batch step of the last batch read
         self._read_count = int(start_step)  # the count (step) of the last batch read
         self._read_ccount = 0  # counts tables written before the last read

@@ -254,12 +254,18 @@ class ModelState:
         self.tap.rebuild = self.rebuild
         self.tap.install()
 
+    def _tap_count(self) -> int | None:
+        """The tap's step count, where it counted since its (re)start; None where it did not (a
+        tap whose optimizer was never applied, as a GAN's compiled one: the host's count
+        stands)."""
+        tapped = int(self.tap.current_step())
+        return tapped if tapped > self.tap.restarted_at else None
+
     def _sync_step(self) -> None:
-        """The host's count set to the tap's, where the tap counted (a tap whose optimizer was
-        never applied, as a GAN's compiled one, counted nothing: the host's count stands)."""
+        """The host's count set to the tap's, where the tap counted."""
         if self.tap is not None:
-            tapped = self.tap.current_step()
-            if tapped > self.tap.restarted_at:
+            tapped = self._tap_count()
+            if tapped is not None:
                 self.step = tapped
 
     def collect(self, user: object, keras_batches: int = 1) -> tuple[Collected, Collected | None]:
@@ -340,14 +346,12 @@ class ModelState:
         if tap is None or not tap.installed or tap.failed is not None:
             return 0
         try:
-            tapped = int(tap.current_step())
+            tapped = self._tap_count()
         except Exception:  # noqa: BLE001  (never lose training to mpwatch: counts kept)
             logger.debug("mpwatch: could not read the tap's step count", exc_info=True)
             return 0
-        over = self.step - tapped
-        # a short call counts at most spe - 1 batches too many; a tap that counted nothing this
-        # fit (a GAN's compiled optimizer, never applied, is the one it watches) says nothing
-        if tapped <= tap.restarted_at or not 0 < over < self._spe():
+        over = 0 if tapped is None else self.step - tapped
+        if not 0 < over < self._spe():  # a short call counts at most spe - 1 batches too many
             return 0
         self.step -= over
         self._pending = max(0, self._pending - over)

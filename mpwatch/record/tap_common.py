@@ -162,7 +162,9 @@ class TapBase:
     """The state every tap has: the model and its optimizer (and ``LossScaleOptimizer``), the ring
     capacity (batches per read), the gradient-count period, and the failure that stopped it."""
 
-    def __init__(self, model: Any, capacity: int, grad_every: int | None) -> None:
+    def __init__(
+        self, model: Any, capacity: int, grad_every: int | None, start_step: int = 0
+    ) -> None:
         self.model = model
         self.optimizer = model.optimizer
         self.lso = loss_scale_optimizer(self.optimizer)
@@ -184,7 +186,7 @@ class TapBase:
         self.scale_loss_calls: dict[int, int] | None = None
         #: the step the tap's count started from (its creation, or the last resume): a count
         #: still there counted nothing (a GAN's compiled optimizer, the one it taps, unused)
-        self.restarted_at = 0
+        self.restarted_at = int(start_step)
         self._watching = 0  # train steps running under the watch (one per replica's thread)
         self._watch_calls: dict[int, int] | None = None
         self._watch_kept: list[tuple[Any, Any]] = []
@@ -228,7 +230,7 @@ class TapBase:
         return calls if lsos else None
 
     def _unpatch_scale_loss(self) -> None:
-        for opt, own in getattr(self, "_watch_kept", []):
+        for opt, own in self._watch_kept:
             if own is not None:
                 object.__setattr__(opt, "scale_loss", own)
             else:

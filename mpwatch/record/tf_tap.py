@@ -37,8 +37,7 @@ class Tap(TapBase):
     def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:
         import tensorflow as tf
 
-        super().__init__(model, capacity, grad_every)
-        self.restarted_at = int(start_step)
+        super().__init__(model, capacity, grad_every, start_step)
         self._orig_apply = None
         # self._num_vars: known at install (built model) or when traced
         self._prebuilt_vars: int | None = None  # counts buffer created at install, for so many

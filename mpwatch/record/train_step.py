@@ -102,7 +102,7 @@ def _optimizer_facts(
         "iterations_start": int(start),
         "iterations": _iterations(opt),
         "loss_scale": scale,
-        "scale_loss_calls": scale_loss_calls if lso is not None else None,
+        "scale_loss_calls": scale_loss_calls,
         "epsilon": epsilon,
         "family": family,
     }

@@ -287,6 +287,12 @@ def _ratios(run: Run) -> tuple[list[float], float | None]:
     return out, (float(np.median(scales)) if scales else None)
 
 
+def _where(run: Run) -> str:
+    """``"VAE.train_step"`` for a user's train step, else ``"the train step"``."""
+    owner = run.train_step.get("train_step_owner")
+    return f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
+
+
 def _pos(x: Any) -> float | None:
     try:
         v = float(x)
@@ -314,7 +320,7 @@ def _loss_not_scaled(run: Run) -> Finding | None:
         f"{words.loss_scale(scale)} (the loss scale)"
     )
     owner = run.train_step.get("train_step_owner")
-    where = f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
+    where = _where(run)
     backend = str(run.info.get("backend") or "tensorflow")
     if got < k / 2:
         severity, title, consequence = _unscaled_consequence(run, compiled, scale, where)
@@ -433,7 +439,7 @@ def _never_called_scale_loss(run: Run) -> Finding | None:
     opts.sort(key=lambda o: _family(o) in FLOOR_EPSILON | NORMALIZING)
     first, scale = opts[0], float(opts[0]["loss_scale"])
     owner = run.train_step.get("train_step_owner")
-    where = f"{owner.rsplit('.', 1)[-1]}.train_step" if owner else "the train step"
+    where = _where(run)
     severity, title, consequence = _unscaled_consequence(run, first, scale, where)
     names = ", ".join(f"{o.get('name')}.scale_loss ({o.get('class')})" for o in opts)
     evidence = (
