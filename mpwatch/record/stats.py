@@ -127,22 +127,85 @@ def _segment_counts(flats: list[Any], normal_min: float) -> Any:
     return tf.stack([zero, sub, nonfinite, max_abs, tf.cast(sizes, tf.float64)], axis=1)
 
 
+#: a tensor of at least this many elements is reduced on its own in :func:`jax_counts_table` (one
+#: variadic reduction: its four statistics in one pass, no copy), not copied into the block
+#: matrix. The matrix of every gradient made XLA's temporary memory of the tapped train step
+#: larger than the plain step's (InceptionV3 on JAX, 21.8M weights: 468 -> 524 MB, and 16 MB
+#: more of it touched at every step, the counts steps or not); its 190 gradients' counts took
+#: 176 ms, 34 ms with the 73 of them above this size reduced on their own (2 CPU cores;
+#: ``python benchmarks/step_cost.py``). Small tensors (biases, norms) stay in the matrix, which
+#: keeps the program small for models of hundreds of them.
+DIRECT_MIN = 65_536
+
+
 def jax_counts_table(
-    tensors: list[Any], runtime_zero: Any = 0, normal_min: float = FLOAT16.smallest_normal
+    tensors: list[Any],
+    runtime_zero: Any = 0,
+    normal_min: float = FLOAT16.smallest_normal,
+    direct_min: int | None = DIRECT_MIN,
 ) -> Any:
     """:func:`counts_table` on Keras' JAX backend (inside ``jax.jit``): ``[len(tensors), 5]``
-    float32, reduced over the gradients laid out as rows (:class:`.jax_blocks.BlockLayout`: each
-    row reduced, then the rows of each tensor; None gives zeros). The layout comes from the
-    tensors' static sizes, so nothing here has a dynamic shape. ``runtime_zero``: an int32 0
-    known only at run time (e.g. ``min(counter, 0)``); it keeps XLA from constant-folding the
-    row ids at compile time."""
+    float32. Tensors of at least ``direct_min`` elements are reduced one by one
+    (:data:`DIRECT_MIN`; None: none); the others are laid out as rows
+    (:class:`.jax_blocks.BlockLayout`: each row reduced, then the rows of each tensor; None gives
+    zeros). The layout comes from the tensors' static sizes, so nothing here has a dynamic shape.
+    ``runtime_zero``: an int32 0 known only at run time (e.g. ``min(counter, 0)``); it keeps XLA
+    from constant-folding the row ids at compile time."""
     import jax.numpy as jnp
-
-    from mpwatch.record.jax_blocks import BlockLayout
+    import numpy as np
 
     k = len(tensors)
     if k == 0:
         return jnp.zeros((0, NUM_COUNTS), jnp.float32)
+    big = [
+        i
+        for i, t in enumerate(tensors)
+        if t is not None and direct_min is not None and int(np.prod(np.shape(t))) >= direct_min
+    ]
+    direct = set(big)
+    small = [i for i in range(k) if i not in direct]
+    parts = []
+    if small:
+        parts.append(_block_counts([tensors[i] for i in small], runtime_zero, normal_min))
+    if big:
+        parts.append(jnp.stack([_direct_counts(tensors[i], normal_min) for i in big]))
+    table = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+    if not big or not small:
+        return table
+    order = np.argsort(np.asarray(small + big))  # back to the tensors' order (static)
+    return jnp.take(table, jnp.asarray(order, jnp.int32), axis=0)
+
+
+def _direct_counts(t: Any, normal_min: float) -> Any:
+    """``[5]`` float32 counts of one tensor: zeros, subnormals and non-finite elements counted
+    and the largest finite magnitude taken in one variadic reduction (one pass over ``t``, no
+    temporary: four separate reductions of ``|t|`` kept it as a copy)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    a = jnp.abs(jnp.ravel(t).astype(jnp.float32))
+    finite = jnp.isfinite(a)
+    operands = (
+        (a == 0).astype(jnp.float32),
+        ((a > 0) & (a < normal_min)).astype(jnp.float32),
+        (~finite).astype(jnp.float32),
+        jnp.where(finite, a, 0.0),
+    )
+
+    def combine(x: Any, y: Any) -> Any:
+        return x[0] + y[0], x[1] + y[1], x[2] + y[2], jnp.maximum(x[3], y[3])
+
+    zeros = tuple(jnp.zeros((), jnp.float32) for _ in operands)
+    zero, sub, nonfinite, max_abs = lax.reduce(operands, zeros, combine, (0,))
+    return jnp.stack([zero, sub, nonfinite, max_abs, jnp.asarray(a.size, jnp.float32)])
+
+
+def _block_counts(tensors: list[Any], runtime_zero: Any, normal_min: float) -> Any:
+    """:func:`jax_counts_table` of tensors laid out as rows of one matrix."""
+    import jax.numpy as jnp
+
+    from mpwatch.record.jax_blocks import BlockLayout
+
     flats = [jnp.zeros((0,), jnp.float32) if t is None else t for t in tensors]
     rows = BlockLayout.of(flats, runtime_zero)
     a = jnp.abs(rows.matrix(flats))

@@ -59,3 +59,36 @@ def test_jax_counts_equal_numpy():
     fn = jax.jit(lambda xs, z: stats.jax_counts_table(xs, z))
     got = np.asarray(fn([None if t is None else jnp.asarray(t) for t in ts], jnp.int32(0)))
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("direct_min", [None, 0, 5, 64])
+def test_jax_counts_reduced_one_by_one_or_in_blocks_equal_numpy(direct_min):
+    """Large tensors are reduced on their own (one variadic reduction each), small ones as rows
+    of the block matrix: at every split of the same tensors (none, all, some) the table is
+    numpy's, in the tensors' order."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    ts = _tensors()
+    want = np.array([_numpy_counts(t) for t in ts])
+    fn = jax.jit(lambda xs: stats.jax_counts_table(xs, direct_min=direct_min))
+    got = np.asarray(fn([None if t is None else jnp.asarray(t) for t in ts]))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_jax_counts_of_a_tensor_above_the_direct_size_equal_numpy():
+    """A tensor of more than ``DIRECT_MIN`` elements (float16 and float32, with zeros,
+    subnormals, inf and nan at known places) between two small ones: its counts are numpy's."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(3)
+    n = stats.DIRECT_MIN + 1000
+    big32 = (rng.normal(size=(n,)) * 1e-3).astype("float32")
+    big32[:7], big32[7:11], big32[11], big32[12] = 0.0, 2.0**-20, np.inf, np.nan
+    big16 = (rng.normal(size=(n // 100, 100)) * 1e-4).astype("float16")
+    ts = [np.ones(3, "float32"), big32, big16, np.zeros(2, "float16")]
+    want = np.array([_numpy_counts(t) for t in ts])
+    assert want[1, 1] >= 4 and want[2, 1] > 0  # subnormals in float16 terms in both
+    got = np.asarray(jax.jit(stats.jax_counts_table)([jnp.asarray(t) for t in ts]))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
