@@ -125,6 +125,18 @@ CASES += [
         [{"layer": "emb", "fix_has": "output_dim=24", "data": {"dims": {"output_dim": 20}}}],
         id="an-embeddings-width-is-the-users-its-vocabulary-never-asked",
     ),
+    pytest.param(
+        # keras.io's knowledge distillation: the teacher, built before the policy, computes in
+        # float32 (its 10-unit head is not the model's output); the student's hidden layer does not
+        _graph(
+            graph_row("t_hidden", dims={"units": 30}, width=30, inputs=["x"], dtype="float32"),
+            graph_row("t_head", dims={"units": 10}, width=10, inputs=["t_hidden"], dtype="float32"),
+            graph_row("s_hidden", dims={"units": 30}, width=30, inputs=["x"]),
+            graph_row("s_head", dims={"units": 10}, width=10, inputs=["s_hidden"], out=True),
+        ),
+        [{"layer": "s_hidden"}],
+        id="a-layer-computing-in-float32-runs-no-float16-kernel",
+    ),
 ]
 
 

@@ -17,6 +17,10 @@ filters, input features, batch size) are multiples of 8; others fall back to slo
 A layer inside a ``keras.applications`` model has the architecture's widths, which no argument
 changes: those are one info naming the application and the layers, with nothing to change.
 
+A layer that computes in float32 under the 16-bit policy (its own ``dtype="float32"``, or built
+before the policy was set: a frozen teacher, a float32 head) runs no float16 kernel: its
+dimensions get no finding.
+
 ## Threshold
 A settable dimension of a hidden layer that the task does not fix, or the batch size, not a
 multiple of 8: warning on a device with Tensor Cores, info otherwise (16-bit policies only).
@@ -97,6 +101,9 @@ def check(run: Run) -> list[Finding]:
             aligned = r.get("tc_aligned")
             if not isinstance(dims, dict) or aligned is True or bool(r.get("is_output")):
                 continue  # an output's units are the number of classes: not the user's choice
+            own = r.get("compute_dtype")
+            if isinstance(own, str) and own and own not in SIXTEEN_BIT:
+                continue  # computes in float32 (its own dtype): no float16 Tensor Core kernel
             bad = {
                 k: v
                 for k, v in dims.items()
