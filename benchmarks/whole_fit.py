@@ -257,7 +257,8 @@ def measure(name: str, seconds: float, args: argparse.Namespace, root: str) -> d
         )
         b = pairs[-1]["budget"]
         print(  # each pair as it ends: a run cut short still shows what it measured
-            f"    rep {rep + 1} ratio {mw / pw:.3f}, own {b.get('own_seconds', 0):.2f} s; "
+            f"    rep {rep + 1} ratio {mw / pw:.3f}, steady {pairs[-1]['steady'] or 0:.3f}, "
+            f"own {b.get('own_seconds', 0):.2f} s; "
             f"{decisions_text(b)}",
             file=sys.stderr,
             flush=True,
