@@ -132,9 +132,10 @@ def _segment_counts(flats: list[Any], normal_min: float) -> Any:
 #: matrix. The matrix of every gradient made XLA's temporary memory of the tapped train step
 #: larger than the plain step's (InceptionV3 on JAX, 21.8M weights: 468 -> 524 MB, and 16 MB
 #: more of it touched at every step, the counts steps or not); its 190 gradients' counts took
-#: 176 ms, 34 ms with the 73 of them above this size reduced on their own (2 CPU cores;
-#: ``python benchmarks/step_cost.py``). Small tensors (biases, norms) stay in the matrix, which
-#: keeps the program small for models of hundreds of them.
+#: 176-199 ms, 4.4 ms with the 73 of them above this size reduced on their own (2 CPU cores;
+#: counted in int32, which XLA vectorizes: float32 sums of the same masks took 34 ms). Small
+#: tensors (biases, norms) stay in the matrix, which keeps the program small for models of
+#: hundreds of them.
 DIRECT_MIN = 65_536
 
 
@@ -178,26 +179,28 @@ def jax_counts_table(
 
 def _direct_counts(t: Any, normal_min: float) -> Any:
     """``[5]`` float32 counts of one tensor: zeros, subnormals and non-finite elements counted
-    and the largest finite magnitude taken in one variadic reduction (one pass over ``t``, no
-    temporary: four separate reductions of ``|t|`` kept it as a copy)."""
+    (in int32: exact past float32's 2^24) and the largest finite magnitude taken in one variadic
+    reduction (one pass over ``t``, no temporary: four separate reductions of ``|t|`` kept it as
+    a copy)."""
     import jax.numpy as jnp
     from jax import lax
 
     a = jnp.abs(jnp.ravel(t).astype(jnp.float32))
     finite = jnp.isfinite(a)
     operands = (
-        (a == 0).astype(jnp.float32),
-        ((a > 0) & (a < normal_min)).astype(jnp.float32),
-        (~finite).astype(jnp.float32),
+        (a == 0).astype(jnp.int32),
+        ((a > 0) & (a < normal_min)).astype(jnp.int32),
+        (~finite).astype(jnp.int32),
         jnp.where(finite, a, 0.0),
     )
 
     def combine(x: Any, y: Any) -> Any:
         return x[0] + y[0], x[1] + y[1], x[2] + y[2], jnp.maximum(x[3], y[3])
 
-    zeros = tuple(jnp.zeros((), jnp.float32) for _ in operands)
-    zero, sub, nonfinite, max_abs = lax.reduce(operands, zeros, combine, (0,))
-    return jnp.stack([zero, sub, nonfinite, max_abs, jnp.asarray(a.size, jnp.float32)])
+    inits = tuple(jnp.zeros((), o.dtype) for o in operands)
+    zero, sub, nonfinite, max_abs = lax.reduce(operands, inits, combine, (0,))
+    counts = [c.astype(jnp.float32) for c in (zero, sub, nonfinite)]
+    return jnp.stack([*counts, max_abs, jnp.asarray(a.size, jnp.float32)])
 
 
 def _block_counts(tensors: list[Any], runtime_zero: Any, normal_min: float) -> Any:
