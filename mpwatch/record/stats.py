@@ -178,15 +178,15 @@ def jax_counts_table(
 
 
 def _direct_counts(t: Any, normal_min: float) -> Any:
-    """``[5]`` float32 counts of one tensor: zeros, subnormals and non-finite elements counted
-    (in int32: exact past float32's 2^24) and the largest finite magnitude taken in one variadic
-    reduction (one pass over ``t``, no temporary: four separate reductions of ``|t|`` kept it as
-    a copy)."""
+    """``[5]`` float32 counts of one tensor, sharded or not (:func:`jax_counts_table_each`):
+    zeros, subnormals and non-finite elements counted (in int32: exact past float32's 2^24) and
+    the largest finite magnitude taken in one variadic reduction over every axis (one pass over
+    ``t``, no temporary: four separate reductions of ``|t|`` kept it as a copy)."""
     import jax.numpy as jnp
     from jax import lax
 
-    a = jnp.abs(jnp.ravel(t).astype(jnp.float32))
-    finite = jnp.isfinite(a)
+    a = jnp.abs(jnp.asarray(t).astype(jnp.float32))  # not flattened: a sharded tensor reduces
+    finite = jnp.isfinite(a)  # where its shards are, with no re-layout
     operands = (
         (a == 0).astype(jnp.int32),
         ((a > 0) & (a < normal_min)).astype(jnp.int32),
@@ -198,7 +198,7 @@ def _direct_counts(t: Any, normal_min: float) -> Any:
         return x[0] + y[0], x[1] + y[1], x[2] + y[2], jnp.maximum(x[3], y[3])
 
     inits = tuple(jnp.zeros((), o.dtype) for o in operands)
-    zero, sub, nonfinite, max_abs = lax.reduce(operands, inits, combine, (0,))
+    zero, sub, nonfinite, max_abs = lax.reduce(operands, inits, combine, tuple(range(a.ndim)))
     counts = [c.astype(jnp.float32) for c in (zero, sub, nonfinite)]
     return jnp.stack([*counts, max_abs, jnp.asarray(a.size, jnp.float32)])
 
@@ -233,24 +233,10 @@ def jax_counts_table_each(tensors: list[Any], normal_min: float = FLOAT16.smalle
     concatenation counted padding as zeros (one extra zero in a kernel sharded 2x2, measured)."""
     import jax.numpy as jnp
 
-    rows = []
-    for t in tensors:
-        if t is None:
-            rows.append(jnp.zeros((NUM_COUNTS,), jnp.float32))
-            continue
-        a = jnp.abs(t.astype(jnp.float32))
-        finite = jnp.isfinite(a)
-        rows.append(
-            jnp.stack(
-                [
-                    jnp.sum(a == 0, dtype=jnp.float32),
-                    jnp.sum((a > 0) & (a < normal_min), dtype=jnp.float32),
-                    jnp.sum(~finite, dtype=jnp.float32),
-                    jnp.maximum(jnp.max(jnp.where(finite, a, 0.0), initial=0.0), 0.0),
-                    jnp.asarray(a.size, jnp.float32),
-                ]
-            )
-        )
+    rows = [
+        jnp.zeros((NUM_COUNTS,), jnp.float32) if t is None else _direct_counts(t, normal_min)
+        for t in tensors
+    ]
     if not rows:
         return jnp.zeros((0, NUM_COUNTS), jnp.float32)
     return jnp.stack(rows)
