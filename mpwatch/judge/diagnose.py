@@ -316,11 +316,18 @@ def no_forward_pass(run: Run, findings: list[Finding]) -> list[Finding]:
     reaches a loss in float16 is that train step's business)."""
     if run.train_step.get("has_call") is not False:
         return findings
+    lt = run.layers
+    paths = dict(zip(lt["name"].astype(str), lt["path"].astype(str))) if "path" in lt else {}
     for f in findings:
         if f.rule == "output-16bit":
             f.severity = "info"
             f.title = f"Sub-model output {f.layer!r} is computed in float16"
             f.action = {}
+            owner = paths.get(str(f.layer), "").split("/")[-2:-1]  # the sub-model holding it
+            if owner:
+                f.evidence = f.evidence.replace(
+                    "it is the model's output", f"it is the output of sub-model {owner[0]!r}"
+                )
             f.evidence += (
                 "; the model has no forward pass of its own (its train_step runs sub-models): "
                 "whether this output reaches a loss in float16 depends on that train_step"

@@ -53,7 +53,10 @@ def _symbolic_output_dtype(layer: Any) -> str | None:
 
 
 def output_layers(model: Any) -> set[int]:
-    """ids of the layers producing the model's outputs (the last layer for subclassed models)."""
+    """ids of the layers producing the model's outputs: a Functional or Sequential model's own;
+    a subclassed model's last layer; for a model without a forward pass of its own (a GAN or a
+    VAE whose ``train_step`` runs its sub-models), every sub-model it holds, each of whose
+    outputs its train step computes (a critic's score, an encoder's codes, a generated image)."""
     ids: set[int] = set()
     outs = getattr(model, "_outputs", None) or []
     try:
@@ -67,13 +70,28 @@ def output_layers(model: Any) -> set[int]:
         pass
     if not ids:
         subs = sublayers(model)
-        if subs:
-            ids.add(id(subs[-1]))
+        models = [s for s in subs if _is_model(s)] if not _has_forward_pass(model) else []
+        ids |= {id(s) for s in models} or ({id(subs[-1])} if subs else set())
     # an output produced by a nested model: its own output layers are outputs too
     for layer in list(sublayers(model)):
         if id(layer) in ids and sublayers(layer):
             ids |= output_layers(layer)
     return ids
+
+
+def _is_model(layer: Any) -> bool:
+    import keras
+
+    return isinstance(layer, keras.Model)
+
+
+def _has_forward_pass(model: Any) -> bool:
+    from mpwatch.record.train_step import has_forward_pass
+
+    try:
+        return has_forward_pass(model)
+    except Exception:  # noqa: BLE001  (as before: the last layer)
+        return True
 
 
 def layer_rows(

@@ -168,3 +168,46 @@ def test_on_a_keras_model_the_class_count_is_never_asked():
     assert sorted(f.layer for f in found if f.layer) == ["emb", "hidden"]
     text = " ".join(f"{f.title} {f.evidence} {f.fix}" for f in found)
     assert "997" not in text and "units=5" not in text and "units=8" not in text
+
+
+def test_a_gans_critic_score_and_generated_channels_are_never_asked():
+    """A GAN (keras.io's shape: no call() of its own, its train_step runs a critic and a
+    generator): the critic's 1-unit score and the generator's 1-channel image are the outputs of
+    its sub-models, the task's widths; the hidden Conv2D(12) is the user's. Rows recorded from the
+    real model (``layer_rows``)."""
+    import keras
+
+    from mpwatch.record.layer_dtypes import layer_rows
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        critic = keras.Sequential([
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(12, 3, strides=2, padding="same", name="c_conv"),
+            keras.layers.GlobalMaxPooling2D(name="c_pool"),
+            keras.layers.Dense(1, name="score"),
+        ], name="critic")  # fmt: skip
+        generator = keras.Sequential([
+            keras.Input((16,)),
+            keras.layers.Dense(4 * 4 * 16, name="g_dense"),
+            keras.layers.Reshape((4, 4, 16), name="g_reshape"),
+            keras.layers.Conv2DTranspose(16, 4, strides=2, padding="same", name="g_up"),
+            keras.layers.Conv2D(1, 3, padding="same", activation="tanh", name="image"),
+        ], name="generator")  # fmt: skip
+
+        class GAN(keras.Model):
+            def __init__(self, critic, generator):
+                super().__init__()
+                self.critic, self.generator = critic, generator
+
+        gan = GAN(critic, generator)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    rows = layer_rows(gan)
+    is_output = {r[0]: r[contract.LAYERS_COLUMNS.index("is_output")] for r in rows}
+    assert is_output["score"] and is_output["image"]  # each sub-model's output layer
+    assert not is_output["c_conv"] and not is_output["g_up"]
+    found = findings_of(diagnose(make_run(layers=rows, info=run_info())), RULE)
+    assert [f.layer for f in found if f.layer] == ["c_conv"]  # filters=12 -> 16: the user's
+    text = " ".join(f"{f.title} {f.evidence} {f.fix}" for f in found)
+    assert "units=8" not in text and "filters=8" not in text

@@ -102,6 +102,16 @@ def test_gan_with_two_unscaled_optimizers(trained):
     assert not [e for e in _errors(findings) if e[0] == "recording"]
     # no loss-scale finding about the compiled optimizer that never stepped
     assert _of(findings, "loss-scale") == [] and _of(findings, "skipped-steps") == []
+    # each sub-model's float16 output (the critic's score, the image), named with its sub-model,
+    # as info: which one reaches a loss in float16 is the train step's business
+    heads = {gan.discriminator.layers[-1].name: "discriminator",
+             gan.generator.layers[-1].name: "generator"}  # fmt: skip
+    outs = {f.layer: f for f in _of(findings, "output-16bit")}
+    assert set(outs) == set(heads) and {f.severity for f in outs.values()} == {"info"}
+    for layer, owner in heads.items():
+        assert f"output of sub-model {owner!r}" in outs[layer].evidence
+    # their widths (a 1-unit score, a 1-channel image) are the task's: no padding asked
+    assert not {f.layer for f in _of(findings, "tensor-core-alignment")} & set(heads)
     # the fix, applied: each optimizer loss-scaled and stepping, no error left
     fixed, _, fixed_findings, _ = trained("gan", fixed=True)
     assert isinstance(fixed.d_optimizer, lso) and isinstance(fixed.g_optimizer, lso)
