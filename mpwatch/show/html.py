@@ -25,6 +25,7 @@ from mpwatch.show.float8 import float8_html
 from mpwatch.show.memory import memory_html
 from mpwatch.show.summary import (
     NO_DATA,
+    loss_scales_words,
     no_findings,
     probe_not_measured,
     profile_lines,
@@ -336,7 +337,9 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
             "policy": r.info.get("policy"),
             "device": (r.info.get("device") or {}).get("name"),
             "steps": f"{st['first']}-{st['last']}" if st["count"] else None,
-            "final loss scale": _words(loss_scale, sm["final_loss_scale"]),
+            "final loss scale": _words(loss_scale, sm["final_loss_scale"])
+            if not sm["loss_scales"]
+            else loss_scales_words(sm["loss_scales"], loss_scale),
             "skipped steps": sm["skipped_steps"],
             "probes": sm["probes"],
             "latest underflow fraction": _words(percent, sm["underflow_fraction"]),

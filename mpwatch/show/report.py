@@ -38,6 +38,7 @@ from mpwatch.show.html import render_html
 from mpwatch.show.memory import memory_view
 from mpwatch.show.summary import (
     NO_DATA,
+    loss_scales_words,
     no_findings,
     profile_lines,
     profile_summary,
@@ -135,6 +136,10 @@ JSON_SCHEMA: dict[str, Any] = {
                         "type": "object",
                         "properties": {
                             "final_loss_scale": {"type": ["number", "null"]},
+                            "loss_scales": {
+                                "type": ["object", "null"],
+                                "additionalProperties": {"type": ["number", "null"]},
+                            },
                             "skipped_steps": {"type": ["integer", "null"]},
                             "probes": {"type": "integer"},
                             "layers": {"type": "integer"},
@@ -301,6 +306,8 @@ def _run_header(r: Run) -> str:
         bits.append(f"steps {st['first']}-{st['last']}")
     if sm["final_loss_scale"] is not None:
         bits.append(f"final loss scale {loss_scale(sm['final_loss_scale'])}")
+    if sm["loss_scales"]:
+        bits.append(f"final loss scales {loss_scales_words(sm['loss_scales'], loss_scale)}")
     if sm["skipped_steps"] is not None:
         bits.append(f"{sm['skipped_steps']} skipped steps")
     if sm["probes"]:
@@ -406,11 +413,12 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
     for r in rl:
         st, sm = step_range(r), run_summary(r)
         fls = sm["final_loss_scale"]
+        scales = loss_scales_words(sm["loss_scales"], loss_scale) if sm["loss_scales"] else ""
         policy = r.info.get("policy") or ("profiler trace only" if trace_only(r) else "")
         out.append(
             f"| {_md_escape(r.name)} | {_md_escape(policy)} | "
             f"{st['first'] if st['count'] else ''}-{st['last'] if st['count'] else ''} | "
-            f"{'' if fls is None else loss_scale(fls)} | "
+            f"{_md_escape(scales) if fls is None else loss_scale(fls)} | "
             f"{'' if sm['skipped_steps'] is None else sm['skipped_steps']} | {sm['probes']} | "
             f"{'' if sm['step_time_ms'] is None else duration_ms(sm['step_time_ms'])} |"
         )

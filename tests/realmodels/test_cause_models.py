@@ -19,6 +19,7 @@ tf = pytest.importorskip("tensorflow")
 
 import mpwatch  # noqa: E402
 from mpwatch.judge.skip_causes import skip_causes  # noqa: E402
+from mpwatch.show.summary import run_summary  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ def test_custom_train_step_without_scale_loss(cm, trained):
 
 
 def test_gan_with_two_unscaled_optimizers(trained):
-    gan, _, findings, _ = trained("gan")
+    gan, _, findings, logdir = trained("gan")
     (f,) = _of(findings, "train-step")
     # truth from the optimizers themselves
     lso = keras.optimizers.LossScaleOptimizer
@@ -112,12 +113,24 @@ def test_gan_with_two_unscaled_optimizers(trained):
         assert f"output of sub-model {owner!r}" in outs[layer].evidence
     # their widths (a 1-unit score, a 1-channel image) are the task's: no padding asked
     assert not {f.layer for f in _of(findings, "tensor-core-alignment")} & set(heads)
+    # the run's headline: not the idle compiled optimizer's scale, but that neither scales
+    run = mpwatch.load_run(logdir)
+    summary = run_summary(run)
+    assert summary["final_loss_scale"] is None
+    assert summary["loss_scales"] == {"d_optimizer": None, "g_optimizer": None}
     # the fix, applied: each optimizer loss-scaled and stepping, no error left
-    fixed, _, fixed_findings, _ = trained("gan", fixed=True)
+    fixed, _, fixed_findings, fixed_logdir = trained("gan", fixed=True)
     assert isinstance(fixed.d_optimizer, lso) and isinstance(fixed.g_optimizer, lso)
     assert int(fixed.d_optimizer.iterations.numpy()) > 0
     assert _of(fixed_findings, "train-step") == []
     assert _errors(fixed_findings) == []
+    # its headline: each stepping optimizer's own final scale (truth: their variables)
+    summary = run_summary(mpwatch.load_run(fixed_logdir))
+    assert summary["final_loss_scale"] is None
+    assert summary["loss_scales"] == {
+        "d_optimizer": float(fixed.d_optimizer.dynamic_scale.numpy()),
+        "g_optimizer": float(fixed.g_optimizer.dynamic_scale.numpy()),
+    }
 
 
 def test_pure_float16_policy(trained):
