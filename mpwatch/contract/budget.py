@@ -6,7 +6,7 @@ from mpwatch.contract import schema as s
 from mpwatch.contract.tags import KIND_BUDGET
 
 #: what a decision did with a piece of optional work
-BUDGET_ACTIONS = ["ran", "skipped", "deferred", "explicit"]
+BUDGET_ACTIONS = ["ran", "skipped", "deferred", "explicit", "needed"]
 #: the optional work the budget decides on
 BUDGET_PARTS = ["probe", "profile", "profile_conversion"]
 
@@ -18,7 +18,8 @@ _DECISION = s._obj(
             BUDGET_ACTIONS,
             "ran: it fit the budget; skipped: it did not; deferred: it did not and is done when "
             "the run is read (the profile's conversion); explicit: the user asked for it, it ran "
-            "whatever it cost",
+            "whatever it cost; needed: it did not fit, and ran because the training was broken "
+            "(its loss not finite, or its loss scale at 1 or below) and it finds the cause",
         ),
         "estimate_s": s._num("its cost estimated before it ran, seconds"),
         "allowance_s": s._num("what the budget had left then, seconds (None: no budget)", True),

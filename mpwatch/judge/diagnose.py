@@ -21,6 +21,7 @@ from typing import Any
 from mpwatch.judge.finding import Finding, most_severe_first, severity_rank
 from mpwatch.judge.rule import policy
 from mpwatch.judge.rules import PAIR_RULES, RUN_RULES
+from mpwatch.judge.rules.activation_overflow import NORMALIZE_ALTERNATIVE
 from mpwatch.judge.rules.skipped_steps import WARMUP_SKIP_ALLOWANCE
 from mpwatch.read import Run, load_run, load_runs
 
@@ -227,7 +228,7 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
     evidence says what the check saw; when the layer alone did not make the pass finite but a
     few more layers did, the advice (action and fix) grows to those layers; when none did, the
     finding keeps no float32 action (a fix that does not fix is not offered)."""
-    from mpwatch.judge.fix_checks import checked_layers
+    from mpwatch.judge.fix_checks import checked_layers, normalizing_works
     from mpwatch.judge.rule import keep_float32_fix, layer_row
 
     for f in findings:
@@ -242,6 +243,8 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
         layers, text = got
         f.evidence += f"; {text}"
         f.data = {**f.data, "checked_layers": layers}
+        if normalizing_works(run) is False:  # checked, and it did not fix: not offered
+            f.fix = "\n".join(ln for ln in f.fix.split("\n") if ln != NORMALIZE_ALTERNATIVE)
         if layers is None:
             f.action = {}
             f.fix = (

@@ -19,7 +19,10 @@ from mpwatch import contract
 from mpwatch.judge.rule import fmt, names_list, pct
 from mpwatch.read.run import Run
 
-__all__ = ["latest_checks", "describe", "checked_layers", "works", "checked_gradient"]
+__all__ = [
+    "latest_checks", "describe", "checked_layers", "works", "checked_gradient",
+    "normalizing_works",
+]  # fmt: skip
 
 
 def works(check: dict[str, Any]) -> bool:
@@ -114,6 +117,14 @@ def checked_layers(run: Run, layer: str) -> tuple[list[str] | None, str] | None:
     ok = next((c for c in tried if works(c)), None)
     text = f"checked on step {step}'s batch: " + "; ".join(describe(checks))
     return (list(ok["layers"]) if ok else None), text
+
+
+def normalizing_works(run: Run) -> bool | None:
+    """Whether normalizing the inputs made the pass finite and in range in the latest fix checks
+    (None: not checked)."""
+    got = latest_checks(run)
+    tried = [c for c in got[2] if c.get("fix") == "normalize_inputs"] if got else []
+    return works(tried[-1]) if tried else None
 
 
 #: a float32 layer fixes its gradient error when the error falls below the gradient-error rule's

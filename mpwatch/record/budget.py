@@ -94,7 +94,7 @@ CONVERT_S_PER_MB = 0.5
 STEP_WINDOW = 50
 
 OPTIONAL = ("probe", "profile", "profile_conversion")
-ACTIONS = ("ran", "skipped", "deferred", "explicit")
+ACTIONS = ("ran", "skipped", "deferred", "explicit", "needed")
 
 
 #: the environment variable that sets the default budget: a share ("0.2") or "off"
@@ -309,15 +309,19 @@ class CostBudget:
         now: float | None = None,
         defer: bool = False,
         detail: dict[str, Any] | None = None,
+        needed: str | None = None,
         **facts: float,
     ) -> bool:
         """Whether ``part`` runs now at batch ``step``; the decision is kept. ``explicit``: the
         user asked for it (it runs); ``defer``: a "no" is a deferral (the work is done later, by
-        the reader), not a skip."""
+        the reader), not a skip; ``needed``: why the run cannot do without it (the training is
+        broken, and only this part finds the cause): it runs whatever it costs."""
         cost = self.estimate(part, **facts) if estimate is None else float(estimate)
         left = self.allowance(now)
         if explicit:
             action, why = "explicit", "asked for explicitly: runs whatever it costs"
+        elif needed and left is not None and cost > left:
+            action, why = "needed", f"{needed}: it finds the cause, whatever it costs"
         elif left is None:
             action, why = "ran", "no budget"
         elif cost <= left:
@@ -336,14 +340,14 @@ class CostBudget:
                 detail=dict(detail or {}),
             )
         )
-        return action in ("ran", "explicit")
+        return action in ("ran", "explicit", "needed")
 
     def ran(self, part: str, seconds: float) -> None:
         """What the last decision on ``part`` that ran really cost (already charged by
         :meth:`spend`)."""
         self.costs.setdefault(part, []).append(float(seconds))
         for d in reversed(self.decisions):
-            if d.part == part and d.action in ("ran", "explicit"):
+            if d.part == part and d.action in ("ran", "explicit", "needed"):
                 if d.cost_s is None:
                     d.cost_s = round(float(seconds), 4)
                 break

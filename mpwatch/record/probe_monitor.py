@@ -12,6 +12,7 @@ probe's record (``contract.KIND_PROBE``) at its batch step. What a probe measure
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -25,12 +26,36 @@ from mpwatch.record.base import (
     check_positive_int,
 )
 from mpwatch.record.probe import Probe, first_batch
+from mpwatch.record.tap_common import loss_scale_optimizer
 
 logger = logging.getLogger("mpwatch")
 
 #: before float8 readiness has been measured once, the budget takes it to cost this many training
 #: steps (it is one training-mode pass of the model plus arithmetic per Dense layer)
 FLOAT8_PASS_STEPS = 2.0
+
+
+def broken_training(model: Any, logs: Any = None) -> str | None:
+    """Why the training is broken now, in words, or None: the loss Keras reports (``logs``) is
+    not finite, or the compiled LossScaleOptimizer's scale has fallen to 1 or below (even an
+    unscaled pass overflows float16: every step is skipped, and no scale helps). Then only the
+    probe names the cause (the layer that is not finite, the fix checked on its batch), and the
+    budget lets one run (``needed``). On JAX the scale is the variables' as Keras last synced
+    them (each epoch's end)."""
+    loss = (logs or {}).get("loss") if isinstance(logs, dict) else None
+    try:
+        value = float(np.asarray(loss)) if loss is not None else None
+    except (TypeError, ValueError):
+        value = None
+    if value is not None and not math.isfinite(value):
+        return f"the training loss is {value}"
+    lso = loss_scale_optimizer(getattr(model, "optimizer", None))
+    if lso is None:
+        return None
+    scale = float(np.asarray(lso.dynamic_scale.numpy()))
+    if scale <= 1.0:
+        return f"the loss scale has fallen to {scale:g}: even an unscaled pass overflows"
+    return None
 
 
 class ProbeMonitor(RecordingCallback):
@@ -86,10 +111,13 @@ class ProbeMonitor(RecordingCallback):
         self._ahead = False  # it was (JAX): the first probe's estimate is its passes
         self._held = False  # a probe fell due inside a profile window and waits for its end
         self._traced_s = 0.0  # seconds of the probe's trace already paid ahead (not compiled)
+        self._needed_ran = False  # a probe ran this fit because the training was broken
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
         from mpwatch.record.train_step import has_forward_pass
+
+        self._needed_ran = False  # a probe ran this fit because the training was broken
 
         self._off = not has_forward_pass(self.model)
         if self._off:  # said once per run, as what it is: nothing to probe, not a failure
@@ -194,7 +222,7 @@ class ProbeMonitor(RecordingCallback):
         if self._held and not self._profiling_now():
             self._probe(got.last_step)  # the probe the profile window held back, on these weights
         if any(s % self.every == 0 for s in got.steps):
-            self._probe(got.last_step)
+            self._probe(got.last_step, logs)
 
     def _compile_ahead(self) -> None:
         """On JAX, once the probe batch is known: trace the probe and compile it beside training
@@ -230,7 +258,7 @@ class ProbeMonitor(RecordingCallback):
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._active and self._begun and self.on_epoch_end_probe:
-            self._guard(self.part, self._probe, self._step())
+            self._guard(self.part, self._probe, self._step(), logs)
 
     def _end(self) -> None:
         if self._held and not self._profiling_now():
@@ -246,7 +274,7 @@ class ProbeMonitor(RecordingCallback):
     def _profiling_now(self) -> bool:
         return bool(getattr(self.state, "profiling", False))
 
-    def _probe(self, step: int | None) -> None:
+    def _probe(self, step: int | None, logs: Any = None) -> None:
         if step is None or step == self._last_probe_step or self._data is None:
             return
         if getattr(self, "_off", False):
@@ -266,10 +294,12 @@ class ProbeMonitor(RecordingCallback):
         # budget measured its own clock)
         if budget is not None:
             estimate = self._estimate(budget)
-            if not backend.broadcast(
-                (int(budget.decide("probe", step, estimate, explicit=self.explicit)),)
-            )[0]:
+            # a broken training gets one probe a fit whatever the budget: only it finds the cause
+            needed = None if self.explicit or self._needed_ran else self._broken(logs)
+            run = budget.decide("probe", step, estimate, explicit=self.explicit, needed=needed)
+            if not backend.broadcast((int(run),))[0]:
                 return  # the decision is kept: the diagnosis says it was skipped, and why
+            self._needed_ran = self._needed_ran or budget.decisions[-1].action == "needed"
         self.state.wait_for_device()  # the steps queued before it are training's time
         t0 = time.perf_counter()
         source = "probe_data" if self.probe_data is not None else "training"
@@ -284,6 +314,13 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+    def _broken(self, logs: Any) -> str | None:
+        try:
+            return broken_training(self.model, logs)
+        except Exception:  # noqa: BLE001  (never lose training to mpwatch: the budget decides)
+            logger.debug("mpwatch: probe: could not tell whether training is broken", exc_info=True)
+            return None
 
     def quiet_through(self, step: int) -> int:
         """Busy until the probe's batch is taken and its compile ahead decided, and while a

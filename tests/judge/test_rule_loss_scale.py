@@ -62,6 +62,9 @@ def _every_scale_proposed(findings):
 def test_stuck_low_is_an_error():
     run = make_run(scalars={contract.LOSS_SCALE: {s: (1.0 if s > 50 else 1024.0) for s in STEPS}})
     assert_findings(_loss_scale(run), [{"severity": "error", "data": {"median_scale": 1.0}}])
+    # no probe ran: its fix gets one (it names the layer), never findings the run does not have
+    (f,) = _loss_scale(run)
+    assert "probe_every=N" in f.fix and "activation-overflow" not in f.fix
 
 
 # --- a larger scale that loses less: proposed, with its predicted figures, and verified ---------

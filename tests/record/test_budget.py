@@ -166,6 +166,22 @@ def test_decisions_skip_what_does_not_fit_defer_a_conversion_and_let_explicit_wo
     assert b.estimate("probe") == pytest.approx(min(4.0, 3 * 1.0))
 
 
+def test_work_a_broken_training_needs_runs_whatever_it_costs_and_says_why():
+    b = CostBudget(0.05)
+    b.begin_fit({"epochs": 1, "steps": 100}, now=0.0)
+    for i in range(1, 4):
+        b.batch_end(1, now=float(i))  # 5 s of budget
+    assert b.decide("probe", 3, estimate=50.0, needed="the training loss is nan", now=3.0)
+    d = b.decisions[-1]
+    assert (d.action, d.estimate_s, d.allowance_s) == ("needed", 50.0, 5.0)
+    assert d.reason.startswith("the training loss is nan")
+    b.ran("probe", 7.0)
+    assert d.cost_s == 7.0
+    # what fits runs as any work that fits: "needed" only says why a run beyond the budget was
+    assert b.decide("probe", 4, estimate=0.1, needed="the training loss is nan", now=3.0)
+    assert b.decisions[-1].action == "ran"
+
+
 def test_no_budget_runs_everything_and_still_keeps_the_decisions():
     b = CostBudget(None)
     b.begin_fit({"epochs": 1, "steps": 10}, now=0.0)
@@ -391,3 +407,46 @@ def test_float8_readiness_is_measured_one_probe_in_four_and_estimated_apart(tmp_
     for (due, est), step in zip(seen[1:], range(2, 10)):
         assert due == (step in (4, 8)), step
         assert (est > 0) == due, step
+
+
+def test_a_broken_training_gets_one_probe_a_fit_beyond_the_budget(tmp_path, read_events):
+    """A model whose forward pass overflows float16 at every step (its first Dense sums 32 inputs
+    of 100 with weights of 100: 320,000 > 65504), two epochs of 12 steps under a 5% budget that
+    skips the probe of a healthy fit of the same size (``fits``): the first epoch's end probes
+    (``needed``: the loss Keras reports is not finite), the second does not (one a fit), and the
+    diagnosis names the layer, checked on the probe's batch."""
+    old = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((32,)),
+            keras.layers.Dense(16, kernel_initializer=keras.initializers.Constant(100.0),
+                               name="hot"),
+            keras.layers.Dense(1, dtype="float32", name="out"),
+        ])  # fmt: skip
+        model.compile(keras.optimizers.SGD(1e-3), "mse")
+        x = np.full((96, 32), 100.0, np.float32)
+        y = np.zeros((96, 1), np.float32)
+        mon = mpwatch.MixedPrecisionMonitor(str(tmp_path), log_every=4, budget=0.05)
+        hist = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[mon])
+    finally:
+        keras.mixed_precision.set_global_policy(old)
+    assert not np.isfinite(hist.history["loss"]).any()  # truth: Keras' own losses
+    _, records = read_events(str(tmp_path))
+    assert [step for step, _ in records[contract.KIND_PROBE]] == [12]
+    ((_, b),) = records[contract.KIND_BUDGET]
+    probes = [(d["step"], d["action"]) for d in b["decisions"] if d["part"] == "probe"]
+    assert probes == [(12, "needed"), (24, "skipped")]
+    needed = next(d for d in b["decisions"] if d["action"] == "needed")
+    assert needed["estimate_s"] > needed["allowance_s"] and needed["cost_s"] > 0
+    assert "loss is nan" in needed["reason"] or "loss is inf" in needed["reason"]
+    findings = mpwatch.diagnose(str(tmp_path))
+    (over,) = [f for f in findings if f.rule == "activation-overflow"]
+    assert over.layer == "hot" and over.severity == "error"
+    assert "keeping 'hot' float32: finite" in over.evidence
+    # the other way out is offered only where the probe saw it work on the batch
+    worked = "normalizing the inputs: finite, in range" in over.evidence
+    assert ("normalize / scale the input" in over.fix) == worked
+    (said,) = [f for f in findings if f.rule == "budget" and f.data["part"] == "probe"]
+    assert "beyond the budget at step 12" in said.evidence

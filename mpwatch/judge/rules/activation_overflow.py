@@ -83,6 +83,9 @@ from mpwatch.judge.rule import (
 from mpwatch.read.run import ProbeResult, Run
 from mpwatch.words import loss_scale
 
+#: the fix's other way out, left out where the probe checked it and it did not fix the pass
+NORMALIZE_ALTERNATIVE = "# or normalize / scale the input of this layer"
+
 RULE = Rule(
     id="activation-overflow",
     title="Activations overflow or come close to float16's maximum",
@@ -190,7 +193,7 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
         )
         action = {}
     else:
-        fix = keep_float32_fix(root, cls, run) + "\n# or normalize / scale the input of this layer"
+        fix = keep_float32_fix(root, cls, run) + "\n" + NORMALIZE_ALTERNATIVE
         if preflight:
             fix = "# when you switch to mixed_float16:\n" + fix
         action = {} if preflight or root in effective_float32(run) else {"dtype": "float32"}
@@ -244,7 +247,7 @@ def check(run: Run) -> list[Finding]:
             if preflight
             else f"Activations of layer {label} come within {head:.1f} doublings of {FLOAT16.max:g}"
         )
-        fix = keep_float32_fix(name, cls, run) + "\n# or normalize / scale the input of this layer"
+        fix = keep_float32_fix(name, cls, run) + "\n" + NORMALIZE_ALTERNATIVE
         if preflight:
             fix = "# when you switch to mixed_float16:\n" + fix
         found.append(

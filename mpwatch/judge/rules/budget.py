@@ -4,7 +4,9 @@
 The probe or the profile that did not run because its estimated cost did not fit mpwatch's cost
 budget (the `budget` record of each fit: `MixedPrecisionMonitor(budget=0.05)` keeps mpwatch's
 own time within 5% of the fit's wall time), with how often it was skipped, its estimate, what was
-left of the budget, and mpwatch's own share of the fit.
+left of the budget, and mpwatch's own share of the fit. A probe that ran beyond the budget because
+the training was broken (the loss Keras reports not finite, or the loss scale at 1 or below: one
+probe a fit, the one that names the cause) is said too, with why.
 
 ## Why it matters
 What did not run cannot be judged: without a probe there is no float32 reference, so nothing is
@@ -15,7 +17,8 @@ with the fit): the silence of those findings is not a clean bill of health.
 
 ## Threshold
 Any skipped decision on the probe or the profile: info. A profile whose conversion was only
-deferred is no finding (the trace is in the logdir and is converted when the run is read).
+deferred is no finding (the trace is in the logdir and is converted when the run is read). A
+``needed`` decision (a probe beyond the budget for a broken training): info.
 
 ## Example evidence
 ```text
@@ -89,6 +92,26 @@ def _larger_budget(budget: dict[str, Any], estimate: float) -> str | None:
     return f"{math.ceil(need * 100) / 100:g}"
 
 
+def _needed_words(needed: list[dict[str, Any]]) -> str:
+    d = needed[-1]
+    cost = d.get("cost_s")
+    took = f" ({_seconds(float(cost))})" if isinstance(cost, (int, float)) else ""
+    return f"it ran beyond the budget at step {_steps(needed)}{took}: {d.get('reason')}"
+
+
+def _needed_finding(what: str, needed: list[dict[str, Any]]) -> Finding:
+    """A part that did not fit the budget and ran because the training was broken: said, since
+    mpwatch's share of the fit is then above its budget."""
+    name = what[0].upper() + what[1:]
+    return RULE.finding(
+        "info",
+        f"{name} ran beyond mpwatch's cost budget: the training was broken",
+        _needed_words(needed),
+        fix="# nothing to change: a broken training gets one probe a fit, whatever it costs",
+        data={"part": "probe", "needed": len(needed), "reason": needed[-1].get("reason")},
+    )
+
+
 def check(run: Run) -> list[Finding]:
     """One info finding per optional part the budget skipped in any fit of the run."""
     budgets = [b for b in run.budgets if isinstance(b, dict)]
@@ -101,6 +124,9 @@ def check(run: Run) -> list[Finding]:
             if isinstance(d, dict) and d.get("part") == part
         ]
         skipped = [(b, d) for b, d in mine if d.get("action") == "skipped"]
+        needed = [d for _, d in mine if d.get("action") == "needed"]
+        if needed and not skipped:
+            out.append(_needed_finding(what, needed))
         if not skipped:
             continue
         ran = len(mine) - len(skipped)
@@ -121,6 +147,8 @@ def check(run: Run) -> list[Finding]:
             evidence += f"; mpwatch's own recording took {_seconds(own)} ({pct(own / fit)})"
         name = what[0].upper() + what[1:]
         larger = _larger_budget(b, min(costs))
+        if needed:
+            evidence += "; " + _needed_words(needed)
         if ran:
             title = f"{name} ran at {ran} of {len(mine)} chances: the rest did not fit the budget"
         else:

@@ -112,6 +112,22 @@ RULE = Rule(
 )
 
 
+def _stuck_fix(run: Run) -> str:
+    """How to find the layer that overflows at every scale: a probe names it and checks keeping
+    it float32 on its batch (where it did, this finding is evidence of that one's)."""
+    if not len(run.probe_model):
+        return (
+            "# no probe ran to name the layer that overflows: one probes a batch, names the\n"
+            "# first layer that is not finite and checks keeping it float32 on that batch\n"
+            "mpwatch.MixedPrecisionMonitor(log_dir, probe_every=N)"
+        )
+    return (
+        "# the probe's batch (Dropout off) did not show which layer overflows: probe a\n"
+        "# training batch that skipped\n"
+        "mpwatch.MixedPrecisionMonitor(log_dir, probe_data=(x_batch, y_batch))"
+    )
+
+
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
     found: list[Finding] = []
@@ -130,8 +146,7 @@ def check(run: Run) -> list[Finding]:
                     f"(steps {int(tail.index[0])}-{int(tail.index[-1])}): {se.scale_text(med)}; "
                     f"minimum {se.scale_text(float(steps.min()))}. A scale this low means the "
                     "forward or backward pass itself overflows float16.",
-                    fix="# find the overflowing layer (activation-overflow findings) and keep it "
-                    'float32:\nkeras.layers.Dense(..., dtype="float32")',
+                    fix=_stuck_fix(run),
                     data={"median_scale": med, "min_scale": float(steps.min())},
                 )
             )
