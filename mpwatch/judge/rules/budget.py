@@ -100,12 +100,14 @@ def _needed_words(needed: list[dict[str, Any]]) -> str:
 
 
 def _needed_finding(what: str, needed: list[dict[str, Any]]) -> Finding:
-    """A part that did not fit the budget and ran because the training was broken: said, since
-    mpwatch's share of the fit is then above its budget."""
+    """A part that did not fit the budget and ran because the training looked broken (the loss
+    Keras reports not finite: one bad batch does that to an epoch's mean too; or the loss scale
+    at 1 or below): said, since mpwatch's share of the fit is then above its budget."""
     name = what[0].upper() + what[1:]
+    why = str(needed[-1].get("reason") or "the training looked broken").split(":")[0]
     return RULE.finding(
         "info",
-        f"{name} ran beyond mpwatch's cost budget: the training was broken",
+        f"{name} ran beyond mpwatch's cost budget: {why}",
         _needed_words(needed),
         fix="# nothing to change: a broken training gets one probe a fit, whatever it costs",
         data={"part": "probe", "needed": len(needed), "reason": needed[-1].get("reason")},
