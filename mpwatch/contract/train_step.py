@@ -17,6 +17,12 @@ _OPTIMIZER = s._obj(
         "iterations_start": s._int("its iterations when the fit began"),
         "iterations": s._int("its iterations when the record was written"),
         "loss_scale": s._num("its dynamic scale now (None: not loss-scaled)", nullable=True),
+        "loss_scale_start": s._num(
+            "its dynamic scale when the fit began (None: not loss-scaled): a LossScaleOptimizer "
+            "that skipped every step never advanced its iterations, only its scale; absent from "
+            "records written before it existed",
+            nullable=True,
+        ),
         "scale_loss_calls": s._int(
             "a LossScaleOptimizer's scale_loss calls in the train step's last trace (0: the "
             "loss it differentiates for this optimizer is not scaled); None: not seen (not a "

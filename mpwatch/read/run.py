@@ -251,6 +251,43 @@ class Run:
         out = pd.Series(np.round(rise).astype("int64"), index=total.index)
         return out[out > 0]
 
+    def stepping_loss_scales(self) -> dict[str, float | None] | None:
+        """The final loss scale of each optimizer that stepped (None: it scales no loss), by
+        name, from the ``train_step`` record, where the compiled optimizer never stepped and
+        others did (a GAN's ``d_optimizer`` and ``g_optimizer``): the recorded loss-scale series
+        (``mpwatch/loss_scale``) is the compiled optimizer's, and says nothing of this training.
+        None otherwise: the series is the training's.
+
+        Example:
+            >>> Run(name=".", path="").stepping_loss_scales() is None
+            True
+        """
+        opts = [o for o in self.train_step.get("optimizers") or [] if isinstance(o, Mapping)]
+
+        def stepped(o: Mapping[str, Any]) -> bool:
+            """It ran in the train step: its iterations advanced, or (a LossScaleOptimizer whose
+            every step was skipped) its scale moved since the fit began."""
+            try:
+                if int(o.get("iterations") or 0) > int(o.get("iterations_start") or 0):
+                    return True
+            except (TypeError, ValueError):
+                return False
+            now, start = scale(o), o.get("loss_scale_start")
+            return now is not None and isinstance(start, (int, float)) and now != start
+
+        def scale(o: Mapping[str, Any]) -> float | None:
+            try:
+                value = float(o.get("loss_scale"))
+            except (TypeError, ValueError):
+                return None
+            return value if np.isfinite(value) else None
+
+        compiled = [o for o in opts if o.get("compiled")]
+        others = [o for o in opts if not o.get("compiled") and stepped(o)]
+        if not compiled or stepped(compiled[0]) or not others:
+            return None
+        return {str(o.get("name")): scale(o) if o.get("loss_scaled") else None for o in others}
+
     @property
     def profile_source(self) -> str | None:
         """Where the profile's per-layer precision and time come from (``contract.

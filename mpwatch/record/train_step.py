@@ -74,16 +74,28 @@ def _iterations(opt: Any) -> int:
         return 0
 
 
+def _scale(opt: Any) -> float | None:
+    """A LossScaleOptimizer's dynamic scale now (unbuilt: its initial scale); None for another."""
+    lso = loss_scale_optimizer(opt)
+    if lso is None:
+        return None
+    try:
+        return float(np.asarray(lso.dynamic_scale.numpy()))
+    except Exception:  # noqa: BLE001  (unbuilt: its initial scale)
+        return float(getattr(lso, "initial_scale", 0.0) or 0.0) or None
+
+
 def _optimizer_facts(
-    name: str, opt: Any, compiled: bool, start: int, scale_loss_calls: int | None = None
+    name: str,
+    opt: Any,
+    compiled: bool,
+    start: int,
+    scale_loss_calls: int | None = None,
+    scale_start: float | None = None,
 ) -> dict[str, Any]:
     lso = loss_scale_optimizer(opt)
-    scale = None
+    scale = _scale(opt)
     if lso is not None:
-        try:
-            scale = float(np.asarray(lso.dynamic_scale.numpy()))
-        except Exception:  # noqa: BLE001  (unbuilt: its initial scale)
-            scale = float(getattr(lso, "initial_scale", 0.0) or 0.0) or None
         cls = f"LossScaleOptimizer({type(lso.inner_optimizer).__name__})"
         inner = lso.inner_optimizer
     else:
@@ -102,6 +114,7 @@ def _optimizer_facts(
         "iterations_start": int(start),
         "iterations": _iterations(opt),
         "loss_scale": scale,
+        "loss_scale_start": scale_start if lso is not None else None,
         "scale_loss_calls": scale_loss_calls,
         "epsilon": epsilon,
         "family": family,
@@ -112,13 +125,16 @@ def train_step_facts(
     model: Any,
     starts: dict[int, int] | None = None,
     scale_loss_calls: dict[int, int] | None = None,
+    scale_starts: dict[int, float | None] | None = None,
 ) -> dict[str, Any]:
     """The ``train_step`` record's payload for ``model`` now; ``starts``: each optimizer's
     iterations when the fit began, by ``id`` (missing: now); ``scale_loss_calls``: each
     LossScaleOptimizer's ``scale_loss`` calls in the train step's last trace, by ``id``, as the
-    tap saw them (None, or an optimizer missing: not seen)."""
+    tap saw them (None, or an optimizer missing: not seen); ``scale_starts``: each one's scale
+    when the fit began, by ``id`` (missing: now)."""
     starts = starts or {}
     calls = scale_loss_calls or {}
+    scales = scale_starts or {}
     compiled = getattr(model, "optimizer", None)
     owner = train_step_owner(model)
     return {
@@ -132,6 +148,7 @@ def train_step_facts(
                 opt is compiled,
                 starts.get(id(opt), _iterations(opt)),
                 calls.get(id(opt)),
+                scales.get(id(opt), _scale(opt)),
             )
             for name, opt in model_optimizers(model)
         ],
@@ -163,14 +180,17 @@ class TrainStepMonitor(RecordingCallback):
     def __init__(self, log_dir: Any) -> None:
         super().__init__(log_dir, log_every=1)
         self._starts: dict[int, int] = {}
+        self._scale_starts: dict[int, float | None] = {}
 
     def on_train_begin(self, logs: Any = None) -> None:
         super().on_train_begin(logs)
-        self._starts = {}
+        self._starts, self._scale_starts = {}, {}
         self._guard(self.part, self._remember_starts)
 
     def _remember_starts(self) -> None:
-        self._starts = {id(o): _iterations(o) for _, o in model_optimizers(self.model)}
+        opts = [o for _, o in model_optimizers(self.model)]
+        self._starts = {id(o): _iterations(o) for o in opts}
+        self._scale_starts = {id(o): _scale(o) for o in opts}
 
     def _begin(self) -> None:
         self._write()
@@ -189,5 +209,5 @@ class TrainStepMonitor(RecordingCallback):
         self.writer.record(
             contract.KIND_TRAIN_STEP,
             self.state.step,
-            train_step_facts(self.model, self._starts, calls),
+            train_step_facts(self.model, self._starts, calls, self._scale_starts),
         )

@@ -37,7 +37,6 @@ __all__ = [
     "run_summary",
     "runs_list",
     "step_range",
-    "stepping_loss_scales",
     "trace_only",
 ]
 
@@ -109,29 +108,6 @@ def probe_not_measured(model: dict[str, Any]) -> str | None:
     return "; ".join(reasons) if reasons else None
 
 
-def stepping_loss_scales(run: Run) -> dict[str, float | None] | None:
-    """The final loss scale of each optimizer that stepped (None: it scales no loss), by name,
-    from the ``train_step`` record, where the compiled optimizer never stepped and others did (a
-    GAN's ``d_optimizer`` and ``g_optimizer``): the recorded loss-scale series is the compiled
-    optimizer's, which says nothing of this training. None otherwise (the series is the one)."""
-    opts = [o for o in run.train_step.get("optimizers") or [] if isinstance(o, Mapping)]
-
-    def stepped(o: Mapping[str, Any]) -> bool:
-        try:
-            return int(o.get("iterations") or 0) > int(o.get("iterations_start") or 0)
-        except (TypeError, ValueError):
-            return False
-
-    compiled = [o for o in opts if o.get("compiled")]
-    others = [o for o in opts if not o.get("compiled") and stepped(o)]
-    if not compiled or stepped(compiled[0]) or not others:
-        return None
-    return {
-        str(o.get("name")): finite_float(o.get("loss_scale")) if o.get("loss_scaled") else None
-        for o in others
-    }
-
-
 def loss_scales_words(scales: Mapping[str, float | None], words: Any) -> str:
     """``"d_optimizer 2^11 (2048), g_optimizer no loss scale"``: ``words`` says a scale."""
     return ", ".join(
@@ -142,15 +118,15 @@ def loss_scales_words(scales: Mapping[str, float | None], words: Any) -> str:
 def run_summary(run: Run) -> dict[str, Any]:
     """The headline numbers of a run (the JSON ``runs[].summary``). ``final_loss_scale`` is the
     recorded one's; where the compiled optimizer never stepped, ``loss_scales`` holds the final
-    scale of each optimizer that did (:func:`stepping_loss_scales`) and ``final_loss_scale`` is
-    None."""
+    scale of each optimizer that did (:meth:`Run.stepping_loss_scales`) and ``final_loss_scale``
+    is None."""
     probe = run.latest_probe()
     model = probe.model if probe is not None else {}
     if model and probe_not_measured(model):  # its underflow and safe scale mean nothing
         model = {}
     st = run.scalar(contract.STEP_TIME_MS)
     mem = run.scalar(contract.PEAK_MEMORY_MB)
-    scales = stepping_loss_scales(run)
+    scales = run.stepping_loss_scales()
     return {
         "final_loss_scale": None if scales else last_value(run, contract.LOSS_SCALE),
         "loss_scales": scales,

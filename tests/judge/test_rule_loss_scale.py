@@ -281,3 +281,30 @@ def test_growth_steps_floor_is_the_skipped_steps_warning_rate():
 
     assert se.MIN_GROWTH_STEPS * skipped_steps.SKIP_RATE_WARN == 1
     assert skipped_steps.WARMUP_STEPS == se.START_STEPS
+
+
+# --- a GAN's own LossScaleOptimizers: the compiled one never stepped ----------------------------
+def _gan_run(d_scale, g_scale):
+    run = make_run(scalars={contract.LOSS_SCALE: {s: 32768.0 for s in STEPS}})  # the idle one's
+
+    def opt(name, compiled, iterations, scale):
+        return {"name": name, "class": "LossScaleOptimizer(Adam)", "compiled": compiled,
+                "loss_scaled": True, "iterations_start": 0, "iterations": iterations,
+                "loss_scale": scale}  # fmt: skip
+
+    run.train_step = {"has_call": False, "optimizers": [
+        opt("optimizer", True, 0, 32768.0), opt("d_optimizer", False, 60, d_scale),
+        opt("g_optimizer", False, 20, g_scale),
+    ]}  # fmt: skip
+    return run
+
+
+def test_a_gans_own_optimizer_whose_scale_collapsed_is_an_error_and_the_idle_series_is_not():
+    (f,) = _loss_scale(_gan_run(2.0**-3, 2.0**14))
+    assert f.severity == "error" and f.data["optimizers"] == {"d_optimizer": 0.125}
+    assert "'d_optimizer'" in f.title and "g_optimizer" not in f.title
+    assert "compiled optimizer never stepped" in f.evidence
+
+
+def test_a_gans_own_optimizers_at_healthy_scales_give_nothing():
+    assert _loss_scale(_gan_run(2.0**11, 2.0**14)) == []

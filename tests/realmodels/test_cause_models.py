@@ -133,6 +133,33 @@ def test_gan_with_two_unscaled_optimizers(trained):
     }
 
 
+def test_a_gans_own_optimizers_that_skip_every_step_are_an_error(cm, tmp_path):
+    """The GAN fixed as the diagnosis says (its own LossScaleOptimizers), with a discriminator
+    whose features overflow float16 (a Dense of weights 3000 on 64 pixels): every update of both
+    optimizers is skipped, so neither advances its iterations, and only their scales tell."""
+    keras.utils.set_random_seed(0)
+    with cm.policy_scope("mixed_float16"):
+        gan = cm.gan_model(fixed=True)
+        gan.discriminator = keras.Sequential([
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, kernel_initializer=keras.initializers.Constant(3000.0)),
+            keras.layers.Dense(1),
+        ], name="discriminator")  # fmt: skip
+        monitor = mpwatch.MixedPrecisionMonitor(str(tmp_path), log_every=5, profile=False)
+        gan.fit(cm.gan_data()[0], batch_size=32, epochs=1, verbose=0, callbacks=[monitor])
+    # truth: the optimizers themselves
+    scales = {
+        n: float(getattr(gan, n).dynamic_scale.numpy()) for n in ("d_optimizer", "g_optimizer")
+    }
+    assert all(v <= 1.0 for v in scales.values())
+    assert int(gan.d_optimizer.iterations.numpy()) == 0
+    findings = mpwatch.diagnose(str(tmp_path))
+    (f,) = _of(findings, "loss-scale")
+    assert f.severity == "error" and f.data["optimizers"] == scales
+    assert run_summary(mpwatch.load_run(str(tmp_path)))["loss_scales"] == scales
+
+
 def test_pure_float16_policy(trained):
     model, history, findings, _ = trained("float16_policy")
     hidden = [w for layer in model.layers[:-1] for w in layer.trainable_weights]

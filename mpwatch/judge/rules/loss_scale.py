@@ -17,7 +17,9 @@ every 2000 finite steps: when the gradients shrink faster than that during train
 lags the one they need. A scale stuck at 1 protects nothing.
 
 ## Threshold
-Median scale over the last quarter of logged steps <= {SCALE_STUCK_LOW:g}: error. Otherwise silent
+Median scale over the last quarter of logged steps <= {SCALE_STUCK_LOW:g}: error (where the compiled
+optimizer never stepped and a model's own LossScaleOptimizers did, as a GAN's: each one's final
+scale, from the ``train_step`` record, judged alone). Otherwise silent
 unless the latest reliable float16 probe measures underflow of at least {UNDERFLOW_MATERIAL:g} of
 the reference's nonzero gradient values at the scale used (then a warning). A probe allows a scale
 when its sweep predicts no overflow there and its largest reference gradient (activation gradients
@@ -128,8 +130,38 @@ def _stuck_fix(run: Run) -> str:
     )
 
 
+def _own_optimizers_stuck(run: Run, scales: dict[str, float | None]) -> list[Finding]:
+    """Where the compiled optimizer never stepped (a GAN's own LossScaleOptimizers did): the
+    recorded scale series is the idle one's; each stepping optimizer's final scale, from the
+    ``train_step`` record, at or below the stuck threshold is an error."""
+    stuck = {n: v for n, v in scales.items() if v is not None and v <= SCALE_STUCK_LOW}
+    if not stuck:
+        return []
+    said = ", ".join(f"{n!r} {se.scale_text(v)}" for n, v in stuck.items())
+    return [
+        RULE.finding(
+            "error",
+            f"Loss scale of {', '.join(repr(n) for n in stuck)} stuck at or below "
+            f"{SCALE_STUCK_LOW:g}",
+            f"final loss scale of the optimizers the train step ran (the train_step record; "
+            f"the compiled optimizer never stepped, so mpwatch's loss-scale series is not this "
+            f"training's): {said}. A scale this low means the passes whose loss it scales "
+            "overflow float16 at any scale: their updates are skipped.",
+            fix=(
+                "# no forward pass of the model's own for a probe to run: keep the sub-model\n"
+                "# this optimizer trains in float32 to confirm, then narrow it down to its\n"
+                "# layers (its last layers and any output it returns in float16 first)"
+            ),
+            data={"optimizers": stuck},
+        )
+    ]
+
+
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
+    scales = run.stepping_loss_scales()
+    if scales is not None:  # the recorded series is an idle compiled optimizer's
+        return _own_optimizers_stuck(run, scales)
     found: list[Finding] = []
     ls = run.scalar(contract.LOSS_SCALE)
     med = None
