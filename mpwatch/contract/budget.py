@@ -19,7 +19,8 @@ _DECISION = s._obj(
             "ran: it fit the budget; skipped: it did not; deferred: it did not and is done when "
             "the run is read (the profile's conversion); explicit: the user asked for it, it ran "
             "whatever it cost; needed: it did not fit, and ran because the training was broken "
-            "(its loss not finite, or its loss scale at 1 or below) and it finds the cause",
+            "(its loss scale at 1 or below; without one, its loss not finite) and it finds the "
+            "cause",
         ),
         "estimate_s": s._num("its cost estimated before it ran, seconds"),
         "allowance_s": s._num("what the budget had left then, seconds (None: no budget)", True),

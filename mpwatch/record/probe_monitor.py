@@ -36,12 +36,21 @@ FLOAT8_PASS_STEPS = 2.0
 
 
 def broken_training(model: Any, logs: Any = None) -> str | None:
-    """Why the training is broken now, in words, or None: the loss Keras reports (``logs``) is
-    not finite, or the compiled LossScaleOptimizer's scale has fallen to 1 or below (even an
-    unscaled pass overflows float16: every step is skipped, and no scale helps). Then only the
-    probe names the cause (the layer that is not finite, the fix checked on its batch), and the
-    budget lets one run (``needed``). On JAX the scale is the variables' as Keras last synced
-    them (each epoch's end)."""
+    """Why the training is broken now, in words, or None. Under a LossScaleOptimizer: its scale
+    has fallen to 1 or below (even an unscaled pass overflows float16: every step is skipped, and
+    no scale helps); its reported loss is not the sign, since one skipped step's non-finite loss
+    makes the epoch's mean loss Keras reports NaN while the steps around it train (a float16
+    classifier's occasional overflow). Without one (bfloat16, float32): the loss Keras reports
+    (``logs``) is not finite, which no step skipped. Then only the probe names the cause (the
+    layer that is not finite, the fix checked on its batch), and the budget lets one run
+    (``needed``). On JAX the scale is the variables' as Keras last synced them (each epoch's
+    end)."""
+    lso = loss_scale_optimizer(getattr(model, "optimizer", None))
+    if lso is not None:
+        scale = float(np.asarray(lso.dynamic_scale.numpy()))
+        if scale <= 1.0:
+            return f"the loss scale has fallen to {scale:g}: even an unscaled pass overflows"
+        return None
     loss = (logs or {}).get("loss") if isinstance(logs, dict) else None
     try:
         value = float(np.asarray(loss)) if loss is not None else None
@@ -49,12 +58,6 @@ def broken_training(model: Any, logs: Any = None) -> str | None:
         value = None
     if value is not None and not math.isfinite(value):
         return f"the training loss is {value}"
-    lso = loss_scale_optimizer(getattr(model, "optimizer", None))
-    if lso is None:
-        return None
-    scale = float(np.asarray(lso.dynamic_scale.numpy()))
-    if scale <= 1.0:
-        return f"the loss scale has fallen to {scale:g}: even an unscaled pass overflows"
     return None
 
 

@@ -5,8 +5,8 @@ The probe or the profile that did not run because its estimated cost did not fit
 budget (the `budget` record of each fit: `MixedPrecisionMonitor(budget=0.05)` keeps mpwatch's
 own time within 5% of the fit's wall time), with how often it was skipped, its estimate, what was
 left of the budget, and mpwatch's own share of the fit. A probe that ran beyond the budget because
-the training was broken (the loss Keras reports not finite, or the loss scale at 1 or below: one
-probe a fit, the one that names the cause) is said too, with why.
+the training was broken (the loss scale at 1 or below; without a loss scale, the loss Keras
+reports not finite: one probe a fit, the one that names the cause) is said too, with why.
 
 ## Why it matters
 What did not run cannot be judged: without a probe there is no float32 reference, so nothing is
@@ -101,8 +101,8 @@ def _needed_words(needed: list[dict[str, Any]]) -> str:
 
 def _needed_finding(what: str, needed: list[dict[str, Any]]) -> Finding:
     """A part that did not fit the budget and ran because the training looked broken (the loss
-    Keras reports not finite: one bad batch does that to an epoch's mean too; or the loss scale
-    at 1 or below): said, since mpwatch's share of the fit is then above its budget."""
+    scale at 1 or below; without one, the loss Keras reports not finite): said, since mpwatch's
+    share of the fit is then above its budget."""
     name = what[0].upper() + what[1:]
     why = str(needed[-1].get("reason") or "the training looked broken").split(":")[0]
     return RULE.finding(
