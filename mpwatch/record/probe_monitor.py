@@ -36,7 +36,8 @@ FLOAT8_PASS_STEPS = 2.0
 
 
 def broken_training(model: Any, logs: Any = None) -> str | None:
-    """Why the training is broken now, in words, or None. Under a LossScaleOptimizer: its scale
+    """Why the training is broken now, in words, or None (also None where a model output is
+    16-bit: the diagnosis names that cause without a probe). Under a LossScaleOptimizer: its scale
     has fallen to 1 or below (even an unscaled pass overflows float16: every step is skipped, and
     no scale helps); its reported loss is not the sign, since one skipped step's non-finite loss
     makes the epoch's mean loss Keras reports NaN while the steps around it train (a float16
@@ -45,6 +46,8 @@ def broken_training(model: Any, logs: Any = None) -> str | None:
     layer that is not finite, the fix checked on its batch), and the budget lets one run
     (``needed``). On JAX the scale is the variables' as Keras last synced them (each epoch's
     end)."""
+    if _outputs_16bit(model):
+        return None  # a 16-bit output: a cause the diagnosis names without a probe (output-16bit)
     lso = loss_scale_optimizer(getattr(model, "optimizer", None))
     if lso is not None:
         scale = float(np.asarray(lso.dynamic_scale.numpy()))
@@ -59,6 +62,17 @@ def broken_training(model: Any, logs: Any = None) -> str | None:
     if value is not None and not math.isfinite(value):
         return f"the training loss is {value}"
     return None
+
+
+def _outputs_16bit(model: Any) -> bool:
+    """Whether a model output is 16-bit (a keras.applications classifier under a mixed policy):
+    its overflow is what skips the steps, and the diagnosis names it from the layer table."""
+    import keras
+
+    from mpwatch.formats import is_16bit
+
+    outs = keras.tree.flatten(getattr(model, "outputs", None) or [])
+    return any(is_16bit(str(getattr(t, "dtype", "") or "")) for t in outs)
 
 
 class ProbeMonitor(RecordingCallback):

@@ -453,3 +453,31 @@ def test_a_broken_training_gets_one_probe_a_fit_beyond_the_budget(tmp_path, read
     assert ("normalize / scale the input" in over.fix) == worked
     (said,) = [f for f in findings if f.rule == "budget" and f.data["part"] == "probe"]
     assert "beyond the budget at step 24" in said.evidence
+
+
+def test_a_broken_training_with_a_16bit_output_gets_no_probe_beyond_the_budget(tmp_path):
+    """The same overflowing model with its output left in float16 (as a keras.applications
+    classifier under mixed_float16): the diagnosis names that output without a probe
+    (output-16bit), so the budget's decisions stand, and no probe runs."""
+    old = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((32,)),
+            keras.layers.Dense(16, kernel_initializer=keras.initializers.Constant(100.0),
+                               name="hot"),
+            keras.layers.Dense(1, name="out"),
+        ])  # fmt: skip
+        model.compile(keras.optimizers.SGD(1e-3), "mse")
+        x = np.full((96, 32), 100.0, np.float32)
+        y = np.zeros((96, 1), np.float32)
+        mon = mpwatch.MixedPrecisionMonitor(str(tmp_path), log_every=4, budget=0.05)
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[mon])
+    finally:
+        keras.mixed_precision.set_global_policy(old)
+    assert float(model.optimizer.dynamic_scale.numpy()) <= 1.0  # as broken as the other one
+    probes = [d for d in mon.budget.decisions if d.part == "probe"]
+    assert [d.action for d in probes] == ["skipped"] * 3
+    findings = mpwatch.diagnose(str(tmp_path))
+    assert [f.layer for f in findings if f.rule == "output-16bit"] == ["out"]
