@@ -409,14 +409,10 @@ def test_float8_readiness_is_measured_one_probe_in_four_and_estimated_apart(tmp_
         assert (est > 0) == due, step
 
 
-def test_a_broken_training_gets_one_probe_a_fit_beyond_the_budget(tmp_path, read_events):
+def _overflowing_fit(logdir, out_dtype):
     """A model whose forward pass overflows float16 at every step (its first Dense sums 32 inputs
-    of 100 with weights of 100: 320,000 > 65504), three epochs of 12 steps under a 5% budget that
-    skips the probe of a healthy fit of the same size (``fits``). Every step is skipped: at the
-    first epoch's end the scale has halved 12 times (2^3, still above 1: skipped, as any epoch
-    whose mean loss one bad batch made NaN); at the second's it is 2^-9 (``needed``: no scale
-    helps); the third's is skipped again (one a fit). The diagnosis names the layer, checked on
-    the probe's batch."""
+    of 100 with weights of 100: 320,000 > 65504), 3 epochs of 12 steps under mixed_float16 and a
+    5% budget: (model, history, monitor)."""
     old = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -425,15 +421,26 @@ def test_a_broken_training_gets_one_probe_a_fit_beyond_the_budget(tmp_path, read
             keras.Input((32,)),
             keras.layers.Dense(16, kernel_initializer=keras.initializers.Constant(100.0),
                                name="hot"),
-            keras.layers.Dense(1, dtype="float32", name="out"),
+            keras.layers.Dense(1, dtype=out_dtype, name="out"),
         ])  # fmt: skip
         model.compile(keras.optimizers.SGD(1e-3), "mse")
         x = np.full((96, 32), 100.0, np.float32)
         y = np.zeros((96, 1), np.float32)
-        mon = mpwatch.MixedPrecisionMonitor(str(tmp_path), log_every=4, budget=0.05)
+        mon = mpwatch.MixedPrecisionMonitor(str(logdir), log_every=4, budget=0.05)
         hist = model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[mon])
     finally:
         keras.mixed_precision.set_global_policy(old)
+    return model, hist, mon
+
+
+def test_a_broken_training_gets_one_probe_a_fit_beyond_the_budget(tmp_path, read_events):
+    """The overflowing model (``_overflowing_fit``) with a float32 output, under a 5% budget that
+    skips the probe of a healthy fit of the same size (``fits``). Every step is skipped: at the
+    first epoch's end the scale has halved 12 times (2^3, still above 1: skipped, as any epoch
+    whose mean loss one bad batch made NaN); at the second's it is 2^-9 (``needed``: no scale
+    helps); the third's is skipped again (one a fit). The diagnosis names the layer, checked on
+    the probe's batch."""
+    model, hist, _ = _overflowing_fit(tmp_path, "float32")
     assert not np.isfinite(hist.history["loss"]).any()  # truth: Keras' own losses
     _, records = read_events(str(tmp_path))
     assert float(model.optimizer.dynamic_scale.numpy()) == 2.0 ** (15 - 36)  # every step skipped
@@ -459,23 +466,7 @@ def test_a_broken_training_with_a_16bit_output_gets_no_probe_beyond_the_budget(t
     """The same overflowing model with its output left in float16 (as a keras.applications
     classifier under mixed_float16): the diagnosis names that output without a probe
     (output-16bit), so the budget's decisions stand, and no probe runs."""
-    old = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([
-            keras.Input((32,)),
-            keras.layers.Dense(16, kernel_initializer=keras.initializers.Constant(100.0),
-                               name="hot"),
-            keras.layers.Dense(1, name="out"),
-        ])  # fmt: skip
-        model.compile(keras.optimizers.SGD(1e-3), "mse")
-        x = np.full((96, 32), 100.0, np.float32)
-        y = np.zeros((96, 1), np.float32)
-        mon = mpwatch.MixedPrecisionMonitor(str(tmp_path), log_every=4, budget=0.05)
-        model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[mon])
-    finally:
-        keras.mixed_precision.set_global_policy(old)
+    model, _, mon = _overflowing_fit(tmp_path, None)
     assert float(model.optimizer.dynamic_scale.numpy()) <= 1.0  # as broken as the other one
     probes = [d for d in mon.budget.decisions if d.part == "probe"]
     assert [d.action for d in probes] == ["skipped"] * 3
