@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from mpwatch import contract
+from mpwatch.contract.encoding import finite_float
 
 __all__ = ["Run", "ProbeResult", "PROBE_TOP_KEYS", "frame_of", "empty_scalars"]
 
@@ -272,21 +273,17 @@ class Run:
                     return True
             except (TypeError, ValueError):
                 return False
-            now, start = scale(o), o.get("loss_scale_start")
+            now, start = finite_float(o.get("loss_scale")), o.get("loss_scale_start")
             return now is not None and isinstance(start, (int, float)) and now != start
-
-        def scale(o: Mapping[str, Any]) -> float | None:
-            try:
-                value = float(o.get("loss_scale"))
-            except (TypeError, ValueError):
-                return None
-            return value if np.isfinite(value) else None
 
         compiled = [o for o in opts if o.get("compiled")]
         others = [o for o in opts if not o.get("compiled") and stepped(o)]
         if not compiled or stepped(compiled[0]) or not others:
             return None
-        return {str(o.get("name")): scale(o) if o.get("loss_scaled") else None for o in others}
+        return {
+            str(o.get("name")): finite_float(o.get("loss_scale")) if o.get("loss_scaled") else None
+            for o in others
+        }
 
     @property
     def profile_source(self) -> str | None:
