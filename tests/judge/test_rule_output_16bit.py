@@ -412,3 +412,123 @@ def test_the_fix_applied_to_a_keras_model_does_what_it_says(act, units):
     if act == "sigmoid":  # what the old advice did: a softmax over the one sigmoid unit
         old = keras.layers.Activation("softmax", dtype="float32")(model.output)
         assert np.all(np.asarray(keras.Model(model.input, old)(data)) == 1.0)
+
+
+# --- an output that passes on the activation before it (keras.io's captcha OCR CTCLayer) --------
+def _passing_run(out_dtype="float16", hidden_act="softmax", out_params=0, reshape=False):
+    """hidden (Dense, ``hidden_act``, float16) [-> reshape, weightless] -> out (the user's loss
+    layer: ``out_params`` weights, no activation, ``out_dtype``), as a layers record writes them."""
+    rows = [graph_row("probs", act=hidden_act, width=20, dims={"units": 20}, inputs=["x"])]
+    feed = "probs"
+    if reshape:
+        rows.append(graph_row("flat", "Reshape", width=20, inputs=["probs"], params=0))
+        feed = "flat"
+    rows.append(graph_row("ctc_loss", "CTCLayer", width=20, out=True, inputs=["label", feed],
+                          dtype=out_dtype, params=out_params))  # fmt: skip
+    run = make_run(layers=rows)
+    mods = {"Dense": "keras.src.layers.core.dense", "Reshape": "keras.src.layers",
+            "CTCLayer": "ocr.layers"}  # fmt: skip
+    run.records[contract.KIND_LAYERS] = [(1, {"layers": {}, "class_modules": mods})]
+    return run
+
+
+def test_a_weightless_output_names_the_softmax_it_passes_on():
+    (f,) = findings_of(diagnose(_passing_run()), RULE)
+    assert f.severity == "error" and f.layer == "ctc_loss"
+    assert "passes on the softmax of 'probs'" in f.title
+    assert "'probs' (Dense, softmax, width 20, output dtype float16)" in f.evidence
+    dense = 'keras.layers.Dense(20, ..., activation="softmax", dtype="float32", name="probs")'
+    assert dense in f.fix
+    assert 'CTCLayer(..., dtype="float32", name="ctc_loss")' in f.fix
+    assert f.action == {"dtype": "float32", "output": True, "float32_layers": ["probs"]}
+    assert f.data["passed_on"] == ["probs"]
+
+
+def test_a_float32_pass_through_after_a_float16_softmax_is_still_found():
+    """The old fix applied (only the output layer float32): the softmax is still float16."""
+    (f,) = findings_of(diagnose(_passing_run(out_dtype="float32")), RULE)
+    assert f.severity == "error" and "takes the softmax of 'probs'" in f.title
+    assert "CTCLayer(" not in f.fix  # already float32: nothing to change there
+    assert 'name="probs"' in f.fix
+
+
+def test_the_layers_between_the_activation_and_the_output_are_kept_float32_too():
+    (f,) = findings_of(diagnose(_passing_run(reshape=True)), RULE)
+    assert "through 'flat'" in f.evidence
+    assert f.action["float32_layers"] == ["probs", "flat"]
+    fix = f.fix
+    assert fix.index('name="probs"') < fix.index('name="flat"') < fix.index('name="ctc_loss"')
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "title"),
+    [
+        ({"out_params": 40}, "Model output 'ctc_loss' (CTCLayer) is computed in float16"),
+        ({"hidden_act": "relu"}, "Model output 'ctc_loss' (CTCLayer) is computed in float16"),
+        ({"hidden_act": "relu", "out_dtype": "float32"}, None),
+        ({"out_params": 40, "out_dtype": "float32"}, None),
+    ],
+    ids=["output-with-weights", "no-saturating-activation", "float32-after-relu",
+         "float32-output-with-weights"],
+)  # fmt: skip
+def test_only_a_weightless_output_after_a_saturating_activation_is_looked_through(kwargs, title):
+    found = findings_of(diagnose(_passing_run(**kwargs)), RULE)
+    assert [f.title for f in found] == ([title + ": keep it float32"] if title else [])
+
+
+def test_the_pass_through_fix_applied_to_a_real_model_keeps_the_probabilities_float32(policy):
+    """A real mixed_float16 model whose output layer adds a log-likelihood loss and passes its
+    input on, and the same model with only that layer float32 (the old fix): the finding from
+    each one's recorded rows, applied (apply_recommendations), gives float32 probabilities (numpy's
+    softmax of its own hidden layer, the tiny ones float16 flushes to 0 kept); before, they are
+    float16 values, off the float32 model's."""
+    import keras
+    import numpy as np
+
+    import mpwatch
+    from mpwatch.record.layer_dtypes import class_modules
+    from mpwatch.record.layer_dtypes import layer_rows as real_rows
+
+    class NllPass(keras.layers.Layer):
+        def call(self, p):
+            self.add_loss(-keras.ops.mean(keras.ops.log(keras.ops.cast(p, "float32") + 1e-7)))
+            return p
+
+    def build(policy_name, out_dtype=None):
+        with policy(policy_name):
+            x = keras.Input((6,), name="x")
+            h = keras.layers.Dense(16, activation="relu", name="hidden")(x)
+            p = keras.layers.Dense(5, activation="softmax", name="probs")(h)
+            kw = {"dtype": out_dtype} if out_dtype else {}
+            return keras.Model(x, NllPass(name="nll", **kw)(p))
+
+    model, twin, old = build("mixed_float16"), build("float32"), build("mixed_float16", "float32")
+    twin.set_weights([np.random.default_rng(i).normal(0, 2.0, w.shape).astype("float32")
+                      for i, w in enumerate(twin.get_weights())])  # fmt: skip
+    model.set_weights(twin.get_weights())
+    old.set_weights(twin.get_weights())
+    data = np.random.default_rng(9).normal(0, 1, (64, 6)).astype("float32")
+    want = np.asarray(twin(data))
+    for m, verb in ((model, "passes on"), (old, "takes")):
+        run = make_run(layers=real_rows(m))
+        run.records[contract.KIND_LAYERS] = [(1, {"layers": {}, "class_modules": class_modules(m)})]
+        (f,) = findings_of(diagnose(run), RULE)
+        assert f.data["passed_on"] == ["probs"], f
+        got_before = np.asarray(m(data))
+        # float16 values (the softmax computed in float16), off the float32 model's
+        assert np.array_equal(got_before, got_before.astype(np.float16).astype(got_before.dtype))
+        assert np.abs(got_before.astype(np.float32) - want).max() > 1e-4
+        fixed = mpwatch.apply_recommendations(m, [f]).model
+        assert {fixed.get_layer(n).dtype_policy.name for n in ("probs", "nll")} == {"float32"}
+        got = np.asarray(fixed(data))
+        assert got.dtype == np.float32
+        # numpy's softmax, in float64, of the fixed model's own float16 hidden layer
+        hid = np.asarray(keras.Model(fixed.input, fixed.get_layer("hidden").output)(data))
+        w, b = (np.asarray(v, np.float64) for v in fixed.get_layer("probs").get_weights())
+        logits = hid.astype(np.float64) @ w + b
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        ref = e / e.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-30)
+        tiny = (ref > 1e-30) & (ref < 2.0**-25)  # what float16 flushes to 0 (not one float16)
+        assert tiny.any() and np.all(got[tiny] > 0)
+        assert f"{verb} the softmax of 'probs', computed in float16" in f.title

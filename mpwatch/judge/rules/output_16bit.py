@@ -15,6 +15,16 @@ Any output layer whose output (or compute) dtype is 16-bit: error for float16, w
 bfloat16 (bfloat16 has float32's range but rounds at 2^-8). A float32 output after 16-bit compute
 (a final `Activation(..., dtype="float32")`) is fine.
 
+An output layer with no weights and no activation of its own (a custom layer that adds the
+loss and passes its input on, as keras.io's `CTCLayer`; a `Reshape`) gives what the layers
+before it computed: where a softmax or sigmoid reaches it through such layers (at most
+{PASS_HOPS} of them) in 16 bits, that activation is the output's, and the finding names it,
+whatever the output layer's own dtype (a float32 pass-through takes the probabilities already
+rounded, and hands their gradient back in 16 bits: keras.io's captcha OCR under mixed_float16
+still skipped steps with only its `CTCLayer` in float32, and stopped with `dense2` too). The
+fix keeps every layer from that activation to the output in float32: a 16-bit layer after a
+float32 one casts its input back.
+
 ## Example evidence
 ```text
 Model output 'predictions' (Dense) is computed in float16: keep it float32
@@ -56,17 +66,23 @@ from __future__ import annotations
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.graph import output_fix
-from mpwatch.judge.rule import Rule, application_of, finite, keep_float32_fix
+from mpwatch.judge.rule import Rule, application_of, finite, keep_float32_fix, layer_row
 from mpwatch.read.run import Run
 
 #: layer-table classes of a (nested) model, as opposed to the layer that makes its output
 MODEL_CLASSES = ("Sequential", "Functional", "Model")
+
+#: activations that saturate in 16 bits (probabilities of exactly 0 or 1)
+SATURATING = ("softmax", "sigmoid")
+#: weightless, activation-free layers looked through from an output to the activation it passes on
+PASS_HOPS = 4
 
 RULE = Rule(
     id="output-16bit",
     title="Model output computed in 16 bits",
     severities=("warning", "error"),
     doc=__doc__,
+    thresholds={"PASS_HOPS": PASS_HOPS},
 )
 
 
@@ -86,6 +102,10 @@ def check(run: Run) -> list[Finding]:
     found = []
     for _, row in outs.iterrows():
         out_dt = str(row.get("output_dtype") or row.get("compute_dtype") or "")
+        sources, chain = passed_on(run, row)
+        if sources:
+            found.append(_passed_on_finding(run, row, out_dt, sources, chain))
+            continue
         if out_dt not in SIXTEEN_BIT:
             # float32 output: fine (even if compute was 16-bit, e.g. a final Activation float32)
             continue
@@ -123,3 +143,103 @@ def check(run: Run) -> list[Finding]:
             )
         )
     return found
+
+
+def _dtype(row: dict) -> str:
+    return str(row.get("output_dtype") or row.get("compute_dtype") or "")
+
+
+def _weightless(row: dict) -> bool:
+    """No weights and no activation of its own: what it gives, the layers before it made."""
+    params, act = finite(row.get("params")), row.get("activation")
+    return params == 0 and (not isinstance(act, str) or act == "linear")
+
+
+def passed_on(run: Run, row: dict) -> tuple[list[dict], list[str]]:
+    """(the 16-bit softmax or sigmoid layers whose output the output layer ``row`` passes on,
+    the weightless layers between them and it, nearest the activation first): looked through
+    at most :data:`PASS_HOPS` weightless, activation-free layers; none where ``row`` has weights
+    or an activation of its own, or the record has no graph columns."""
+    if not _weightless(dict(row)):
+        return [], []
+    sources: list[dict] = []
+    chain: list[str] = []
+    frontier: list[tuple[dict, list[str]]] = [(dict(row), [])]
+    for _ in range(PASS_HOPS + 1):
+        nxt: list[tuple[dict, list[str]]] = []
+        for r, path in frontier:
+            got = r.get("inputs")
+            for name in got if isinstance(got, (list, tuple)) else []:
+                src = layer_row(run, str(name))
+                if src is None or any(s["name"] == src["name"] for s in sources):
+                    continue
+                if src.get("activation") in SATURATING and _dtype(src) in SIXTEEN_BIT:
+                    sources.append(src)
+                    chain += [n for n in reversed(path) if n not in chain]
+                elif _weightless(src) and len(path) < PASS_HOPS:
+                    nxt.append((src, [*path, str(src["name"])]))
+        frontier = nxt
+    return sources, chain
+
+
+def _passed_on_finding(
+    run: Run, row: dict, out_dt: str, sources: list[dict], chain: list[str]
+) -> Finding:
+    """The output layer passes on a 16-bit softmax or sigmoid: the activation's layer, the
+    layers after it and the output, all float32."""
+    name, cls = str(row["name"]), str(row.get("class") or "Layer")
+    bits = [_dtype(s) for s in sources] + ([out_dt] if out_dt in SIXTEEN_BIT else [])
+    bad = "float16" if "float16" in bits else "bfloat16"
+    acts = sorted({str(s["activation"]) for s in sources})
+    what = f"the {' and '.join(acts)} of " + ", ".join(repr(str(s["name"])) for s in sources)
+    if out_dt in SIXTEEN_BIT:
+        title = (
+            f"Model output {name!r} ({cls}) passes on {what}, computed in {bad}: keep them float32"
+        )
+    else:
+        title = f"Model output {name!r} ({cls}) takes {what}, computed in {bad}: keep it float32"
+    srcs = "; ".join(
+        f"{s['name']!r} ({s.get('class')}, {s['activation']}"
+        + (f", width {int(finite(s.get('output_width')))}" if finite(s.get("output_width")) else "")
+        + f", output dtype {_dtype(s)})"
+        for s in sources
+    )
+    between = f", through {', '.join(repr(n) for n in chain)}" if chain else ""
+    evidence = (
+        f"layer {name!r}: policy {row.get('policy')}, compute dtype {row.get('compute_dtype')}, "
+        f"output dtype {row.get('output_dtype')}; it is the model's output, with no weights and no "
+        f"activation of its own: it gives what {srcs} computed{between}; a float32 {name!r} alone "
+        f"takes the probabilities already rounded to {bad} and hands their gradient back in {bad}"
+    )
+    keep = [*(str(s["name"]) for s in sources), *chain]
+    lines = [f"# every layer from the {' and '.join(acts)} to the output in float32 (a 16-bit "
+             "layer after a float32 one casts it back):"]  # fmt: skip
+    lines += [output_fix(run, s).splitlines()[0] for s in sources]
+    for n in [*chain, name]:
+        r = layer_row(run, n) or {"name": n}
+        if (
+            n == name
+            and out_dt not in SIXTEEN_BIT
+            and str(r.get("compute_dtype")) not in SIXTEEN_BIT
+        ):
+            continue  # already float32
+        lines += [ln for ln in output_fix(run, r).splitlines() if "apply_recommendations" not in ln
+                  and not ln.startswith("# or, without")]  # fmt: skip
+    lines += ["# or, without editing the model code:",
+              "model = mpwatch.apply_recommendations(model, findings).model"]  # fmt: skip
+    return RULE.finding(
+        "error" if bad == "float16" else "warning",
+        title,
+        evidence,
+        fix="\n".join(lines),
+        layer=name,
+        action={"dtype": "float32", "output": True, "float32_layers": keep},
+        data={
+            "output_dtype": row.get("output_dtype"),
+            "class": cls,
+            "application": None,
+            "activation": acts[0] if len(acts) == 1 else None,
+            "passed_on": [str(s["name"]) for s in sources],
+            "through": chain,
+        },
+    )
