@@ -343,3 +343,17 @@ def test_a_warning_root_takes_the_severity_of_the_errors_it_takes_in():
     (head,) = findings_of(found, RULE)
     assert "activation-overflow" in head.data["also"]
     assert head.severity == "error" == overflow.severity
+
+
+def test_a_model_without_a_forward_pass_gets_a_fix_that_keeps_its_own_loss():
+    """keras.io's VQ-VAE trainer (its train_step runs self.vqvae): no ``self(x)`` to call, so
+    the fix keeps the step's own forward pass and loss and scales that; a model with one gets
+    Keras' own pattern."""
+    (f,) = findings_of(diagnose(never_called(0)), RULE)
+    assert "self(x" not in f.fix and "compute_loss" not in f.fix
+    assert "scaled_loss = self.optimizer.scale_loss(loss)" in f.fix
+    assert "tape.gradient(scaled_loss, variables)" in f.fix
+    run = never_called(0)
+    run.train_step["has_call"] = True
+    (f,) = findings_of(diagnose(run), RULE)
+    assert "y_pred = self(x, training=True)" in f.fix

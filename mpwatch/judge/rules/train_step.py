@@ -60,6 +60,8 @@ with tf.GradientTape() as tape:
     scaled_loss = self.optimizer.scale_loss(loss)
 gradients = tape.gradient(scaled_loss, self.trainable_variables)
 self.optimizer.apply(gradients, self.trainable_variables)  # unscales, skips non-finite steps
+# a model without a forward pass of its own (a VQ-VAE or VAE trainer whose train step runs its
+# sub-models): its own forward pass and loss, as they are, scaled the same way
 ```
 
 ## References
@@ -332,7 +334,7 @@ def _loss_not_scaled(run: Run) -> Finding | None:
             severity,
             title,
             evidence,
-            fix=_scale_loss_fix(backend),
+            fix=_scale_loss_fix(backend, None, run.train_step.get("has_call")),
             data={
                 "cause": "loss_not_scaled",
                 "log2_ratio": got,
@@ -452,7 +454,9 @@ def _never_called_scale_loss(run: Run) -> Finding | None:
         severity,
         title,
         evidence,
-        fix=_scale_loss_fix(str(run.info.get("backend") or "tensorflow"), opts),
+        fix=_scale_loss_fix(
+            str(run.info.get("backend") or "tensorflow"), opts, run.train_step.get("has_call")
+        ),
         data={
             "cause": "loss_not_scaled",
             "scale_loss_calls": 0,
@@ -482,7 +486,13 @@ def _received(run: Run) -> str:
     )
 
 
-def _scale_loss_fix(backend: str, opts: list[dict[str, Any]] | None = None) -> str:
+def _scale_loss_fix(
+    backend: str, opts: list[dict[str, Any]] | None = None, has_call: Any = True
+) -> str:
+    """The train step's fix: its loss multiplied by the loss scale before the gradients are
+    taken. Keras' own pattern (``self(x)``, ``compute_loss``) for a model with a forward pass of
+    its own; for one without (a VQ-VAE or VAE trainer whose train step runs its sub-models: no
+    ``self(x)`` to call), the step's own forward pass and loss, kept as they are."""
     named = [str(o.get("name")) for o in opts or [] if not o.get("compiled")]
     if named:  # a GAN's own optimizers: each loss scaled by the optimizer that applies it
         lines = []
@@ -507,6 +517,14 @@ def _scale_loss_fix(backend: str, opts: list[dict[str, Any]] | None = None) -> s
             "with keras.StatelessScope(state_mapping=mapping):\n"
             "    loss = self.optimizer.scale_loss(loss)\n"
             "# then stateless_apply the gradients of that loss (it unscales them)"
+        )
+    if has_call is False:  # its own forward pass and loss, and the variables it differentiates
+        return (
+            "with tf.GradientTape() as tape:\n"
+            "    loss = ...  # your train step's forward pass and loss, as they are\n"
+            "    scaled_loss = self.optimizer.scale_loss(loss)  # multiply by the loss scale\n"
+            "grads = tape.gradient(scaled_loss, variables)  # the variables you differentiate\n"
+            "self.optimizer.apply(grads, variables)  # divides by it again"
         )
     return (
         "with tf.GradientTape() as tape:\n"
