@@ -44,3 +44,33 @@ def walk(model: Any) -> list[tuple[Any, str, int]]:
 
     rec(model, model.name, 1)
     return out
+
+
+def casts_constants(layer: Any) -> bool:
+    """Whether ``layer`` keeps constants cast to its compute dtype when it is built, adapted or
+    loaded (Keras' ``Normalization``: its mean and variance), which a later policy change leaves
+    as they were (:func:`recast_constants`)."""
+    return (
+        callable(getattr(layer, "finalize_state", None))
+        and bool(getattr(layer, "built", False))
+        and getattr(layer, "mean", None) is not None
+        and hasattr(layer, "variance")
+    )
+
+
+def recast_constants(layer: Any) -> tuple[Any, Any] | None:
+    """Keras' ``Normalization`` keeps its mean and variance as constants cast to its compute
+    dtype when it is built, adapted or loaded, not when its policy changes: under
+    mixed_float16 a feature whose mean or variance is beyond float16's 65504 (areas, prices:
+    a variance of 7e9) gives constants of inf, and the layer in float32 still divides by them.
+    Recomputed here in the dtype now in force (from its float32 ``adapt_mean`` and
+    ``adapt_variance``, or from the ``mean`` and ``variance`` it was given); returns the old
+    ones (to put back), or None for a layer without such constants."""
+    if not casts_constants(layer):
+        return None
+    old = (layer.mean, layer.variance)
+    if getattr(layer, "input_mean", None) is None:
+        layer.finalize_state()
+    else:
+        layer.build(layer._build_input_shape)
+    return old

@@ -43,7 +43,7 @@ from typing import Any
 from mpwatch.formats import is_16bit
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.scale_advice import optimizer_code
-from mpwatch.layers import walk
+from mpwatch.layers import casts_constants, recast_constants, walk
 
 __all__ = ["Applied", "apply_recommendations", "float32_layers"]
 
@@ -405,6 +405,8 @@ def apply_recommendations(model: Any, findings: Iterable[Finding],
             clone.build(model.input_shape if hasattr(model, "input_shape") else None)
         _float32_whole(clone, found)
         clone.set_weights(model.get_weights())
+        for layer in _all_layers(clone):  # an adapted Normalization: mean and variance, in its
+            recast_constants(layer)  # dtype now (set_weights leaves them as built: 0 and 1)
     else:
         found = list(targets)
         for name in targets:
@@ -415,8 +417,10 @@ def apply_recommendations(model: Any, findings: Iterable[Finding],
         opt = clone.optimizer  # Keras' wrapper under mixed_float16, where it added one
     classes = _layer_classes(model, findings)
     containers = {n for n in found if model is not None and _has_sublayers(model, n)}
+    by_name = {layer.name: layer for layer in _all_layers(model)} if model is not None else {}
+    restate = {n for n in found if casts_constants(by_name.get(n))}
     before = _before_build(advised if advised != old else None)
-    after = _after_build(found, chains, classes, loss_scale, growth, containers)
+    after = _after_build(found, chains, classes, loss_scale, growth, containers, restate)
     return Applied(
         model=clone,
         policy_map=policy_map,
@@ -464,9 +468,11 @@ def _before_build(policy: str | None) -> str:
 
 def _after_build(layers: list[str], chains: dict[str, list[str]], classes: dict[str, str],
                  loss_scale: float | None, growth: int | None,
-                 containers: Collection[str] = ()) -> str:  # fmt: skip
+                 containers: Collection[str] = (),
+                 restate: Collection[str] = ()) -> str:  # fmt: skip
     """The code to run on the built ``model`` before it is compiled (``containers``: the layers
-    that hold layers, switched with all of them)."""
+    that hold layers, switched with all of them; ``restate``: those whose constants Keras cast
+    when they were built or adapted, an adapted ``Normalization``'s mean and variance)."""
     lines: list[str] = []
     if layers:
         lines.append("# once the model is built, before it is compiled: these layers in float32")
@@ -481,6 +487,9 @@ def _after_build(layers: list[str], chains: dict[str, list[str]], classes: dict[
                 continue
             lines.append(f'# (or where it is created: {cls}(..., name="{name}", dtype="float32"))')
             lines.append(f'model{calls}.dtype_policy = "float32"')
+            if name in restate:
+                lines.append(f"model{calls}.finalize_state()  # its mean and variance again, "
+                             "in float32 (Keras cast them when it was adapted)")  # fmt: skip
     if loss_scale is not None or growth is not None:
         lines.append("# `optimizer`: your optimizer (Adam, ...), not a LossScaleOptimizer")
         lines.append(optimizer_code(loss_scale, growth))

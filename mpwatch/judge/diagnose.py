@@ -53,6 +53,7 @@ LAYER_CAUSE_RULES = (
     "id-rounding",
     "output-rel-error",
     "gradient-error",
+    "bad-batches",  # (only its input-scale finding names a layer: the one taking it in float16)
 )
 
 
@@ -89,15 +90,22 @@ OVERFLOW_CONSEQUENCES = ("skipped-steps", "loss-scale", "gradient-underflow", "g
 def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
     """Where ``activation-overflow`` found what no loss scale changes (an error with
     ``data["any_scale"]``: an activation out of float16's range, or gradients non-finite at a
-    scale of 1 or less), the findings of
-    :data:`OVERFLOW_CONSEQUENCES` of the same run become its evidence (``"; also: ..."``,
-    ``data["also"]``) instead of findings of their own."""
+    scale of 1 or less), or ``bad-batches`` found the features' own scale beyond float16's
+    range taken in float16 (``cause`` ``input_scale``, with the layers: inf at any scale), the
+    findings of :data:`OVERFLOW_CONSEQUENCES` of the same run become its evidence (``"; also:
+    ..."``, ``data["also"]``) instead of findings of their own."""
     return fold_into_root(
         findings,
         lambda f: (
-            f.rule == "activation-overflow"
-            and f.severity == "error"
-            and bool(f.data.get("any_scale"))
+            f.severity == "error"
+            and (
+                (f.rule == "activation-overflow" and bool(f.data.get("any_scale")))
+                or (
+                    f.rule == "bad-batches"
+                    and f.data.get("cause") == "input_scale"
+                    and bool(f.data.get("layers"))
+                )
+            )
         ),
         lambda f: f.rule in OVERFLOW_CONSEQUENCES,
     )

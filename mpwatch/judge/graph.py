@@ -222,3 +222,25 @@ def id_inputs(run: Run) -> list[str]:
             if r.get("integer_valued") and n not in found:
                 found.append(n)
     return found
+
+
+#: layers that bring raw features into range (kept float32, they take the raw values)
+NORMALIZING = ("Normalization", "Rescaling", "BatchNormalization", "LayerNormalization",
+               "GroupNormalization", "UnitNormalization")  # fmt: skip
+
+
+def input_layers(run: Run) -> list[dict[str, Any]] | None:
+    """The layers that take a model input straight from the data (their recorded inputs name a
+    layer the table lacks: a model's ``InputLayer``); None where the record does not say (no
+    graph columns, a subclassed model)."""
+    rows = _rows(run)
+    if not rows or "inputs" not in run.layers:
+        return None
+    names = {str(r["name"]) for r in rows}
+    out = [
+        r
+        for r in rows
+        if isinstance(r.get("inputs"), (list, tuple))
+        and any(str(n) not in names for n in r["inputs"])
+    ]
+    return out or None

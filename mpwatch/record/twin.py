@@ -39,7 +39,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from mpwatch.layers import walk
+from mpwatch.layers import recast_constants, walk
 
 MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
 
@@ -124,9 +124,13 @@ class PolicyView:
         if self._saved is not None:
             raise RuntimeError("mpwatch: a PolicyView is not re-entrant")
         self._saved = [(layer, layer.dtype_policy) for layer in self._targets]
+        self._constants: list[tuple[Any, tuple[Any, Any]]] = []
         try:
             for layer in self._targets:
                 layer.dtype_policy = self.policy
+                old = recast_constants(layer)
+                if old is not None:
+                    self._constants.append((layer, old))
         except Exception:
             self._restore()
             raise
@@ -138,7 +142,9 @@ class PolicyView:
     def _restore(self) -> None:
         for layer, old in self._saved or []:
             layer.dtype_policy = old
-        self._saved = None
+        for layer, (mean, variance) in getattr(self, "_constants", []):
+            layer.mean, layer.variance = mean, variance
+        self._saved, self._constants = None, []
 
 
 def random_layers(model: Any) -> list[Any]:

@@ -615,3 +615,33 @@ def test_the_first_findings_direction_wins(policy):
     assert policy_first.policy == "float32" and policy_first.layers == []
     assert {p for _, _, p in _policies(policy_first.model)} == {"float32"}
     assert len(policy_first.notes) == 1 and "moot" in policy_first.notes[0]
+
+
+def test_an_adapted_normalization_in_float32_keeps_its_mean_and_variance(policy):
+    """Keras casts an adapted Normalization's mean and variance when it is adapted or loaded, not
+    when its policy changes: the clone (weights copied) and the snippet (policy set on the built
+    model) both give numpy's float64 standardization of features float16 cannot hold."""
+    import keras
+
+    rng = np.random.default_rng(4)
+    data = np.stack([rng.uniform(500, 5000, 256), rng.uniform(1e4, 3e5, 256)], 1)
+    want = (data[:16] - data.mean(axis=0)) / data.std(axis=0)
+
+    def build():
+        norm = keras.layers.Normalization(name="normalization")
+        norm.adapt(data.astype("float32"))
+        inp = keras.Input((2,))
+        return keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="out")(norm(inp)))
+
+    with policy("mixed_float16"):
+        model = build()
+        res = mpwatch.apply_recommendations(model, [_keep("normalization")])
+        again = build()
+    x = data[:16].astype("float32")
+    assert not np.isfinite(np.asarray(model.get_layer("normalization")(x))).all()
+    got = np.asarray(res.model.get_layer("normalization")(x))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert 'model.get_layer("normalization").finalize_state()' in res.snippet
+    exec(res.after_build, {"model": again})  # noqa: S102  (the snippet, as written)
+    got = np.asarray(again.get_layer("normalization")(x))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

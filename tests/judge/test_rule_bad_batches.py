@@ -154,3 +154,66 @@ def test_skips_a_probe_saw_coming_are_the_model_overflow_of_the_layer_it_names()
     assert findings_of(found, "skipped-steps") == []
     (head,) = [f for f in found if f.layer == "predictions" and f.severity == "error"]
     assert "skipped-steps" in head.data["also"]
+
+
+# --- the features' own scale beyond float16's range (a tabular model's raw areas and prices) ----
+def _scaled_features_run(first="Normalization", dtype="float16", every=True, graph=True):
+    """40 batches of raw features (numpy: a column of prices up to 3e5), ``every`` batch or one in
+    ten past float16's range; the model's first layer ``first`` computes in ``dtype``."""
+    from builders import graph_row
+
+    rng = np.random.default_rng(1)
+    peak = {}
+    for s in range(1, 41):
+        x = np.stack([rng.uniform(0, 1, 64), rng.uniform(1e4, 3e5 if every or s % 10 == 0
+                                                          else 6e4, 64)], 1)  # fmt: skip
+        peak[s] = float(np.abs(x).max())
+    rows = [graph_row("norm", first, inputs=["input_layer"], params=0, dtype=dtype),
+            graph_row("dense", inputs=["norm"], act="relu", width=8, dims={"units": 8}),
+            graph_row("out", inputs=["dense"], width=1, dims={"units": 1}, out=True,
+                      dtype="float32")]  # fmt: skip
+    run = make_run(layers=rows, scalars={contract.INPUT_MAX_ABS: peak,
+                                         contract.INPUT_NONFINITE_COUNT: {1: 0.0}})  # fmt: skip
+    if not graph:
+        run.layers = run.layers.drop(columns=contract.LAYERS_GRAPH_COLUMNS)
+    return run, peak
+
+
+def test_every_batch_beyond_float16_is_the_features_scale_and_names_the_layer_taking_it():
+    run, peak = _scaled_features_run()
+    (f,) = findings_of(diagnose(run), "bad-batches")
+    beyond = sorted(s for s, v in peak.items() if v > 65504)
+    assert len(beyond) == 40 and f.severity == "error" and f.layer == "norm"
+    assert f.data == {"cause": "input_scale", "steps": beyond, "layers": ["norm"]}
+    assert "not bad records" in f.evidence and "'norm' (Normalization)" in f.evidence
+    assert 'keras.layers.Normalization(..., dtype="float32", name="norm")' in f.fix
+    assert "before adapt" in f.fix and "filter" not in f.fix  # no record is dropped
+    assert f.action == {"dtype": "float32"}
+
+
+def test_the_features_scale_into_a_float16_dense_asks_for_a_float32_normalization_first():
+    run, _ = _scaled_features_run(first="Dense")
+    (f,) = findings_of(diagnose(run), "bad-batches")
+    assert f.layer == "norm" and f.action == {}  # a Dense in float32 is no normalization
+    assert 'norm = keras.layers.Normalization(dtype="float32")' in f.fix
+
+
+def test_values_beyond_float16_that_reach_only_float32_layers_are_no_finding():
+    """The fix applied (the Normalization that takes the raw features in float32): float16
+    never sees them, and no step skipped on them is theirs."""
+    run, _ = _scaled_features_run(dtype="float32")
+    assert findings_of(diagnose(run), "bad-batches") == []
+
+
+def test_a_few_batches_beyond_float16_are_still_bad_batches():
+    run, peak = _scaled_features_run(every=False)
+    (f,) = findings_of(diagnose(run), "bad-batches")
+    assert f.data["steps"] == sorted(s for s, v in peak.items() if v > 65504) == [10, 20, 30, 40]
+    assert f.data["cause"] == "input" and "filter" in f.fix
+
+
+def test_without_the_graph_every_batch_beyond_float16_is_still_the_features_scale():
+    run, _ = _scaled_features_run(graph=False)
+    (f,) = findings_of(diagnose(run), "bad-batches")
+    assert f.data["cause"] == "input_scale" and f.layer is None and f.data["layers"] == []
+    assert "norm.adapt(x_train)" in f.fix

@@ -252,3 +252,34 @@ def test_probe_records_the_batch_and_integer_ids_a_cast_rounds(mixed16):
     assert row["consumers"] == [model.layers[1].name]
     truth = int(np.count_nonzero(ids.astype(np.float16).astype(np.float32) != ids))
     assert truth == 9 and row["changed"] == truth
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["adapted", "mean-and-variance-given"])
+def test_a_float32_view_of_a_normalization_standardizes_features_float16_cannot_hold(
+    mixed16, given
+):
+    """Keras' Normalization casts its mean and variance to its compute dtype when it is built or
+    adapted: a feature of prices (mean 1.5e5, variance 7e9) gives inf constants under
+    mixed_float16, and a policy switched later still divides by them. The view computes what
+    numpy's standardization in float64 gives, and puts the float16 layer back as it was."""
+    rng = np.random.default_rng(3)
+    data = np.stack([rng.uniform(500, 5000, 256), rng.uniform(1e4, 3e5, 256)], 1)
+    mean, var = data.mean(axis=0), data.var(axis=0)
+    if given:
+        norm = keras.layers.Normalization(mean=mean, variance=var, name="norm")
+    else:
+        norm = keras.layers.Normalization(name="norm")
+        norm.adapt(data.astype("float32"))
+    inp = keras.Input((2,))
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(norm(inp)))
+    x = data[:16].astype("float32")
+    want = (data[:16] - mean) / np.sqrt(var)
+    before = np.asarray(norm(x))
+    assert before.dtype == np.float16 and not np.isfinite(before).all()
+    with PolicyView(model, "float32"):
+        got = np.asarray(norm(x))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    after = np.asarray(norm(x))
+    assert after.dtype == np.float16 and not np.isfinite(after).all()  # as it was
+    assert norm.compute_dtype == "float16"

@@ -67,6 +67,7 @@ from typing import Any
 
 from mpwatch.formats import FLOAT16
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.graph import NORMALIZING
 from mpwatch.judge.rule import (
     HEADROOM_WARN_BITS,
     Overflow,
@@ -85,6 +86,13 @@ from mpwatch.words import loss_scale
 
 #: the fix's other way out, left out where the probe checked it and it did not fix the pass
 NORMALIZE_ALTERNATIVE = "# or normalize / scale the input of this layer"
+
+
+def _alternative(cls: str | None) -> str:
+    """The normalize alternative, on its own line; none for a layer that normalizes (its input
+    is what it brings into range: normalizing before it is that layer's job)."""
+    return "" if cls in NORMALIZING else "\n" + NORMALIZE_ALTERNATIVE
+
 
 RULE = Rule(
     id="activation-overflow",
@@ -193,7 +201,7 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
         )
         action = {}
     else:
-        fix = keep_float32_fix(root, cls, run) + "\n" + NORMALIZE_ALTERNATIVE
+        fix = keep_float32_fix(root, cls, run) + _alternative(cls)
         if preflight:
             fix = "# when you switch to mixed_float16:\n" + fix
         action = {} if preflight or root in effective_float32(run) else {"dtype": "float32"}
@@ -247,7 +255,7 @@ def check(run: Run) -> list[Finding]:
             if preflight
             else f"Activations of layer {label} come within {head:.1f} doublings of {FLOAT16.max:g}"
         )
-        fix = keep_float32_fix(name, cls, run) + "\n" + NORMALIZE_ALTERNATIVE
+        fix = keep_float32_fix(name, cls, run) + _alternative(cls)
         if preflight:
             fix = "# when you switch to mixed_float16:\n" + fix
         found.append(

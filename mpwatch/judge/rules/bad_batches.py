@@ -15,7 +15,18 @@ overflow to the next one. The data needs cleaning or normalizing.
 
 ## Threshold
 Any batch with NaN/inf features: error. Features beyond {F16_MAX:g} under float16 math: error
-when a step was skipped on such a batch, else warning (a float32 first layer took them).
+when a step was skipped on such a batch, else warning. Not a bad batch, and no finding of this
+rule:
+
+- values beyond {F16_MAX:g} where every layer that takes the model's inputs computes in float32
+  (the layer table's graph): float16 never sees them (an adapted `Normalization` in float32
+  brings them into range first);
+- values beyond {F16_MAX:g} in {SYSTEMATIC_SHARE:.0%} of the batches or more: that is the
+  features' own scale (areas, prices), not bad records, and dropping them would drop the data.
+  The finding then says so (error): the input reaches that far in so many batches, the layers
+  that take it in float16, and the fix is theirs: a normalizing layer that takes the raw
+  features (`Normalization`, `Rescaling`) kept float32 where it is created (before `adapt`), or
+  an adapted `Normalization` in float32 first in the model.
 
 ## Example evidence
 ```text
@@ -40,22 +51,26 @@ ds = ds.filter(lambda x, y: tf.reduce_all(tf.math.is_finite(x))
 
 from __future__ import annotations
 
+from typing import Any
+
 from mpwatch import contract
-from mpwatch.formats import FLOAT16
+from mpwatch.formats import FLOAT16, SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.rule import Rule, fmt
+from mpwatch.judge.graph import NORMALIZING, input_layers
+from mpwatch.judge.rule import Rule, fmt, layer_constructor
 from mpwatch.judge.skip_causes import bad_input_steps, steps_text
 from mpwatch.read.run import Run
 
 F16_MAX = FLOAT16.max
 STEPS_SHOWN = 6
+SYSTEMATIC_SHARE = 0.5  # batches beyond float16's range: from this share on, the data's scale
 
 RULE = Rule(
     id="bad-batches",
     title="Batches with NaN/inf or out-of-range inputs",
     severities=("warning", "error"),
     doc=__doc__,
-    thresholds={"F16_MAX": F16_MAX},
+    thresholds={"F16_MAX": F16_MAX, "SYSTEMATIC_SHARE": SYSTEMATIC_SHARE},
 )
 
 
@@ -64,14 +79,76 @@ def check(run: Run) -> list[Finding]:
     bad = bad_input_steps(run)
     if not bad:
         return []
+    peak = run.scalar(contract.INPUT_MAX_ABS).dropna()
+    n_batches = len(peak) or len(run.scalar(contract.INPUT_NONFINITE_COUNT).dropna())
+    beyond = [s for s, why in bad.items() if "NaN/inf" not in why]
+    takers = input_layers(run)
+    if beyond and takers is not None and not any(_in_16bit(r) for r in takers):
+        bad = {s: why for s, why in bad.items() if s not in beyond}  # float16 never sees them
+        beyond = []
+    found: list[Finding] = []
+    if beyond and len(beyond) >= SYSTEMATIC_SHARE * n_batches:
+        found.append(_scale_finding(run, beyond, n_batches, peak, takers))
+        bad = {s: why for s, why in bad.items() if s not in beyond}
+    if not bad:
+        return found
+    return found + _bad_batches(run, bad, peak, n_batches)
+
+
+def _in_16bit(row: dict) -> bool:
+    return str(row.get("compute_dtype")) in SIXTEEN_BIT
+
+
+def _scale_finding(
+    run: Run, beyond: list[int], n_batches: int, peak: Any, takers: list[dict] | None
+) -> Finding:
+    """Most batches beyond float16's range: the features' scale, and the layers taking it."""
+    top = float(peak.max()) if len(peak) else float("nan")
+    low = [r for r in takers or [] if _in_16bit(r)]
+    names = ", ".join(f"{r['name']!r} ({r.get('class')})" for r in low)
+    evidence = (
+        f"{len(beyond)} of {n_batches} batches reach beyond float16's {F16_MAX:g} (up to "
+        f"{fmt(top)}): the features' own scale, not bad records"
+        + (f"; the model takes them in float16 in {names}: they are inf there, whatever the loss "
+           "scale" if low else "")
+    )  # fmt: skip
+    lines = []
+    for r in low:
+        cls = str(r.get("class"))
+        if cls in NORMALIZING:
+            lines.append(
+                f'{layer_constructor(run, cls)}(..., dtype="float32", name="{r["name"]}")  # '
+                "where it is created (before adapt): it takes the raw features in float32"
+            )
+    if not lines or len(lines) < len(low):
+        lines += [
+            "# normalize them first, in float32: float16 never sees the raw values",
+            'norm = keras.layers.Normalization(dtype="float32")',
+            "norm.adapt(x_train)               # the training features, once",
+            "x = norm(inputs)                  # first thing the model does with them",
+        ]
+    return RULE.finding(
+        "error",
+        f"The input reaches {fmt(top)} in {len(beyond)} of {n_batches} batches, beyond "
+        f"float16's {F16_MAX:g}"
+        + (f": {low[0]['name']!r} takes it in float16" if len(low) == 1 else ""),  # fmt: skip
+        evidence,
+        fix="\n".join(lines),
+        layer=str(low[0]["name"]) if len(low) == 1 else None,
+        action={"dtype": "float32"}
+        if len(low) == 1 and str(low[0].get("class")) in NORMALIZING
+        else {},
+        data={"cause": "input_scale", "steps": beyond, "layers": [str(r["name"]) for r in low]},
+    )
+
+
+def _bad_batches(run: Run, bad: dict[int, str], peak: Any, n_batches: int) -> list[Finding]:
     skipped = run.skipped_steps()
     skipped_steps = {int(s) for s, n in skipped.items() if n}
     steps = sorted(bad)
     nonfinite = [s for s in steps if "NaN/inf" in bad[s]]
     hit = [s for s in steps if s in skipped_steps]
-    peak = run.scalar(contract.INPUT_MAX_ABS).dropna()
     sound = peak[[int(s) not in bad for s in peak.index]]
-    n_batches = len(peak) or len(run.scalar(contract.INPUT_NONFINITE_COUNT).dropna())
     parts = [
         f"step {s} ({bad[s]}{'; skipped' if s in skipped_steps else ''})"
         for s in steps[:STEPS_SHOWN]
