@@ -16,7 +16,8 @@ seed. Four break the train step's own contract, two feed it data float16 cannot 
   the records filtered out.
 - ``unnormalized``: tabular data with raw dollar amounts up to 6e4 into three Dense layers under
   mixed_float16 (each layer's output near float16's maximum; the scaled gradients overflow).
-  Fixed: a ``keras.layers.Normalization`` adapted on the training features, first in the model.
+  Fixed: a ``keras.layers.Normalization`` adapted on the training features, first in the model,
+  in float32.
 
 ``train(name, logdir, fixed=False, epochs=...)`` trains one (with mpwatch's monitor) and returns
 ``(model, history)``; ``BAD_STEPS`` are the steps of ``bad_batches``' bad batches.
@@ -243,8 +244,8 @@ def unnormalized_model(fixed: bool = False) -> Any:
 
     inp = keras.Input((8,))
     h = inp
-    if fixed:  # the finding's fix: Normalization adapted on the training features
-        norm = keras.layers.Normalization()
+    if fixed:  # the finding's fix: Normalization adapted on the training features, in float32
+        norm = keras.layers.Normalization(dtype="float32")
         norm.adapt(unnormalized_data()[0])
         h = norm(h)
     for i in (1, 2, 3):

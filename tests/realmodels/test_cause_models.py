@@ -227,3 +227,10 @@ def test_unnormalized_inputs_the_checked_fix_is_normalization(cm, trained):
     causes = skip_causes(mpwatch.load_run(fixed_logdir))
     assert [c for c in causes if c.cause != "descent"] == []
     assert fixed_history.history["loss"][-1] < 1.0 < history.history["loss"][-1]
+    # and it learns from the amounts: below chance (ln 2), its Normalization standardizing them as
+    # numpy does (a float16 one, as the fix once read, gives 0 for them: a variance past 65504)
+    assert fixed_history.history["loss"][-1] < 0.6 < math.log(2)
+    norm = next(ly for ly in fixed.layers if type(ly).__name__ == "Normalization")
+    x64 = x.astype(np.float64)
+    want = (x64[:64] - x64.mean(axis=0)) / x64.std(axis=0)
+    np.testing.assert_allclose(np.asarray(norm(x[:64]), np.float64), want, rtol=1e-3, atol=1e-3)

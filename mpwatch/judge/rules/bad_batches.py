@@ -39,7 +39,8 @@ float16's 65504; skipped); every other batch peaks at 4.2
 # drop (or repair) the bad records before they reach the model, e.g. in tf.data:
 ds = ds.filter(lambda x, y: tf.reduce_all(tf.math.is_finite(x))
                & (tf.reduce_max(tf.abs(x)) < 65504.0))
-# and normalize features to a small range (keras.layers.Normalization adapted on clean data)
+# and normalize features to a small range (keras.layers.Normalization adapted on clean data,
+# in float32)
 ```
 
 ## References
@@ -185,7 +186,7 @@ def _bad_batches(run: Run, bad: dict[int, str], peak: Any, n_batches: int) -> li
                 "ds = ds.filter(lambda x, y: tf.reduce_all(tf.math.is_finite(x))\n"
                 f"               & (tf.reduce_max(tf.abs(x)) < {F16_MAX:g}.0))\n"
                 "# and normalize features to a small range (keras.layers.Normalization adapted "
-                "on clean data)"
+                "on clean data, in float32)"
             ),
             data={
                 "cause": "input",
