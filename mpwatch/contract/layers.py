@@ -85,6 +85,22 @@ SCHEMA = s._record_schema(
             "__main__ or the user's package for a custom layer); absent in older records",
             additionalProperties=s._str(),
         ),
+        "cast_constants": s._t(
+            "object",
+            "each 16-bit layer whose constants Keras cast to its dtype (an adapted "
+            "Normalization's mean and variance) and that lost features in the cast -> its dtype, "
+            "its features and how many it lost (cast mean or variance not finite, or a variance "
+            "flushed to 0); absent where none lost any",
+            additionalProperties=s._t(
+                "object",
+                "one layer's cast",
+                properties={
+                    "dtype": s._str("its compute dtype"),
+                    "features": s._int("features it normalizes"),
+                    "lost": s._int("features whose cast constants it cannot use"),
+                },
+            ),
+        ),
     },
     ["layers"],
 )

@@ -53,6 +53,7 @@ LAYER_CAUSE_RULES = (
     "id-rounding",
     "output-rel-error",
     "gradient-error",
+    "input-range",  # (only its cast-constants finding names a layer: a float16 Normalization)
     "bad-batches",  # (only its input-scale finding names a layer: the one taking it in float16)
 )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.formats import FLOAT32_INSIDE, is_16bit
-from mpwatch.layers import sublayers, walk
+from mpwatch.layers import casts_constants, sublayers, walk
 from mpwatch.record import memory
 from mpwatch.record.base import ALWAYS_QUIET, RecordingCallback
 from mpwatch.record.layer_graph import graph_columns
@@ -154,6 +154,41 @@ def layer_rows(
     return rows
 
 
+def cast_constants(model: Any) -> dict[str, dict[str, Any]]:
+    """Each layer computing in 16 bits whose constants Keras cast to that dtype (an adapted or
+    given ``Normalization``: its mean and variance, cast once when it was built, adapted or
+    loaded) and that lost features in the cast: ``{"dtype", "features", "lost"}``, ``lost`` the
+    features whose cast mean or variance is not finite, or whose variance fell to 0 from a
+    positive one (the layer then gives 0, NaN or inf for them). Layers that lost none: absent."""
+    import numpy as np
+    from keras import ops
+
+    out: dict[str, dict[str, Any]] = {}
+    for layer, _, _ in walk(model):
+        try:
+            if not casts_constants(layer) or not is_16bit(str(layer.compute_dtype)):
+                continue
+            mean = np.asarray(ops.convert_to_numpy(layer.mean), np.float64).ravel()
+            var = np.asarray(ops.convert_to_numpy(layer.variance), np.float64).ravel()
+            src = getattr(layer, "adapt_variance", None)
+            if getattr(layer, "input_variance", None) is not None or src is None:
+                src = getattr(layer, "input_variance", None)
+            src_var = np.broadcast_to(
+                np.asarray(ops.convert_to_numpy(src), np.float64).ravel() if src is not None
+                else var, var.shape,
+            )  # fmt: skip
+            lost = ~np.isfinite(mean) | ~np.isfinite(var) | ((var == 0) & (src_var > 0))
+            if lost.any():
+                out[layer.name] = {
+                    "dtype": str(layer.compute_dtype),
+                    "features": int(var.size),
+                    "lost": int(lost.sum()),
+                }
+        except Exception:  # noqa: BLE001  (a layer of another shape: nothing to say)
+            logger.debug("mpwatch: cast constants of %s unread", layer.name, exc_info=True)
+    return out
+
+
 def class_modules(model: Any) -> dict[str, str]:
     """Each layer class in the table -> the module it is defined in (``keras.src.layers.core.dense``
     for Keras' own, ``__main__`` or the user's package for a custom layer): the judge writes a fix
@@ -249,10 +284,14 @@ class LayerDtypeMonitor(RecordingCallback):
     def table(
         self, traced: dict[int, str] | None = None, widths: dict[int, int] | None = None
     ) -> dict[str, Any]:
-        return {
+        payload = {
             "layers": contract.table(COLUMNS, layer_rows(self.model, traced, widths)),
             "class_modules": class_modules(self.model),
         }
+        lost = cast_constants(self.model)
+        if lost:
+            payload["cast_constants"] = lost
+        return payload
 
     def _begin(self) -> None:
         self._last = getattr(self.state, "layers_payload", None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from builders import findings_of, healthy_run, model_row, probe_layer
+from builders import findings_of, healthy_run, make_run, model_row, probe_layer
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
@@ -147,3 +147,39 @@ def test_a_gradient_fix_that_leaves_the_error_is_withdrawn():
     (f,) = findings_of(diagnose(_gradient_run(0.11)), "gradient-error")
     assert f.severity == "info" and f.action == {} and "does not fix" in f.title
     assert "leaves its gradient error at 11.0% (from 12.0%)" in f.evidence
+
+
+# --- a float16 Normalization whose cast mean or variance lost features (layers record) ---------
+def _lost_run(lost=4, with_bad_batches=False):
+    from builders import graph_row
+
+    rows = [graph_row("norm", "Normalization", inputs=["input_layer"], params=0),
+            graph_row("dense", inputs=["norm"], act="relu", width=8, dims={"units": 8}),
+            graph_row("out", inputs=["dense"], width=1, dims={"units": 1}, out=True,
+                      dtype="float32")]  # fmt: skip
+    scalars = {}
+    if with_bad_batches:  # every batch past float16's range, into the same layer
+        scalars = {contract.INPUT_MAX_ABS: {s: 3e5 for s in range(1, 21)},
+                   contract.INPUT_NONFINITE_COUNT: {1: 0.0}}  # fmt: skip
+    run = make_run(layers=rows, scalars=scalars)
+    payload = {"layers": {}, "class_modules": {"Normalization": "keras.src.layers"}}
+    if lost:
+        payload["cast_constants"] = {"norm": {"dtype": "float16", "features": 8, "lost": lost}}
+    run.records[contract.KIND_LAYERS] = [(0, payload)]
+    return run
+
+
+def test_a_float16_normalization_that_lost_features_is_an_error_on_that_layer():
+    (f,) = findings_of(diagnose(_lost_run()), "input-range")
+    assert f.severity == "error" and f.layer == "norm" and f.action == {"dtype": "float32"}
+    assert "4 of 8 features come out 0" in f.title
+    assert 'keras.layers.Normalization(..., dtype="float32", name="norm")' in f.fix
+    assert 'model.get_layer("norm").finalize_state()' in f.fix
+    assert findings_of(diagnose(_lost_run(lost=0)), "input-range") == []
+
+
+def test_the_same_layer_taking_raw_features_past_float16_is_one_finding():
+    found = diagnose(_lost_run(with_bad_batches=True))
+    (f,) = findings_of(found, "input-range")
+    assert findings_of(found, "bad-batches") == []  # merged into it: one cause, one finding
+    assert "bad-batches" in f.data["also"]

@@ -99,3 +99,40 @@ def test_subclassed_output_dtypes_are_traced(tmp_path, policy, read_events):
     assert rows["bn"]["effective_dtype"] == "float32"
     assert rows["head"]["output_dtype"] == "float16"  # the float16 softmax mistake
     assert rows["head"]["is_output"] is True
+
+
+def test_a_float16_normalization_that_lost_features_in_its_cast_is_recorded(
+    tmp_path, policy, read_events
+):
+    """Raw amounts (standard deviation ~17000, variance past float16's 65504) and small counts
+    through an adapted Normalization: under mixed_float16 Keras casts its variance to float16
+    once, inf for the amounts, and the layer gives 0 for them; the record counts exactly the
+    features numpy finds past float16's range, and a float32 Normalization records none."""
+    import keras
+
+    import mpwatch
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(0, 6e4, (256, 3)), rng.integers(0, 20, (256, 5))], 1)
+    x = x.astype("float32")
+    truth = int(((x.astype(np.float64).var(axis=0) > 65504)
+                 | (np.abs(x.astype(np.float64).mean(axis=0)) > 65504)).sum())  # fmt: skip
+    assert truth == 3
+    for dtype, want in (
+        (None, {"dtype": "float16", "features": 8, "lost": truth}),
+        ("float32", None),
+    ):
+        with policy("mixed_float16"):
+            norm = keras.layers.Normalization(name="norm", **({"dtype": dtype} if dtype else {}))
+            norm.adapt(x)
+            inp = keras.Input((8,))
+            model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(norm(inp)))
+            model.compile("sgd", "mse")
+            out = tmp_path / str(dtype)
+            model.fit(x, x[:, :1], batch_size=64, epochs=1, verbose=0,
+                      callbacks=[mpwatch.LayerDtypeMonitor(out)])  # fmt: skip
+        if dtype is None:  # what the layer gives: 0 for the amounts
+            assert np.all(np.asarray(norm(x[:8]), np.float32)[:, :3] == 0)
+        _, records = read_events(out)
+        (_, payload), *_ = records["layers"]
+        assert payload.get("cast_constants", {}).get("norm") == want

@@ -14,6 +14,13 @@ down, a `Normalization` or another normalization layer: keras.applications'
 the inputs' scale, and the probe does not try it (standardized pixels would reach the model's
 own rescaling as a nearly constant image: finite, and no fix).
 
+A `Normalization` layer computing in float16 whose mean or variance float16 cannot hold (the
+layers record's `cast_constants`: Keras casts them to the layer's dtype once, when it is
+adapted, built or loaded; a variance past 65504 is inf) gives 0, NaN or inf for those features:
+the model trains on without them, at any loss scale and with no overflow to see (the project's
+unnormalized amounts, standard deviation 17000, through a float16 `Normalization`: 4 of 8
+features 0, loss 0.693, chance). That is an error of its own, on that layer, probe or not.
+
 ## Why it matters
 Keeping the first layer in float32 moves the overflow to the next one; diagnosed again, the next
 layer is blamed. The loss scale falls to where nothing is protected, and steps are skipped. A
@@ -53,6 +60,8 @@ float16 `Normalization`: loss 0.693, chance, after one epoch; in float32: 0.514)
 
 from __future__ import annotations
 
+from mpwatch import contract
+from mpwatch.formats import FLOAT16
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.fix_checks import describe, latest_checks, works
@@ -88,6 +97,45 @@ CONSEQUENCES = (
 
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
+    return _lost_features(run) + _range(run)
+
+
+def _lost_features(run: Run) -> list[Finding]:
+    """A 16-bit ``Normalization`` whose cast mean or variance lost features (layers record)."""
+    recs = run.records.get(contract.KIND_LAYERS) or []
+    lost = (recs[-1][1].get("cast_constants") or {}) if recs else {}
+    found = []
+    for name, info in lost.items():
+        dtype, n, k = info.get("dtype"), info.get("features"), info.get("lost")
+        found.append(
+            RULE.finding(
+                "error",
+                f"Normalization {name!r} computes in {dtype}: {k} of {n} features come out 0, "
+                f"NaN or inf",
+                f"layer {name!r} computes in {dtype}, and Keras cast its mean and variance to "
+                f"{dtype} once (when it was adapted or built): for {k} of its {n} features "
+                f"they are not finite (a variance past {FLOAT16.max:g}: a standard deviation "
+                "past 256) or a variance fell to 0, so it gives x / inf = 0, NaN or inf for "
+                "them whatever the loss scale: the model trains without those features",
+                fix=(
+                    f'keras.layers.Normalization(..., dtype="float32", name="{name}")  # where '
+                    "it is created, before adapt()\n"
+                    "# or, on the built model: the policy, then its mean and variance again\n"
+                    f'model.get_layer("{name}").dtype_policy = "float32"\n'
+                    f'model.get_layer("{name}").finalize_state()\n'
+                    "# or, without editing the model code:\n"
+                    "model = mpwatch.apply_recommendations(model, findings).model"
+                ),
+                layer=name,
+                action={"dtype": "float32"},
+                data={"cause": "cast_constants", "dtype": dtype, "features": n, "lost": k},
+            )
+        )
+    return found
+
+
+def _range(run: Run) -> list[Finding]:
+    """The probe's checks: normalizing the inputs fixes the pass, keeping layers float32 not."""
     got = latest_checks(run)
     if got is None:
         return []
