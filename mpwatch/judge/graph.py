@@ -78,7 +78,7 @@ def _width_arg(row: Mapping[str, Any]) -> int | None:
     return int(w) if _known(w) and str(row.get("class")) == "Dense" else None
 
 
-def output_fix(run: Run, row: Mapping[str, Any]) -> str:
+def output_fix(run: Run, row: Mapping[str, Any], tail: bool = True) -> str:
     """The fix, as the user's code, that makes the model output ``row`` (a layer-table row)
     float32: the layer itself with ``dtype="float32"`` (its units and activation as recorded);
     for a Dense or convolution with a non-linear activation, also the layer with
@@ -120,8 +120,8 @@ def output_fix(run: Run, row: Mapping[str, Any]) -> str:
         lines.append(f'{ctor}(..., dtype="float32", name="{name}")')
     if ctor == cls:
         lines.append(f"# {cls} is your class: its __init__ must pass **kwargs (dtype) to Layer")
-    lines += ["# or, without editing the model code:",
-              "model = mpwatch.apply_recommendations(model, findings).model"]  # fmt: skip
+    if tail:  # (a fix of several layers gives it once, after them all)
+        lines += APPLY_TAIL
     return "\n".join(lines)
 
 
@@ -223,6 +223,19 @@ def id_inputs(run: Run) -> list[str]:
                 found.append(n)
     return found
 
+
+#: the last lines of a fix: the same advice without editing the model code
+APPLY_TAIL = ["# or, without editing the model code:",
+              "model = mpwatch.apply_recommendations(model, findings).model"]  # fmt: skip
+
+#: the fix for raw features: a Normalization first in the model, in float32 (in float16 Keras
+#: casts its variance of raw features to inf once, and it gives 0 for them)
+NORMALIZE_FIX = (
+    'norm = keras.layers.Normalization(dtype="float32")  # float32: in float16 its variance '
+    "of raw features is inf\n"
+    "norm.adapt(x_train)               # the training features, once\n"
+    "x = norm(inputs)                  # first thing the model does with them"
+)
 
 #: layers that bring raw features into range (kept float32, they take the raw values)
 NORMALIZING = ("Normalization", "Rescaling", "BatchNormalization", "LayerNormalization",

@@ -170,13 +170,11 @@ def cast_constants(model: Any) -> dict[str, dict[str, Any]]:
                 continue
             mean = np.asarray(ops.convert_to_numpy(layer.mean), np.float64).ravel()
             var = np.asarray(ops.convert_to_numpy(layer.variance), np.float64).ravel()
-            src = getattr(layer, "adapt_variance", None)
-            if getattr(layer, "input_variance", None) is not None or src is None:
-                src = getattr(layer, "input_variance", None)
+            given = getattr(layer, "input_variance", None)  # else adapted: its float32 weight
+            src = given if given is not None else layer.adapt_variance
             src_var = np.broadcast_to(
-                np.asarray(ops.convert_to_numpy(src), np.float64).ravel() if src is not None
-                else var, var.shape,
-            )  # fmt: skip
+                np.asarray(ops.convert_to_numpy(src), np.float64).ravel(), var.shape
+            )
             lost = ~np.isfinite(mean) | ~np.isfinite(var) | ((var == 0) & (src_var > 0))
             if lost.any():
                 out[layer.name] = {

@@ -57,7 +57,7 @@ from typing import Any
 from mpwatch import contract
 from mpwatch.formats import FLOAT16, SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.graph import NORMALIZING, input_layers
+from mpwatch.judge.graph import NORMALIZE_FIX, NORMALIZING, input_layers
 from mpwatch.judge.rule import Rule, fmt, layer_constructor
 from mpwatch.judge.skip_causes import bad_input_steps, steps_text
 from mpwatch.read.run import Run
@@ -122,12 +122,8 @@ def _scale_finding(
                 "where it is created (before adapt): it takes the raw features in float32"
             )
     if not lines or len(lines) < len(low):
-        lines += [
-            "# normalize them first, in float32: float16 never sees the raw values",
-            'norm = keras.layers.Normalization(dtype="float32")',
-            "norm.adapt(x_train)               # the training features, once",
-            "x = norm(inputs)                  # first thing the model does with them",
-        ]
+        lines += ["# normalize them first, in float32: float16 never sees the raw values",
+                  NORMALIZE_FIX]  # fmt: skip
     return RULE.finding(
         "error",
         f"The input reaches {fmt(top)} in {len(beyond)} of {n_batches} batches, beyond "

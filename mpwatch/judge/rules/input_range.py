@@ -65,17 +65,11 @@ from mpwatch.formats import FLOAT16
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.fix_checks import describe, latest_checks, works
+from mpwatch.judge.graph import APPLY_TAIL, NORMALIZE_FIX
 from mpwatch.judge.rule import Rule, fmt
 from mpwatch.read.run import Run
 
 MANY_LAYERS = 3  # keeping this many layers float32 is the model in float32, not a fix
-#: the fix: a Normalization in float32 (in float16 its variance of raw features is inf)
-NORMALIZE_FIX = (
-    'norm = keras.layers.Normalization(dtype="float32")  # float32: in float16 its variance '
-    "of raw features is inf\n"
-    "norm.adapt(x_train)               # the training features, once\n"
-    "x = norm(inputs)                  # first thing the model does with them"
-)
 
 RULE = Rule(
     id="input-range",
@@ -122,9 +116,7 @@ def _lost_features(run: Run) -> list[Finding]:
                     "it is created, before adapt()\n"
                     "# or, on the built model: the policy, then its mean and variance again\n"
                     f'model.get_layer("{name}").dtype_policy = "float32"\n'
-                    f'model.get_layer("{name}").finalize_state()\n'
-                    "# or, without editing the model code:\n"
-                    "model = mpwatch.apply_recommendations(model, findings).model"
+                    f'model.get_layer("{name}").finalize_state()\n' + "\n".join(APPLY_TAIL)
                 ),
                 layer=name,
                 action={"dtype": "float32"},

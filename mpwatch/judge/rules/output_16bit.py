@@ -65,7 +65,7 @@ from __future__ import annotations
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.graph import output_fix
+from mpwatch.judge.graph import APPLY_TAIL, output_fix
 from mpwatch.judge.rule import Rule, application_of, finite, keep_float32_fix, layer_row
 from mpwatch.read.run import Run
 
@@ -101,7 +101,7 @@ def check(run: Run) -> list[Finding]:
         outs = inner if len(inner) else outs
     found = []
     for _, row in outs.iterrows():
-        out_dt = str(row.get("output_dtype") or row.get("compute_dtype") or "")
+        out_dt = _dtype(row)
         sources, chain = passed_on(run, row)
         if sources:
             found.append(_passed_on_finding(run, row, out_dt, sources, chain))
@@ -223,10 +223,8 @@ def _passed_on_finding(
             and str(r.get("compute_dtype")) not in SIXTEEN_BIT
         ):
             continue  # already float32
-        lines += [ln for ln in output_fix(run, r).splitlines() if "apply_recommendations" not in ln
-                  and not ln.startswith("# or, without")]  # fmt: skip
-    lines += ["# or, without editing the model code:",
-              "model = mpwatch.apply_recommendations(model, findings).model"]  # fmt: skip
+        lines += output_fix(run, r, tail=False).splitlines()
+    lines += APPLY_TAIL
     return RULE.finding(
         "error" if bad == "float16" else "warning",
         title,
