@@ -12,7 +12,8 @@ unknown length counts only the time so far). Before each piece of *optional* wor
   own first step (Keras' trace of the train step: :data:`PROBE_TRACE_FACTOR` of it; in a later fit
   of a model whose trace Keras reuses, the first step of the model's first monitored fit,
   :attr:`CostBudget.trace_seconds`) plus :data:`PROBE_PASS_STEPS` steady steps, less a trace
-  already paid ahead (JAX); later probes by the last probe's measured cost;
+  already paid ahead (JAX); the second probe by the first one's measured cost less that trace,
+  later probes by the last probe's measured cost;
 - the profile capture (``profile``): :data:`PROFILE_STEPS_COST` steady steps per profiled step
   (the tracer's slowdown) plus the profiler's start and stop (:data:`PROFILE_FIXED_S`, by
   backend);
@@ -280,18 +281,25 @@ class CostBudget:
         if part == "probe":
             if facts.get("ahead") and not done:  # compiled ahead, beside training
                 return PROBE_PASS_STEPS * step
-            if done:  # the trace is paid: a later probe costs what the last one did
-                return done[-1] if len(done) > 1 else min(done[-1], PROBE_PASS_STEPS * step)
-            first = max(self.first_step_seconds() or 0.0, self.trace_seconds or 0.0)
-            full = PROBE_TRACE_FACTOR * first + PROBE_PASS_STEPS * step
+            trace = 0.0 if facts.get("ahead") else self._probe_trace(facts.get("traced", 0.0))
+            if len(done) > 1:  # the trace is paid: a later probe costs what the last one did
+                return done[-1]
+            if done:  # the first probe's real cost, less the trace it was estimated to pay
+                return max(done[-1] - trace, PROBE_PASS_STEPS * step)
             # traced ahead, and paid then: what is left (never less than its passes)
-            return max(full - facts.get("traced", 0.0), PROBE_PASS_STEPS * step)
+            return trace + PROBE_PASS_STEPS * step
         if part == "profile":
             fixed = PROFILE_FIXED_S.get(_backend_name(), max(PROFILE_FIXED_S.values()))
             return fixed + PROFILE_STEPS_COST * step * facts.get("steps", 3.0)
         if part == "profile_conversion":
             return CONVERT_S_PER_MB * facts.get("megabytes", 0.0)
         raise ValueError(f"mpwatch: no estimate for {part!r}; one of {OPTIONAL}")
+
+    def _probe_trace(self, traced: float = 0.0) -> float:
+        """The first probe's trace (and compile): :data:`PROBE_TRACE_FACTOR` of Keras' first
+        step, less ``traced`` seconds of it already paid ahead."""
+        first = max(self.first_step_seconds() or 0.0, self.trace_seconds or 0.0)
+        return max(0.0, PROBE_TRACE_FACTOR * first - float(traced))
 
     def fits(self, part: str, **facts: float) -> bool:
         """Whether ``part``'s estimate fits what is left now (no decision kept); True without a
