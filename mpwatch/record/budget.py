@@ -5,8 +5,11 @@ of the fit's. The ledger counts, per part, the host time of every mpwatch hook (
 the writes, the probe's trace and passes, the profiler's start, stop and conversion) between
 ``on_train_begin`` and ``on_train_end``; the fit's time is its wall time so far plus the steps
 still to come at the fit's steady step time (Keras' ``params``: epochs x steps per epoch; a fit of
-unknown length counts only the time so far). Before each piece of *optional* work it is asked
-(:meth:`CostBudget.decide`) with an estimate of that work's cost:
+unknown length counts only the time so far). What optional work may still spend
+(:meth:`CostBudget.allowance`) is the budget's share of that, less mpwatch's own time so far and
+what its recurring parts (the tap's reads, the writes) will cost the steps still to come at their
+rate so far. Before each piece of *optional* work it is asked (:meth:`CostBudget.decide`) with
+an estimate of that work's cost:
 
 - the probe (``probe``): the first probe traces its functions, so it is estimated from the fit's
   own first step (Keras' trace of the train step: :data:`PROBE_TRACE_FACTOR` of it; in a later fit
@@ -75,9 +78,11 @@ __all__ = [
 #: the default share of the fit's wall time mpwatch may spend on itself
 DEFAULT_BUDGET = 0.05
 #: the first probe traces (and on JAX compiles) a forward and backward pass in two policies and a
-#: forward check: about as much as Keras' own first step (measured, MobileNetV2, EfficientNetB0,
-#: the Transformer of benchmarks/real_models.py: 0.6-1.4x on TensorFlow and JAX)
-PROBE_TRACE_FACTOR = 1.0
+#: forward check: about as much as Keras' own first step, or half as much again (measured,
+#: MobileNetV2, EfficientNetB0, the Transformer of benchmarks/real_models.py: 0.6-1.4x on
+#: TensorFlow and JAX; TensorFlow's MobileNetV2 in 300 s fits, its first probe less its passes:
+#: 1.3x and 1.45x; the larger, rounded up)
+PROBE_TRACE_FACTOR = 1.5
 #: a probe's passes, in steady training steps (two forward-backward passes and a forward pass)
 PROBE_PASS_STEPS = 3.0
 #: the profiler's start and stop, seconds, by Keras backend (measured on a CPU: TensorFlow's
@@ -177,6 +182,9 @@ class CostBudget:
         # thread notes it): the host's clock alone reads the dispatch when it runs ahead
         self._done: deque[float] = deque(maxlen=STEP_WINDOW)
         self._first_step: float | None = None  # the first Keras call, mpwatch's own time out
+        # (steps, recurring own seconds) at the first call's end: the recurring parts' rate is
+        # counted from there (what on_train_begin did once is not a rate)
+        self._recurring_from: tuple[int, float] | None = None
         self._calls = 0
         self._steps_done = 0
         self._total_steps: int | None = None
@@ -194,6 +202,7 @@ class CostBudget:
         self._recent.clear()
         self._done.clear()
         self._first_step, self._calls = None, 0
+        self._recurring_from = None
         self._steps_done, self._fit_end = 0, None
         params = params or {}
         epochs, steps = params.get("epochs"), params.get("steps")
@@ -206,6 +215,8 @@ class CostBudget:
         end, own = (time.perf_counter() if now is None else now), self.own_seconds()
         if self._calls == 0 and self._t0 is not None:
             self._first_step = max(0.0, end - self._t0 - own)
+        if self._calls == 0:
+            self._recurring_from = (self._steps_done, self.recurring_seconds())
         self._calls += 1
         self._recent.append((end, own))
 
@@ -231,6 +242,20 @@ class CostBudget:
 
     def own_seconds(self) -> float:
         return sum(self.spent.values())
+
+    def recurring_seconds(self) -> float:
+        """mpwatch's own seconds outside the optional parts: the tap's reads, the records'
+        writes, the monitor's bookkeeping (they run on every fit, budget or not)."""
+        return sum(v for k, v in self.spent.items() if k not in OPTIONAL)
+
+    def recurring_step_seconds(self) -> float | None:
+        """The recurring parts' own seconds per step since the fit's first call (None before
+        the second): what each step still to come will cost mpwatch whatever it decides."""
+        if self._recurring_from is None or self._calls < 2:
+            return None
+        steps0, spent0 = self._recurring_from
+        steps = self._steps_done - steps0
+        return max(0.0, self.recurring_seconds() - spent0) / steps if steps > 0 else None
 
     def elapsed(self, now: float | None = None) -> float:
         if self._t0 is None:
@@ -268,10 +293,16 @@ class CostBudget:
         return so_far + max(0, self._total_steps - self._steps_done) * step
 
     def allowance(self, now: float | None = None) -> float | None:
-        """Seconds mpwatch may still spend in this fit (None without a budget)."""
+        """Seconds mpwatch may still spend on optional work in this fit (None without a
+        budget): its share of the projected fit, less what it spent so far and what its
+        recurring parts will cost the steps still to come (at their rate so far)."""
         if self.fraction is None:
             return None
-        return self.fraction * self.projected_fit_seconds(now) - self.own_seconds()
+        left = self.fraction * self.projected_fit_seconds(now) - self.own_seconds()
+        rate = self.recurring_step_seconds()
+        if rate is not None and self._total_steps is not None:
+            left -= rate * max(0, self._total_steps - self._steps_done)
+        return left
 
     # --- estimates -------------------------------------------------------------------------
     def estimate(self, part: str, **facts: float) -> float:

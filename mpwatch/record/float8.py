@@ -71,9 +71,12 @@ def qdq(t: np.ndarray, scale: np.float32, f8: str, cd: str) -> np.ndarray:
     c = _np_dtype(cd)
     fmax = c(E4M3_MAX if f8 == "e4m3" else E5M2_MAX)
     s = np.asarray(scale, np.float32).astype(c)
-    q = (np.asarray(t).astype(c) / s).astype(c)
-    q = np.clip(q, -fmax, fmax).astype(c)
-    return (q.astype(_np_dtype(f8)).astype(c) * s).astype(c)
+    # a scale below the compute dtype's smallest value is 0 there, in Keras' op as here: its
+    # inf and nan are the result measured, not numpy's warning to print in the user's fit
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = (np.asarray(t).astype(c) / s).astype(c)
+        q = np.clip(q, -fmax, fmax).astype(c)
+        return (q.astype(_np_dtype(f8)).astype(c) * s).astype(c)
 
 
 def _expand(equation: str, ranks: tuple[int, int]) -> tuple[str, str, str]:

@@ -26,6 +26,9 @@ from mpwatch import contract  # noqa: E402
 from mpwatch.record import budget as budget_mod  # noqa: E402
 from mpwatch.record.budget import CostBudget  # noqa: E402
 
+#: the first probe's trace, in Keras' first steps
+F = budget_mod.PROBE_TRACE_FACTOR
+
 
 # --- the arithmetic, on a clock the test drives -----------------------------------------------
 def test_the_allowance_is_the_share_of_the_projected_fit_less_what_mpwatch_spent():
@@ -35,7 +38,7 @@ def test_the_allowance_is_the_share_of_the_projected_fit_less_what_mpwatch_spent
     assert b.step_seconds() is None
     assert b.projected_fit_seconds(now=104.0) == pytest.approx(4.0)  # length unknown yet
     b.batch_end(1, now=104.5)
-    b.charge("loss_scale", 0.25)
+    b.charge("profile", 0.25)  # optional work, once (recurring work: the test below)
     b.batch_end(1, now=105.25)  # 0.75 s of wall, 0.25 s of it mpwatch's: a 0.5 s step
     assert b.step_seconds() == pytest.approx(0.5)
     assert b.first_step_seconds() == pytest.approx(4.0)
@@ -44,11 +47,11 @@ def test_the_allowance_is_the_share_of_the_projected_fit_less_what_mpwatch_spent
     left = 0.1 * (5.25 + 97 * 0.5) - 0.25
     assert b.allowance(now=105.25) == pytest.approx(left)
     # the first probe: Keras' first step (its trace) + 3 steps of passes
-    assert b.estimate("probe") == pytest.approx(4.0 + 3 * 0.5)
+    assert b.estimate("probe") == pytest.approx(F * 4.0 + 3 * 0.5)
     assert left == pytest.approx(5.125)
-    assert b.decide("probe", 3, now=105.25) is False  # 5.5 s > 5.125 s
+    assert b.decide("probe", 3, now=105.25) is False  # 7.5 s > 5.125 s
     d = b.decisions[-1]
-    assert (d.action, d.estimate_s, d.allowance_s) == ("skipped", 5.5, pytest.approx(5.125))
+    assert (d.action, d.estimate_s, d.allowance_s) == ("skipped", 7.5, pytest.approx(5.125))
     assert b.decide("probe", 3, now=105.25, ahead=1.0)  # compiled ahead: its passes, 1.5 s
 
 
@@ -79,16 +82,16 @@ def test_a_later_fit_estimates_the_probes_trace_from_the_models_first_trace():
     b.begin_fit({"epochs": 1, "steps": 400}, now=0.0)
     for i in range(1, 4):
         b.batch_end(1, now=0.02 * i)  # 20 ms a step from the first: Keras' trace reused
-    assert b.estimate("probe") == pytest.approx(0.02 + 3 * 0.02)
+    assert b.estimate("probe") == pytest.approx(F * 0.02 + 3 * 0.02)
     b.trace_seconds = 2.0  # the model's first monitored fit: a 2 s first step
-    assert b.estimate("probe") == pytest.approx(2.0 + 3 * 0.02)
+    assert b.estimate("probe") == pytest.approx(F * 2.0 + 3 * 0.02)
     assert not b.decide("probe", 3, now=0.06)  # 5% of an 8 s fit: the trace does not fit
     b.trace_seconds = 0.01  # never below this fit's own first step
-    assert b.estimate("probe") == pytest.approx(0.02 + 3 * 0.02)
+    assert b.estimate("probe") == pytest.approx(F * 0.02 + 3 * 0.02)
     # traced ahead (a CPU without a kept program): the trace already paid is not asked again,
     # and what is left is never less than the passes
     b.trace_seconds = 2.0
-    assert b.estimate("probe", traced=1.5) == pytest.approx(2.0 + 3 * 0.02 - 1.5)
+    assert b.estimate("probe", traced=1.5) == pytest.approx(F * 2.0 + 3 * 0.02 - 1.5)
     assert b.estimate("probe", traced=5.0) == pytest.approx(3 * 0.02)
 
 
@@ -117,7 +120,7 @@ def test_a_probe_whose_program_still_compiles_ahead_is_estimated_as_a_compiling_
     for i in range(1, 4):
         b.batch_end(1, now=1.0 + 0.02 * i)  # a 1 s first step (Keras' trace), then 20 ms
     assert monitor.probe.ahead_pending()
-    assert monitor._estimate(b) == pytest.approx(1.02 + 3 * 0.02)  # the trace and the passes
+    assert monitor._estimate(b) == pytest.approx(F * 1.02 + 3 * 0.02)  # the trace, the passes
     compiling.set_result(None)
     assert not monitor.probe.ahead_pending()
     assert monitor._estimate(b) == pytest.approx(3 * 0.02)  # compiled: the passes alone
@@ -162,30 +165,30 @@ def test_decisions_skip_what_does_not_fit_defer_a_conversion_and_let_explicit_wo
             assert d.estimate_s > d.allowance_s
         elif d.action == "ran":
             assert d.estimate_s <= d.allowance_s
-    # after a probe has run, the next one is estimated from what it really cost, less its trace
-    # (the first step, 1 s): 3 s
-    assert b.estimate("probe") == pytest.approx(4.0 - 1.0)
+    # after a probe has run, the next one is estimated from what it really cost, less the trace
+    # it was estimated to pay (F first steps of 1 s), never below 3 steps
+    assert b.estimate("probe") == pytest.approx(max(4.0 - F * 1.0, 3.0))
 
 
 def test_a_later_probe_costs_the_first_ones_passes_not_a_guess_of_three_steps():
     """TensorFlow's MobileNetV2 on a CPU: Keras' first step 10.5 s, 0.18 s a step; the first
-    probe really took 12.2 s, its passes (two policies' forward-backward, the fix checks) about
+    probe really took 17.2 s, its passes (two policies' forward-backward, the fix checks) about
     ten steps, not three. The second probe is estimated at what the first cost less the trace it
-    was estimated to pay (1.7 s, where 3 steps would say 0.54 s and let it overrun the budget);
-    the third at what the second cost."""
+    was estimated to pay (where 3 steps would say 0.54 s and let it overrun the budget); the
+    third at what the second cost."""
     b = CostBudget(0.05)
     b.begin_fit({"epochs": 1, "steps": 1600}, now=0.0)
     b.batch_end(1, now=10.5)
     for i in range(1, 20):
         b.batch_end(1, now=10.5 + 0.18 * i)
-    assert b.estimate("probe") == pytest.approx(10.5 + 3 * 0.18)
-    b.charge("probe", 12.2)
-    b.ran("probe", 12.2)
-    assert b.estimate("probe") == pytest.approx(12.2 - 10.5)
+    assert b.estimate("probe") == pytest.approx(F * 10.5 + 3 * 0.18)
+    b.charge("probe", 17.2)
+    b.ran("probe", 17.2)
+    assert b.estimate("probe") == pytest.approx(17.2 - F * 10.5)
     # a first probe compiled ahead paid no trace: all of its cost was its passes
-    assert b.estimate("probe", ahead=1.0) == pytest.approx(12.2)
+    assert b.estimate("probe", ahead=1.0) == pytest.approx(17.2)
     # part of its trace paid ahead (JAX on a CPU): that part is not taken off again
-    assert b.estimate("probe", traced=10.0) == pytest.approx(12.2 - 0.5)
+    assert b.estimate("probe", traced=10.0) == pytest.approx(17.2 - (F * 10.5 - 10.0))
     # never below three steps of passes
     c = CostBudget(0.05)
     c.begin_fit({"epochs": 1, "steps": 1600}, now=0.0)
@@ -503,3 +506,34 @@ def test_a_broken_training_with_a_16bit_output_gets_no_probe_beyond_the_budget(t
     assert [d.action for d in probes] == ["skipped"] * 3
     findings = mpwatch.diagnose(str(tmp_path))
     assert [f.layer for f in findings if f.rule == "output-16bit"] == ["out"]
+
+
+def test_the_allowance_keeps_back_what_the_recurring_parts_will_cost_the_steps_to_come():
+    """A 100-step fit of 1 s steps: 5 s of budget. on_train_begin's one-off 1 s of layer
+    records is not a rate; the tap's reads cost 0.02 s every call from then on, so 97 steps to
+    come keep back 1.94 s, and a probe's own time (optional work) does not raise the rate."""
+    b = CostBudget(0.05)
+    b.begin_fit({"epochs": 1, "steps": 100}, now=0.0)
+    b.charge("layers", 1.0)  # once, before the first call ends
+    b.batch_end(1, now=2.0)
+    assert b.recurring_step_seconds() is None
+    for i in range(1, 3):
+        b.charge("gradient_health", 0.02)
+        b.batch_end(1, now=2.0 + 1.02 * i)
+    assert b.recurring_step_seconds() == pytest.approx(0.02)
+    now = 2.0 + 1.02 * 2
+    spent = 1.0 + 0.04
+    projected = (now) + 97 * 1.0
+    assert b.allowance(now=now) == pytest.approx(0.05 * projected - spent - 97 * 0.02)
+    b.charge("probe", 3.0)
+    b.ran("probe", 3.0)
+    b.charge("gradient_health", 0.02)
+    b.batch_end(1, now=now + 4.02)
+    assert b.recurring_step_seconds() == pytest.approx(0.02)
+    # without a known length nothing is kept back (the fit's end is not known either)
+    c = CostBudget(0.05)
+    c.begin_fit({}, now=0.0)
+    for i in range(1, 4):
+        c.charge("gradient_health", 0.5)
+        c.batch_end(1, now=1.5 * i)
+    assert c.allowance(now=4.5) == pytest.approx(0.05 * 4.5 - 1.5)
