@@ -78,11 +78,12 @@ __all__ = [
 #: the default share of the fit's wall time mpwatch may spend on itself
 DEFAULT_BUDGET = 0.05
 #: the first probe traces (and on JAX compiles) a forward and backward pass in two policies and a
-#: forward check: about as much as Keras' own first step, or half as much again (measured,
-#: MobileNetV2, EfficientNetB0, the Transformer of benchmarks/real_models.py: 0.6-1.4x on
-#: TensorFlow and JAX; TensorFlow's MobileNetV2 in 300 s fits, its first probe less its passes:
-#: 1.3x and 1.45x; the larger, rounded up)
-PROBE_TRACE_FACTOR = 1.5
+#: forward check, and where its activations come near the 16-bit maximum checks its fixes (more
+#: passes to trace): up to twice Keras' own first step (measured on a CPU, MobileNetV2, its
+#: first probe less its passes and float8 readiness: TensorFlow 1.2-2.1x, in a bare process and
+#: in 300 s fits; JAX 1.0x, and 2.1x with its fix checks' 20 s; EfficientNetB0 and the
+#: Transformer of benchmarks/real_models.py earlier: 0.6-1.4x)
+PROBE_TRACE_FACTOR = 2.0
 #: a probe's passes, in steady training steps (two forward-backward passes and a forward pass)
 PROBE_PASS_STEPS = 3.0
 #: the profiler's start and stop, seconds, by Keras backend (measured on a CPU: TensorFlow's
