@@ -214,9 +214,9 @@ class CostBudget:
         """``n_steps`` batches ran (one Keras call)."""
         self._steps_done += max(1, int(n_steps))
         end, own = (time.perf_counter() if now is None else now), self.own_seconds()
-        if self._calls == 0 and self._t0 is not None:
-            self._first_step = max(0.0, end - self._t0 - own)
         if self._calls == 0:
+            if self._t0 is not None:
+                self._first_step = max(0.0, end - self._t0 - own)
             self._recurring_from = (self._steps_done, self.recurring_seconds())
         self._calls += 1
         self._recent.append((end, own))
@@ -252,9 +252,9 @@ class CostBudget:
     def recurring_step_seconds(self) -> float | None:
         """The recurring parts' own seconds per step since the fit's first call (None before
         the second): what each step still to come will cost mpwatch whatever it decides."""
-        if self._recurring_from is None or self._calls < 2:
+        if self._recurring_from is None:
             return None
-        steps0, spent0 = self._recurring_from
+        steps0, spent0 = self._recurring_from  # (no step since: before the second call)
         steps = self._steps_done - steps0
         return max(0.0, self.recurring_seconds() - spent0) / steps if steps > 0 else None
 
@@ -311,14 +311,13 @@ class CostBudget:
         step = self.step_seconds() or self.first_step_seconds() or 0.0
         done = self.costs.get(part) or []
         if part == "probe":
-            if facts.get("ahead") and not done:  # compiled ahead, beside training
-                return PROBE_PASS_STEPS * step
+            # its trace: none when compiled ahead beside training, else less what was traced
+            # ahead and paid then
             trace = 0.0 if facts.get("ahead") else self._probe_trace(facts.get("traced", 0.0))
             if len(done) > 1:  # the trace is paid: a later probe costs what the last one did
                 return done[-1]
             if done:  # the first probe's real cost, less the trace it was estimated to pay
                 return max(done[-1] - trace, PROBE_PASS_STEPS * step)
-            # traced ahead, and paid then: what is left (never less than its passes)
             return trace + PROBE_PASS_STEPS * step
         if part == "profile":
             fixed = PROFILE_FIXED_S.get(_backend_name(), max(PROFILE_FIXED_S.values()))
