@@ -8,7 +8,9 @@ from mpwatch.contract.tags import KIND_BUDGET
 #: what a decision did with a piece of optional work
 BUDGET_ACTIONS = ["ran", "skipped", "deferred", "explicit", "needed"]
 #: the optional work the budget decides on
-BUDGET_PARTS = ["probe", "profile", "profile_conversion"]
+#: (fix_checks: the passes of a probe's fix checks, asked for one by one inside a probe that ran;
+#: one decision per probe that wanted them: ran, or skipped from the first pass that did not fit)
+BUDGET_PARTS = ["probe", "fix_checks", "profile", "profile_conversion"]
 
 _DECISION = s._obj(
     {

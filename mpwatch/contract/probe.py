@@ -212,9 +212,12 @@ SCHEMA = s._record_schema(
             items=s._obj(
                 {
                     "fix": s._enum(
-                        ["none", "float32_layers", "normalize_inputs"],
-                        "none: the pass as it is (the first entry)",
+                        ["none", "float32_layers", "normalize_inputs", "stopped"],
+                        "none: the pass as it is (the first entry); stopped: the last entry "
+                        "when mpwatch's cost budget stopped the checks before their end (what "
+                        "follows in the order was not checked)",
                     ),
+                    "reason": s._str("why the checks stopped (the stopped entry only)"),
                     "layers": s._t("array", "the layers kept float32", items=s._str()),
                     "finite": s._bool("the pass (activations, loss, scaled gradients) is finite"),
                     "in_range": s._bool(
@@ -227,7 +230,8 @@ SCHEMA = s._record_schema(
                     "max_abs_activation_16bit": s._num("max finite |activation| of 16-bit layers"),
                     "loss": s._num("the loss with the fix (None: not finite)", nullable=True),
                 },
-                "one candidate fix and what it did",
+                "one candidate fix and what it did (the stopped entry: fix, layers, reason)",
+                required=["fix", "layers"],
             ),
         ),
         "grad_fix_checks": s._t(
@@ -241,6 +245,10 @@ SCHEMA = s._record_schema(
                     "after": s._num("its gradient relative error in float32", nullable=True),
                     "error": s._str(
                         "why the pass with the layer in float32 could not run (absent when it ran)"
+                    ),
+                    "skipped": s._str(
+                        "why this layer was not checked: mpwatch's cost budget stopped the "
+                        "checks (absent when it ran)"
                     ),
                 },
                 "one layer checked",

@@ -236,9 +236,13 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
     checked that fix on the batch that showed the problem (:mod:`mpwatch.judge.fix_checks`): its
     evidence says what the check saw; when the layer alone did not make the pass finite but a
     few more layers did, the advice (action and fix) grows to those layers; when none did, the
-    finding keeps no float32 action (a fix that does not fix is not offered)."""
-    from mpwatch.judge.fix_checks import checked_layers, normalizing_works
+    finding keeps no float32 action (a fix that does not fix is not offered), unless the checks
+    stopped before their end (mpwatch's cost budget): then the advice stands, said unchecked."""
+    from mpwatch.judge.fix_checks import checked_layers, latest_checks, normalizing_works, stopped
     from mpwatch.judge.rule import keep_float32_fix, layer_row
+
+    latest = latest_checks(run)
+    why = stopped(latest[2]) if latest else None  # the checks the advice is judged by stopped
 
     for f in findings:
         if not f.layer or f.action.get("dtype") != "float32":
@@ -252,6 +256,10 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
         layers, text = got
         f.evidence += f"; {text}"
         f.data = {**f.data, "checked_layers": layers}
+        if layers is None and why:  # not reached: not checked, and not refuted either
+            f.evidence += "; so keeping these layers float32 is not checked"
+            f.data = {**f.data, "fix_unchecked": why}
+            continue
         if normalizing_works(run) is False:  # checked, and it did not fix: not offered
             f.fix = "\n".join(ln for ln in f.fix.split("\n") if ln != NORMALIZE_ALTERNATIVE)
         if layers is None:

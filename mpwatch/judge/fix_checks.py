@@ -21,7 +21,7 @@ from mpwatch.read.run import Run
 
 __all__ = [
     "latest_checks", "describe", "checked_layers", "works", "checked_gradient",
-    "normalizing_works",
+    "normalizing_works", "stopped",
 ]  # fmt: skip
 
 
@@ -34,11 +34,12 @@ def works(check: dict[str, Any]) -> bool:
 def latest_checks(run: Run) -> tuple[int, float | None, list[dict[str, Any]]] | None:
     """(step, loss scale, fix checks) of the latest probe whose pass was not finite and that
     checked fixes, else of the latest that checked fixes (its activations near the maximum), or
-    None: the worst the probes saw is what the advice must fix."""
+    None: the worst the probes saw is what the advice must fix. (A probe's checks run at
+    least the pass as it is, ``fix: none``, before anything counts.)"""
     found = [
         (int(step), payload.get("loss_scale"), list(payload["fix_checks"]))
         for step, payload in run.records.get(contract.KIND_PROBE) or []
-        if payload.get("fix_checks")
+        if any(c.get("fix") == "none" for c in payload.get("fix_checks") or [])
     ]
     if not found:
         return None
@@ -96,7 +97,16 @@ def describe(checks: list[dict[str, Any]]) -> list[str]:
                 if base is not None:
                     text += f" ({fmt(base.get('max_abs_activation_16bit'))} as it is)"
             out.append(text)
+        elif fix == "stopped":
+            out.append(f"the checks stopped here ({c.get('reason') or 'not run'})")
     return out
+
+
+def stopped(checks: list[dict[str, Any]]) -> str | None:
+    """Why the fix checks stopped before their end (mpwatch's cost budget), or None: a
+    candidate that was not reached is not checked, neither fixing nor failing to."""
+    last = checks[-1] if checks else {}
+    return str(last.get("reason") or "stopped") if last.get("fix") == "stopped" else None
 
 
 def checked_layers(run: Run, layer: str) -> tuple[list[str] | None, str] | None:
@@ -143,6 +153,11 @@ def checked_gradient(run: Run, layer: str) -> tuple[bool | None, str] | None:
             if c.get("layer") != layer:
                 continue
             before, after = c.get("before"), c.get("after")
+            if c.get("skipped"):
+                return None, (
+                    f"the probe of step {step} did not check {layer!r} in float32 "
+                    f"({c['skipped']}): this fix is not checked"
+                )
             if c.get("error"):
                 return None, (
                     f"the probe of step {step} could not run the pass with {layer!r} in float32 "

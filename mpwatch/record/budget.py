@@ -17,6 +17,9 @@ an estimate of that work's cost:
   :attr:`CostBudget.trace_seconds`) plus :data:`PROBE_PASS_STEPS` steady steps, less a trace
   already paid ahead (JAX); the second probe by the first one's measured cost less that trace,
   later probes by the last probe's measured cost;
+- the probe's fix checks (``fix_checks``), inside a probe that ran: each pass asked for as it
+  comes, against what was left at the probe's decision less what the probe has spent since
+  (:class:`mpwatch.record.fix_gate.FixGate`; one decision a probe, kept with :meth:`record`);
 - the profile capture (``profile``): :data:`PROFILE_STEPS_COST` steady steps per profiled step
   (the tracer's slowdown) plus the profiler's start and stop (:data:`PROFILE_FIXED_S`, by
   backend);
@@ -368,18 +371,36 @@ class CostBudget:
         else:
             action = "deferred" if defer else "skipped"
             why = f"estimated {cost:.2f} s, {max(left, 0.0):.2f} s of the budget left"
+        self.record(part, step, action, cost, left, reason=why, detail=detail)
+        return action in ("ran", "explicit", "needed")
+
+    def record(
+        self,
+        part: str,
+        step: int,
+        action: str,
+        estimate: float,
+        allowance: float | None,
+        cost: float | None = None,
+        reason: str = "",
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Keep a decision taken elsewhere (the probe's fix checks, pass by pass:
+        :class:`mpwatch.record.fix_gate.FixGate`); ``action`` one of :data:`ACTIONS`."""
+        if action not in ACTIONS:
+            raise ValueError(f"mpwatch: a budget action is one of {ACTIONS}, not {action!r}")
         self.decisions.append(
             Decision(
                 int(step),
                 part,
                 action,
-                round(cost, 4),
-                _round(left),
-                reason=why,
+                round(float(estimate), 4),
+                _round(allowance),
+                cost_s=_round(cost),
+                reason=reason,
                 detail=dict(detail or {}),
             )
         )
-        return action in ("ran", "explicit", "needed")
 
     def ran(self, part: str, seconds: float) -> None:
         """What the last decision on ``part`` that ran really cost (already charged by

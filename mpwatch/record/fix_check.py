@@ -24,12 +24,16 @@ layers off (the probe's own passes: ``Probe._forward_backward`` on TensorFlow,
 (``fix: none``) is the pass as it is. The model's state (BatchNormalization's statistics, seed
 states, loss trackers) is restored afterwards on TensorFlow and never written on JAX: the user's
 training sees nothing of it. It runs only on a probe that found the pass non-finite, so it costs
-nothing on a healthy model.
+nothing on a healthy model. Under mpwatch's cost budget each pass is asked for first
+(:class:`mpwatch.record.fix_gate.FixGate`): a pass that does not fit stops the checks, and the
+list ends with ``{"fix": "stopped", "reason": ...}`` (a gradient check not run has ``skipped``):
+what was not checked is never read as a fix that does not fix.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -158,10 +162,23 @@ def check_fixes(
     # trackers: read them first, write them back last. JAX's run in a StatelessScope (dropped).
     state = state_variables(model) if backend.name() == backend.TENSORFLOW else []
     saved = [np.array(backend_value(v).numpy()) for v in state]
+    passes = _Passes(probe)
+
+    def attempt(fix: str, names: list[str], inputs_: Any) -> dict[str, Any] | None:
+        """One candidate's pass, kept in ``out``; None when the budget stopped the checks."""
+        got = passes.run(
+            ("float32", *sorted(names)), lambda: _forward(probe, inputs_, y, sw, names, scale)
+        )
+        if got is not None:
+            out.append({"fix": fix, "layers": list(names), **got})
+        return got
+
     try:
-        base = _forward(probe, x, y, sw, [], scale)
+        base = passes.run(("float32",), lambda: _forward(probe, x, y, sw, [], scale))
+        if base is None:  # not even the pass as it is fits: wanted, and not run
+            return [{"fix": "stopped", "layers": [], "reason": passes.stopped()}]
         if base["in_range"]:
-            return []
+            return []  # nothing to fix
         out: list[dict[str, Any]] = [{"fix": "none", "layers": [], **base}]
         first = base["first_nonfinite_layer"]
         layers = [str(first)] if first not in (None, "loss", "gradients") else []
@@ -169,24 +186,49 @@ def check_fixes(
             # no forward layer to follow (only the gradients are not finite, or the activations
             # only come near the maximum): the blamed layer, then every layer near the maximum
             for names in ([hints[0]], list(dict.fromkeys(hints))[:MAX_LAYERS]):
-                got = _forward(probe, x, y, sw, names, scale)
-                out.append({"fix": "float32_layers", "layers": names, **got})
-                if got["in_range"] or len(hints) == 1:
+                got = attempt("float32_layers", names, x)
+                if got is None or got["in_range"] or len(hints) == 1:
                     break
         for _ in range(MAX_LAYERS if layers else 0):
-            got = _forward(probe, x, y, sw, layers, scale)
-            out.append({"fix": "float32_layers", "layers": list(layers), **got})
+            got = attempt("float32_layers", layers, x)
+            if got is None:
+                break
             nxt = got["first_nonfinite_layer"]
             if got["in_range"] or nxt in (None, "loss", "gradients") or nxt in layers:
                 break
             layers = layers + [str(nxt)]
         if inputs.normalized_by(model) is None:  # else the model normalizes them itself
-            got = _forward(probe, normalized(x), y, sw, [], scale)
-            out.append({"fix": "normalize_inputs", "layers": [], **got})
-        return out
+            attempt("normalize_inputs", [], normalized(x))
+        stopped = passes.stopped()
+        return out + ([{"fix": "stopped", "layers": [], "reason": stopped}] if stopped else [])
     finally:
         for v, value in zip(state, saved):
             backend_value(v).assign(value)
+
+
+class _Passes:
+    """The checks' passes, each asked of the probe's gate first (``probe.fix_gate``: a
+    :class:`mpwatch.record.fix_gate.FixGate` set by the probe's monitor under a cost budget;
+    None: every pass runs) and timed for it. ``key`` names a pass's program (the layers it
+    keeps in float32)."""
+
+    def __init__(self, probe: Any) -> None:
+        self.gate = getattr(probe, "fix_gate", None)
+
+    def run(self, key: tuple, fn: Any) -> Any:
+        """``fn()``, or None when the gate refuses the pass (and every pass after it)."""
+        if self.gate is not None and not self.gate.allow(key):
+            return None
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            if self.gate is not None:
+                self.gate.ran(key, time.perf_counter() - t0)
+
+    def stopped(self) -> str | None:
+        """Why the checks stopped before their end (None: they did not)."""
+        return self.gate.reason() if self.gate is not None else None
 
 
 #: a layer whose gradient error is above this (per 16-bit dtype) and stands out from the median
@@ -264,19 +306,32 @@ def check_gradient_fixes(
         return []
     state = state_variables(model) if backend.name() == backend.TENSORFLOW else []
     saved = [np.array(backend_value(v).numpy()) for v in state]
+    passes = _Passes(probe)
     try:
-        ref = _grads(probe, x, y, sw, 1.0, PolicyView(model, "float32"), ("reference",))
+        key = ("reference",)
+        ref = passes.run(
+            key, lambda: _grads(probe, x, y, sw, 1.0, PolicyView(model, "float32"), key)
+        )
         out = []
         for name in candidates[:GRAD_CHECKED]:
-            view = PolicyView(model, "float32", only={name})
             check: dict[str, Any] = {"layer": name, "before": float(errors[name]), "after": None}
+            out.append(check)
+            if ref is None:  # the budget stopped the checks: this layer is not checked
+                check["skipped"] = passes.stopped() or "not run"
+                continue
+            view = PolicyView(model, "float32", only={name})
             try:
-                mixed = _grads(probe, x, y, sw, scale, view, ("float32", name))
+                mixed = passes.run(
+                    ("float32", name),
+                    lambda v=view, n=name: _grads(probe, x, y, sw, scale, v, ("float32", n)),
+                )
+                if mixed is None:
+                    check["skipped"] = passes.stopped() or "not run"
+                    continue
                 check["after"] = _layer_errors(probe, mixed, ref, scale).get(name)
             except Exception as e:  # noqa: BLE001  (this candidate could not run: the others can)
                 first = (str(e).splitlines() or [""])[0][:200]
                 check["error"] = f"{type(e).__name__}: {first}"
-            out.append(check)
         return out
     finally:
         for v, value in zip(state, saved):

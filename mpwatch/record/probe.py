@@ -222,6 +222,9 @@ class Probe:
         #: seconds the last float8 measurement took (None: none yet), for the budget's estimate
         self.float8_seconds: float | None = None
         self.float8_measured = False  # the last run measured it
+        # the fix checks' gate under a cost budget (mpwatch/record/fix_gate.py), set for one
+        # run by the probe's monitor; None: every pass runs
+        self.fix_gate: Any = None
 
     # --- setup ---------------------------------------------------------------------------------
     def _prepare(self) -> None:

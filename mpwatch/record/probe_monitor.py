@@ -25,6 +25,7 @@ from mpwatch.record.base import (
     before_next_multiple,
     check_positive_int,
 )
+from mpwatch.record.fix_gate import FixGate, first_pass
 from mpwatch.record.probe import Probe, first_batch
 from mpwatch.record.tap_common import loss_scale_optimizer
 
@@ -320,7 +321,14 @@ class ProbeMonitor(RecordingCallback):
         self.state.wait_for_device()  # the steps queued before it are training's time
         t0 = time.perf_counter()
         source = "probe_data" if self.probe_data is not None else "training"
-        payload = self.probe.run(self._data, batch_source=source)
+        gate = self.probe.fix_gate = self._fix_gate(budget, t0)
+        try:
+            payload = self.probe.run(self._data, batch_source=source)
+        finally:
+            self.probe.fix_gate = None
+        kept = gate.decision() if budget is not None else None
+        if kept is not None:
+            budget.record("fix_checks", step, **kept)
         if budget is not None:
             # the probe's own cost, without float8 readiness (1 probe in FLOAT8_EVERY measures
             # it: its cost is estimated apart, :meth:`_float8_estimate`)
@@ -331,6 +339,34 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+    def _fix_gate(self, budget: Any, started: float) -> FixGate:
+        """The gate of this probe's fix checks (:mod:`mpwatch.record.fix_gate`): what the
+        budget had left at the probe's decision, less float8 readiness' estimate; every pass
+        runs without a budget, for an explicit probe and for one the training needs. Several
+        JAX processes run one program: every pass runs there (each would decide on its own
+        clock)."""
+        from mpwatch.record import backend
+
+        known = self.probe.__dict__.setdefault("_fix_pass_seconds", {})  # kept across probes
+        last = budget.decisions[-1] if budget is not None and budget.decisions else None
+        free = (
+            budget is None
+            or last is None
+            or last.part != "probe"
+            or last.action != "ran"
+            or last.allowance_s is None
+            or backend.jax_processes() > 1
+        )
+        if free:
+            return FixGate(None, started, 0.0, known=known)
+        return FixGate(
+            last.allowance_s,
+            started,
+            first_pass(budget, backend.name()),
+            reserve=self._float8_estimate(budget),
+            known=known,
+        )
 
     def _broken(self, logs: Any) -> str | None:
         try:

@@ -53,3 +53,16 @@ def test_nothing_skipped_nothing_needed_is_no_finding():
     run = make_run()
     run.budgets = [_budget(_decision(12, "ran", "fits the budget", cost=0.3))]
     assert findings_of(diagnose(run), RULE) == []
+
+
+def test_fix_checks_the_budget_stopped_are_their_own_finding_beside_a_probe_that_ran():
+    run = make_run()
+    stopped = {**_decision(12, "skipped", "mpwatch's cost budget: the next pass was estimated "
+                           "at 2.00 s, 0.40 s of the budget left"), "part": "fix_checks"}
+    run.budgets = [_budget(_decision(12, "ran", "fits the budget", cost=0.9), stopped)]
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.data["part"] == "fix_checks" and f.data["skipped"] == 1
+    assert f.title.startswith("The probe's fix checks did not run to their end")
+    assert f.evidence.startswith("the probe's fix checks were skipped at 1 of 1 chances")
+    assert "a fix past that point is advice not checked" in f.evidence
+    assert "probe_every=N" in f.fix

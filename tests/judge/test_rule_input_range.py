@@ -118,6 +118,47 @@ def test_activations_only_near_the_maximum_is_a_warning_with_what_was_checked():
     )
 
 
+STOPPED = {"fix": "stopped", "layers": [],
+           "reason": "mpwatch's cost budget: the next pass was estimated at 4.10 s, 0.30 s of "
+                     "the budget left"}  # fmt: skip
+
+
+def test_checks_the_budget_stopped_leave_the_advice_unchecked_not_refuted():
+    # hidden1 alone did not fix it; the next candidate (hidden1 + hidden2) was never run
+    checks = [NONE, _check("float32_layers", ["hidden1"], False, "hidden2"), STOPPED]
+    found = diagnose(_run(checks))
+    (f,) = _layer_fix(found, "hidden1")
+    assert f.action == {"dtype": "float32"}  # the rule's advice stands: not shown as failing
+    assert "did not make it finite" not in f.fix
+    assert "the checks stopped here (mpwatch's cost budget" in f.evidence
+    assert "not checked" in f.evidence and f.data["fix_unchecked"].startswith("mpwatch's cost")
+    assert findings_of(found, "input-range") == []  # normalizing was not reached: no claim
+
+
+def test_a_fix_seen_working_before_the_checks_stopped_is_still_offered():
+    checks = [NONE, _check("float32_layers", ["hidden1"], True), STOPPED]
+    (f,) = _layer_fix(diagnose(_run(checks)), "hidden1")
+    assert f.action == {"dtype": "float32"} and f.data["checked_layers"] == ["hidden1"]
+    assert "fix_unchecked" not in f.data
+
+
+def test_checks_stopped_before_their_first_pass_do_not_hide_an_earlier_probes():
+    run = _run([NONE, _check("float32_layers", ["hidden1"], False, "hidden2"),
+                _check("float32_layers", ["hidden1", "hidden2"], True)])  # fmt: skip
+    run.records[contract.KIND_PROBE].append((16, {"loss_scale": 256.0, "fix_checks": [STOPPED]}))
+    (f,) = _layer_fix(diagnose(run), "hidden1")
+    assert f.action["layers"] == ["hidden1", "hidden2"] and "step 8's batch" in f.evidence
+
+
+def test_a_gradient_check_the_budget_skipped_is_said_and_the_advice_stands():
+    run = _gradient_run(None)
+    run.records[contract.KIND_PROBE][0][1]["grad_fix_checks"][0]["skipped"] = STOPPED["reason"]
+    (f,) = findings_of(diagnose(run), "gradient-error")
+    assert f.action == {"dtype": "float32"} and f.severity != "info"
+    assert "did not check 'hidden2' in float32 (mpwatch's cost budget" in f.evidence
+    assert f.data["checked_fixed"] is None
+
+
 def _gradient_run(after):
     """A run whose probe flags 'hidden2''s gradient (12% off, the others 0.1%) and re-ran the
     pass with it in float32: its error then is ``after``."""

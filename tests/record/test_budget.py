@@ -484,6 +484,8 @@ def test_a_broken_training_gets_one_probe_a_fit_beyond_the_budget(tmp_path, read
     ((_, b),) = records[contract.KIND_BUDGET]
     probes = [(d["step"], d["action"]) for d in b["decisions"] if d["part"] == "probe"]
     assert probes == [(12, "skipped"), (24, "needed"), (36, "skipped")]
+    fixes = [(d["step"], d["action"]) for d in b["decisions"] if d["part"] == "fix_checks"]
+    assert fixes == [(24, "ran")]  # the probe the training needs checks its fixes, whatever
     needed = next(d for d in b["decisions"] if d["action"] == "needed")
     assert needed["estimate_s"] > needed["allowance_s"] and needed["cost_s"] > 0
     assert needed["reason"].startswith("the loss scale has fallen to 0.00195")  # 2^-9

@@ -1,7 +1,9 @@
 """Rule `budget`: optional recording that mpwatch's cost budget skipped.
 
 ## What it finds
-The probe or the profile that did not run because its estimated cost did not fit mpwatch's cost
+The probe, its fix checks (a probe that ran re-runs its pass under each candidate fix, asking the
+budget before each pass: the checks stop at the first that does not fit) or the profile that did
+not run because its estimated cost did not fit mpwatch's cost
 budget (the `budget` record of each fit: `MixedPrecisionMonitor(budget=0.05)` keeps mpwatch's
 own time within 5% of the fit's wall time), with how often it was skipped, its estimate, what was
 left of the budget, and mpwatch's own share of the fit. A probe that ran beyond the budget because
@@ -13,12 +15,14 @@ What did not run cannot be judged: without a probe there is no float32 reference
 said of gradient underflow, the loss scale the gradients need, the layers to keep in float32 or
 the fixes checked on the batch; without a profile nothing is said of time by dtype or Tensor
 Cores. A short fit is where this happens (the fixed costs of a probe, its trace, do not shrink
-with the fit): the silence of those findings is not a clean bill of health.
+with the fit): the silence of those findings is not a clean bill of health. Fix checks stopped
+part way leave the fixes past that point unchecked: the findings that give them say so, and
+none reads a fix that was not reached as one that does not work.
 
 ## Threshold
-Any skipped decision on the probe or the profile: info. A profile whose conversion was only
-deferred is no finding (the trace is in the logdir and is converted when the run is read). A
-``needed`` decision (a probe beyond the budget for a broken training): info.
+Any skipped decision on the probe, its fix checks or the profile: info. A profile whose
+conversion was only deferred is no finding (the trace is in the logdir and is converted when the
+run is read). A ``needed`` decision (a probe beyond the budget for a broken training): info.
 
 ## Example evidence
 ```text
@@ -60,6 +64,12 @@ PARTS = {
         "the float32-reference probe",
         "no finding on gradient underflow, the loss scale the gradients need, layers to keep "
         "in float32 or fixes checked on the batch rests on a probe of this run",
+        "probe_every=N",
+    ),
+    "fix_checks": (
+        "the probe's fix checks",
+        "the fixes shown are checked only as far as the checks ran (each finding's evidence "
+        "says where they stopped): a fix past that point is advice not checked on the batch",
         "probe_every=N",
     ),
     "profile": (
@@ -141,7 +151,8 @@ def check(run: Run) -> list[Finding]:
         estimate = f"{lo} each" if lo == hi else f"{lo} to {hi}"
         left = _seconds(max(0.0, float(d.get("allowance_s") or 0.0)))
         evidence = (
-            f"{what} was skipped at {len(skipped)} of {len(mine)} chances (steps "
+            f"{what} {'were' if what.endswith('s') else 'was'} skipped at {len(skipped)} of "
+            f"{len(mine)} chances (steps "
             f"{_steps([x for _, x in skipped])}): estimated {estimate}, {left} of the budget "
             f"left ({share} of this {_seconds(fit)} fit)"
         )
@@ -154,7 +165,13 @@ def check(run: Run) -> list[Finding]:
         if ran:
             title = f"{name} ran at {ran} of {len(mine)} chances: the rest did not fit the budget"
         else:
-            title = f"{name} did not run: it did not fit mpwatch's cost budget ({share} of the fit)"
+            title = (
+                f"{name} did not run to their end: they did not fit mpwatch's cost budget "
+                f"({share} of the fit)"
+                if part == "fix_checks"
+                else f"{name} did not run: it did not fit mpwatch's cost budget ({share} of "
+                "the fit)"
+            )
             evidence += f"; {missing}"
         out.append(
             RULE.finding(
