@@ -36,7 +36,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
@@ -142,12 +141,17 @@ def run(args: argparse.Namespace) -> None:
     print(f"  mpwatch's own time (ledger): {1e6 * own:.1f} us/step; by part, us/step: {parts}")
 
 
-def parse_kwargs(text: str) -> dict[str, Any]:
-    """``"probe=False,log_every=10"`` as keyword arguments (``whole_fit.py``'s parser)."""
+def _whole_fit() -> Any:
+    """benchmarks/whole_fit.py (its argument parser and per-backend dispatch)."""
     spec = importlib.util.spec_from_file_location("mpwatch_bench_whole", f"{HERE}/whole_fit.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.parse_kwargs(text)
+    return module
+
+
+def parse_kwargs(text: str) -> dict[str, Any]:
+    """``"probe=False,log_every=10"`` as keyword arguments (``whole_fit.py``'s parser)."""
+    return _whole_fit().parse_kwargs(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,15 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = ap.parse_args(argv)
     args.monitor_kwargs = parse_kwargs(args.monitor_args)
-    backends = args.backends.split(",") if args.backends else []
-    if len(backends) > 1:  # one process per backend: Keras fixes its backend at import
-        rest = [a for a in (argv if argv is not None else sys.argv[1:])]
-        i = rest.index("--backends")
-        del rest[i : i + 2]
-        code = 0
-        for b in backends:
-            cmd = [sys.executable, os.path.abspath(__file__), "--backends", b, *rest]
-            code |= subprocess.call(cmd, env={**os.environ, "KERAS_BACKEND": b})
+    code = _whole_fit().per_backend(args.backends, argv, __file__)
+    if code is not None:
         return code
     run(args)
     return 0

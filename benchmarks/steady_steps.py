@@ -40,7 +40,6 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
@@ -195,18 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--monitor-args", default="", help='e.g. "log_every=10"')
     ap.add_argument("--huge-layers", type=int, default=1000)
     args = ap.parse_args(argv)
-    backends = [b for b in (args.backends or "").split(",") if b]
-    if len(backends) > 1:  # one process per backend: Keras fixes its backend at import
-        code = 0
-        for backend in backends:
-            rest = list(argv if argv is not None else sys.argv[1:])
-            rest[rest.index("--backends") + 1] = backend
-            env = {**os.environ, "KERAS_BACKEND": backend}
-            code |= subprocess.call([sys.executable, os.path.abspath(__file__), *rest], env=env)
+    wf = whole_fit()
+    code = wf.per_backend(args.backends, argv, __file__)
+    if code is not None:
         return code
     if args.steps <= SKIP + 1 or args.alternations < 1:
         ap.error(f"--steps: more than {SKIP + 1}; --alternations: at least 1")
-    wf = whole_fit()
     names = [m for m in args.models.split(",") if m]
     for n in names:
         if n not in wf.MODELS and not n.startswith(wf.APP):

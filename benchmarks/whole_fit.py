@@ -331,6 +331,24 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         )
 
 
+def per_backend(backends: str | None, argv: list[str] | None, script: str) -> int | None:
+    """With several ``--backends`` (``"tensorflow,jax"``): ``script`` run once per backend, each
+    in a process of its own (Keras fixes its backend when it is imported) with the same
+    arguments, ``--backends`` set to that one; the exit codes or-ed. None for one backend or
+    none (the caller measures in this process)."""
+    names = [b for b in (backends or "").split(",") if b]
+    if len(names) < 2:
+        return None
+    rest = list(argv if argv is not None else sys.argv[1:])
+    i = rest.index("--backends")
+    code = 0
+    for backend in names:
+        rest[i + 1] = backend
+        env = {**os.environ, "KERAS_BACKEND": backend}
+        code |= subprocess.call([sys.executable, os.path.abspath(script), *rest], env=env)
+    return code
+
+
 def parse_kwargs(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
@@ -380,16 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         "run of the same script: they are loaded, mpwatch/record/program_cache.py)",
     )  # fmt: skip
     args = ap.parse_args(argv)
-    backends = [b for b in (args.backends or "").split(",") if b]
-    if len(backends) > 1:  # one process per backend: Keras fixes its backend at import
-        code = 0
-        for backend in backends:
-            cmd = [sys.executable, os.path.abspath(__file__)]
-            rest = list(argv if argv is not None else sys.argv[1:])
-            i = rest.index("--backends")
-            rest[i + 1] = backend
-            env = {**os.environ, "KERAS_BACKEND": backend}
-            code |= subprocess.call(cmd + rest, env=env)
+    code = per_backend(args.backends, argv, __file__)
+    if code is not None:
         return code
     names = [m for m in args.models.split(",") if m]
     import keras

@@ -80,14 +80,6 @@ def _near_model():
     return model
 
 
-@pytest.fixture
-def mixed16():
-    old = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    yield
-    keras.mixed_precision.set_global_policy(old)
-
-
 X = np.full((8, 32), 25.0, np.float32)
 Y = np.zeros((8, 1), np.float32)
 
