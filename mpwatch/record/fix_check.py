@@ -150,9 +150,10 @@ def check_fixes(
 ) -> list[dict[str, Any]]:
     """The candidate fixes checked on this batch at loss scale ``scale`` (see the module
     docstring), or ``[]`` when the pass is finite as it is (nothing to fix) or cannot be run
-    here. ``hints``: the layers the probe blames (its first non-finite layer, then those near
-    float16's maximum), tried in float32 when only the gradients are not finite (no forward
-    layer to follow)."""
+    here; ``[{"fix": "stopped", ...}]`` when the budget let not even that pass run. ``hints``:
+    the layers the probe blames (its first non-finite layer, then those near float16's
+    maximum), tried in float32 when only the gradients are not finite (no forward layer to
+    follow)."""
     from mpwatch.record import backend
 
     if probe.mode != "float16":
