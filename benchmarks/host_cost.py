@@ -44,10 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def real_models() -> Any:
-    spec = importlib.util.spec_from_file_location("mpwatch_bench_real", f"{HERE}/real_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """benchmarks/real_models.py (its model builders and data), loaded by whole_fit.py."""
+    return _whole_fit().real_models()
 
 
 def tiny_model() -> Any:

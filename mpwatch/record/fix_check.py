@@ -111,7 +111,7 @@ def _forward(
             view.__enter__()
         try:
             if backend.name() == backend.JAX:
-                out = jax_pass(probe, x, y, sw, scale, ("float32", *sorted(float32_layers)))
+                out = jax_pass(probe, x, y, sw, scale, _program(float32_layers))
             else:
                 out = probe._forward_backward(x, y, sw, scale)
             loss_t, acts, grads = out["loss"], out["acts"], out["grads"]
@@ -167,15 +167,13 @@ def check_fixes(
 
     def attempt(fix: str, names: list[str], inputs_: Any) -> dict[str, Any] | None:
         """One candidate's pass, kept in ``out``; None when the budget stopped the checks."""
-        got = passes.run(
-            ("float32", *sorted(names)), lambda: _forward(probe, inputs_, y, sw, names, scale)
-        )
+        got = passes.run(_program(names), lambda _: _forward(probe, inputs_, y, sw, names, scale))
         if got is not None:
             out.append({"fix": fix, "layers": list(names), **got})
         return got
 
     try:
-        base = passes.run(("float32",), lambda: _forward(probe, x, y, sw, [], scale))
+        base = passes.run(_program([]), lambda _: _forward(probe, x, y, sw, [], scale))
         if base is None:  # not even the pass as it is fits: wanted, and not run
             return [{"fix": "stopped", "layers": [], "reason": passes.stopped()}]
         if base["in_range"]:
@@ -207,6 +205,12 @@ def check_fixes(
             backend_value(v).assign(value)
 
 
+def _program(float32_layers: list[str]) -> tuple:
+    """The key of a check's pass: its program, named by the layers it keeps in float32 (JAX
+    compiles one per key and keeps it for later probes; the budget's gate estimates by it)."""
+    return ("float32", *sorted(float32_layers))
+
+
 class _Passes:
     """The checks' passes, each asked of the probe's gate first (``probe.fix_gate``: a
     :class:`mpwatch.record.fix_gate.FixGate` set by the probe's monitor under a cost budget;
@@ -217,12 +221,13 @@ class _Passes:
         self.gate = getattr(probe, "fix_gate", None)
 
     def run(self, key: tuple, fn: Any) -> Any:
-        """``fn()``, or None when the gate refuses the pass (and every pass after it)."""
+        """``fn(key)``, or None when the gate refuses the pass (and, once it has, every pass
+        after it)."""
         if self.gate is not None and not self.gate.allow(key):
             return None
         t0 = time.perf_counter()
         try:
-            return fn()
+            return fn(key)
         finally:
             if self.gate is not None:
                 self.gate.ran(key, time.perf_counter() - t0)
@@ -309,25 +314,23 @@ def check_gradient_fixes(
     saved = [np.array(backend_value(v).numpy()) for v in state]
     passes = _Passes(probe)
     try:
-        key = ("reference",)
         ref = passes.run(
-            key, lambda: _grads(probe, x, y, sw, 1.0, PolicyView(model, "float32"), key)
+            ("reference",),
+            lambda key: _grads(probe, x, y, sw, 1.0, PolicyView(model, "float32"), key),
         )
         out = []
         for name in candidates[:GRAD_CHECKED]:
             check: dict[str, Any] = {"layer": name, "before": float(errors[name]), "after": None}
             out.append(check)
-            if ref is None:  # the budget stopped the checks: this layer is not checked
-                check["skipped"] = passes.stopped() or "not run"
-                continue
             view = PolicyView(model, "float32", only={name})
             try:
+                # None once the budget refused a pass (the reference too: none runs after it)
                 mixed = passes.run(
-                    ("float32", name),
-                    lambda v=view, n=name: _grads(probe, x, y, sw, scale, v, ("float32", n)),
+                    _program([name]),
+                    lambda key, v=view: _grads(probe, x, y, sw, scale, v, key),
                 )
                 if mixed is None:
-                    check["skipped"] = passes.stopped() or "not run"
+                    check["skipped"] = passes.stopped()
                     continue
                 check["after"] = _layer_errors(probe, mixed, ref, scale).get(name)
             except Exception as e:  # noqa: BLE001  (this candidate could not run: the others can)

@@ -326,10 +326,10 @@ class ProbeMonitor(RecordingCallback):
             payload = self.probe.run(self._data, batch_source=source)
         finally:
             self.probe.fix_gate = None
-        kept = gate.decision() if budget is not None else None
-        if kept is not None:
-            budget.record("fix_checks", step, **kept)
         if budget is not None:
+            kept = gate.decision()
+            if kept is not None:
+                budget.record("fix_checks", step, **kept)
             # the probe's own cost, without float8 readiness (1 probe in FLOAT8_EVERY measures
             # it: its cost is estimated apart, :meth:`_float8_estimate`)
             f8 = self.probe.float8_seconds if self.probe.float8_measured else 0.0
