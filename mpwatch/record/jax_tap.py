@@ -128,29 +128,32 @@ class JaxTap(TapBase):
 
     # --- the buffers --------------------------------------------------------------------------
     def _initial_values(self, step: int) -> list[Any]:
+        """The buffers at ``step``, on the device. Made on the host and copied once: a
+        ``jnp.zeros`` or ``jnp.full`` of a new shape is a program XLA compiles (on a GPU tens of
+        milliseconds each, in the fit's first step)."""
         import jax
 
+        values = self._zeros(step)
         sharding = getattr(self, "_sharding", None)
         if sharding is None:
-            return self._zeros(step)
+            return list(jax.device_put(values))
         # made on every device of the mesh (a device_put from the host would compare the
         # processes' values, and NaN never equals itself)
-        return list(jax.jit(lambda: self._zeros(step), out_shardings=sharding)())
+        made = jax.jit(lambda: [jax.numpy.asarray(v) for v in values], out_shardings=sharding)
+        return list(made())
 
-    def _zeros(self, step: int) -> list[Any]:
-        import jax.numpy as jnp
-
+    def _zeros(self, step: int) -> list[np.ndarray]:
         cap, nv, k = self.capacity, self._num_vars or 0, self.count_slots
         return [
-            jnp.asarray(step, jnp.int32),  # count: the step of the last batch written
-            jnp.zeros((cap,), jnp.float32),  # scale after the step
-            jnp.zeros((cap,), jnp.float32),  # scale used
-            jnp.zeros((cap,), jnp.float32),  # skipped
-            jnp.full((cap,), jnp.nan, jnp.float32),  # input max |x|
-            jnp.full((cap,), jnp.nan, jnp.float32),  # input non-finite count
-            jnp.zeros((), jnp.int32),  # ccount: gradient-counts tables ever written
-            jnp.zeros((k,), jnp.int32),  # cstep: the step of each counts slot
-            jnp.zeros((k, nv, TAP_COUNTS), jnp.float32),  # gradient and update counts
+            np.asarray(step, np.int32),  # count: the step of the last batch written
+            np.zeros((cap,), np.float32),  # scale after the step
+            np.zeros((cap,), np.float32),  # scale used
+            np.zeros((cap,), np.float32),  # skipped
+            np.full((cap,), np.nan, np.float32),  # input max |x|
+            np.full((cap,), np.nan, np.float32),  # input non-finite count
+            np.zeros((), np.int32),  # ccount: gradient-counts tables ever written
+            np.zeros((k,), np.int32),  # cstep: the step of each counts slot
+            np.zeros((k, nv, TAP_COUNTS), np.float32),  # gradient and update counts
         ]
 
     # --- installation -------------------------------------------------------------------------
@@ -410,23 +413,19 @@ class JaxTap(TapBase):
         t0 = time.perf_counter()
         jax.block_until_ready(values)
         self.device_wait += time.perf_counter() - t0
-        # the counts buffer stays on the device: only the slots of new tables are fetched
-        *small, counts = values
-        if all(getattr(v, "is_fully_addressable", True) for v in small):  # copied together
-            small = [np.asarray(v) for v in jax.device_get(small)]
-        else:
-            small = [host(v) for v in small]
+        # one copy to the host, the counts included (a few tables of a row per variable):
+        # indexing a device array would be a program XLA compiles, and a transfer per slot
+        if all(getattr(v, "is_fully_addressable", True) for v in values):  # copied together
+            *small, whole = [np.asarray(v) for v in jax.device_get(values)]
+        else:  # spans processes: slicing it would be a computation of every process
+            *small, whole = [host(v) for v in values]
         count, scale, scale_used, skipped, in_max, in_bad, ccount, cstep = small
         n = int(count) - self._read_count
         first_slot = self._read_count  # the batch written at count c went into slot c % cap
         self._read_count = int(count)
         entries = counts_entries(int(ccount), self.count_slots, self._read_ccount)
         self._read_ccount = int(ccount)
-        if getattr(counts, "is_fully_addressable", True):
-            tables = {int(cstep[slot]): np.asarray(counts[slot]) for _, slot in entries}
-        else:  # spans processes: slicing it would be a computation of every process
-            whole = host(counts) if entries else None
-            tables = {int(cstep[slot]): whole[slot] for _, slot in entries}
+        tables = {int(cstep[slot]): whole[slot] for _, slot in entries}
         last, self._step = self._step, self._step + n
         return from_ring(
             self, last, n, scale, scale_used, skipped, tables, first_slot=first_slot,

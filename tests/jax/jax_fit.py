@@ -26,7 +26,8 @@ call); ``custom_unscaled`` (a custom stateless ``train_step`` that never calls
 ``steps_per_execution`` 4: each epoch's last call runs fewer batches than Keras' indices say);
 ``raised_worker``/``raised_training`` (a fit that raises, then a whole one, with one
 monitor); ``slow_worker``/``slow_training`` (a step that sleeps 30 ms on the device side:
-the step time recorded when the host runs ahead of the device, and when it does not).
+the step time recorded when the host runs ahead of the device, and when it does not);
+``compiles`` (the programs XLA compiled in plain and monitored fits, from JAX's own log).
 """
 
 from __future__ import annotations
@@ -452,8 +453,57 @@ def syncs(logdir):
     return {str(k): v for k, v in counts.items()}
 
 
+def compiles(logdir):
+    """The programs XLA compiled (JAX's own log, ``jax_log_compiles``) during a plain fit and
+    during a monitored fit of ``forced``'s model, each after ``jax.clear_caches()``: with the
+    gradient counts under a conditional and selected, and ``steps_per_execution`` 4. mpwatch's
+    recording may change the train step's program, never add one (its probe and profile are
+    off here: they compile their own programs when the budget lets them run)."""
+    import logging
+
+    import jax
+
+    from mpwatch.record.jax_tap import JaxTap
+
+    names = []
+
+    class Names(logging.Handler):
+        def emit(self, record):
+            msg = record.getMessage()
+            if msg.startswith("Finished XLA compilation of "):
+                names.append(msg[len("Finished XLA compilation of ") :].split(" in ")[0])
+
+    handler, log = Names(), logging.getLogger("jax")
+    log.addHandler(handler)
+    level, log.level = log.level, logging.WARNING
+    jax.config.update("jax_log_compiles", True)
+    got = {}
+    try:
+        for name, monitored, select, spe in [
+            ("plain", False, None, 1), ("cond", True, False, 1), ("select", True, True, 1),
+            ("plain_spe4", False, None, 4), ("select_spe4", True, True, 4),
+        ]:  # fmt: skip
+            model, x, y = forced_model(spe)
+            model.optimizer.build(model.trainable_variables)
+            jax.clear_caches()
+            names.clear()
+            JaxTap.select_counts = select
+            cbs = []
+            if monitored:
+                cbs = [mpwatch.MixedPrecisionMonitor(os.path.join(logdir, name), log_every=7,
+                                                     probe=False, profile=False)]  # fmt: skip
+            model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=cbs)
+            got[name] = list(names)
+    finally:
+        JaxTap.select_counts = None
+        jax.config.update("jax_log_compiles", False)
+        log.removeHandler(handler)
+        log.level = level
+    return got
+
+
 def main(out):
-    truth = {}
+    truth = {"compiles": compiles(os.path.join(out, "compiles"))}  # first: nothing cached
     for spe, log_every in [(1, 1), (1, 7), (4, 1), (4, 7)]:
         name = f"forced_spe{spe}_every{log_every}"
         truth[name] = forced(os.path.join(out, name), spe, log_every)

@@ -326,3 +326,16 @@ def test_an_unsupported_backend_is_refused_before_training(monkeypatch, tmp_path
     with pytest.raises(backend.UnsupportedBackendError, match="'torch' backend is not supported"):
         monitor.on_train_begin()
     assert not list((tmp_path / "run").glob("events.*"))
+
+
+def test_recording_compiles_no_program_of_its_own(jax_runs):
+    """JAX's own compile log (jax_log_compiles), each fit after jax.clear_caches(): a monitored
+    fit compiles the programs a plain fit compiles, and nothing more (on a GPU each small program
+    XLA compiles costs tens of milliseconds of the fit's start: the tap's buffers are copied from
+    the host, and its reads copy whole buffers instead of indexing them on the device)."""
+    _, truth = jax_runs
+    got = truth["compiles"]
+    assert "jit(train_step)" in got["plain"]  # the log was read: Keras' own step is in it
+    for name in ("cond", "select"):
+        assert sorted(got[name]) == sorted(got["plain"]), name
+    assert sorted(got["select_spe4"]) == sorted(got["plain_spe4"])
