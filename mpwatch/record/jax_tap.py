@@ -75,6 +75,9 @@ _BUFFERS = (
 #: by the host feels whole (keras.io's Transformer on an H200: x1.63 of a plain fit per step
 #: with the conditional, x1.18 without). The counts read every gradient once (and the 16-bit
 #: values before and after): at this size a few tens of microseconds of a recent GPU's time.
+#: Measured again on an H200 with jax 0.11.2 (2026-11-27, batch 64, best of 2 rounds: the rounds
+#: differed by up to 25%): plain 1.45 ms a step, conditional 1.67, select 1.72, no counts 1.49;
+#: the conditional's sync no longer showed. ``benchmarks/gpu_cost.py`` measures it over rounds.
 SELECT_MAX_ELEMENTS = 20_000_000
 
 
