@@ -25,6 +25,7 @@ from mpwatch.show.float8 import float8_html
 from mpwatch.show.memory import memory_html
 from mpwatch.show.summary import (
     NO_DATA,
+    OWN_TIME_LEAVES_OUT,
     loss_scales_words,
     no_findings,
     probe_not_measured,
@@ -359,7 +360,7 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
                 None
                 if sm["mpwatch_seconds"] is None
                 else f"{duration_ms(1000 * sm['mpwatch_seconds'])} "
-                f"({percent(sm['mpwatch_share'])} of the fit)"
+                f"({percent(sm['mpwatch_share'])} of the fit{OWN_TIME_LEAVES_OUT})"
             ),
         }
         body.append('<table class="facts"><tbody>')

@@ -38,6 +38,7 @@ from mpwatch.show.html import render_html
 from mpwatch.show.memory import memory_view
 from mpwatch.show.summary import (
     NO_DATA,
+    OWN_TIME_LEAVES_OUT,
     loss_scales_words,
     no_findings,
     profile_lines,
@@ -150,7 +151,10 @@ JSON_SCHEMA: dict[str, Any] = {
                             "mpwatch_seconds": {
                                 "type": ["number", "null"],
                                 "description": "mpwatch's own time in the run's fits (budget "
-                                "records); null when recorded without one",
+                                "records): its hooks' host time, not its tap's ops inside the "
+                                "train step (their trace and compile are in Keras' first step, "
+                                "their cost in every step's time); null when recorded without "
+                                "one",
                             },
                             "mpwatch_share": {
                                 "type": ["number", "null"],
@@ -317,7 +321,7 @@ def _run_header(r: Run) -> str:
     if sm["mpwatch_seconds"] is not None:
         bits.append(
             f"mpwatch's own time {duration_ms(1000 * sm['mpwatch_seconds'])} "
-            f"({percent(sm['mpwatch_share'])} of the fit)"
+            f"({percent(sm['mpwatch_share'])} of the fit{OWN_TIME_LEAVES_OUT})"
         )
     return ", ".join(bits)
 

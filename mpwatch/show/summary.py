@@ -141,6 +141,11 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
+#: what "mpwatch's own time" leaves out, said beside it: the tap's ops run inside the train step
+#: (their trace and compile are in Keras' first step, their cost in every step's time)
+OWN_TIME_LEAVES_OUT = "; its tap inside the train step not counted"
+
+
 def own_cost(run: Run) -> dict[str, float | None]:
     """mpwatch's own time over all the fits of the run with a ``budget`` record, and its share of
     their wall time (``None`` for runs recorded without one)."""
