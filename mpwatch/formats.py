@@ -75,6 +75,7 @@ E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
 FLOAT8_READY_OUT = 0.08  # float8 keeps the layer's output within this relative error ...
 FLOAT8_READY_GRAD = 0.15  # ... and both gradients within this one (E5M2: 2 mantissa bits)
+FLOAT8_LOW_ERROR_SHOWN = 0.02  # a 16-bit error above this is named beside float8's
 
 # Keras' LossScaleOptimizer starts at 2**15 and grows x2 every 2000 finite steps.
 KERAS_INITIAL_SCALE = 2.0**15

@@ -116,7 +116,10 @@ PROBE_FLOAT8_COLUMN_TYPES: dict[str, Any] = {
     "x_flush": s._num("share of its nonzero inputs float8 flushes to zero at their scale"),
     "w_flush": s._num("share of its nonzero kernel elements flushed to zero"),
     "g_flush": s._num("share of its nonzero output-gradient elements flushed to zero (E5M2)"),
-    "ready": s._bool("float8 keeps the output and both gradients within the readiness bounds"),
+    "ready": s._bool(
+        "float8 changes the output and both gradients within the readiness bounds of the run's "
+        "own 16-bit values (the errors against float32 where those are close to float32's)"
+    ),
     "reason": s._str("why it is not ready (None when ready)", nullable=True),
 }
 

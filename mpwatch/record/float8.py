@@ -22,7 +22,10 @@ per row (:func:`row_error`: the mean over tokens or examples of each one's ``||a
 over the tensor), in float8 and in the run's 16-bit compute dtype; and the share of nonzero
 elements of x, W and g that float8 flushes to zero at that scale (few bits of range: values far
 below the tensor's largest). Under a loss scale (mixed_float16) the gradient is taken scaled, as
-Keras' float8 layers see it (``S * g``).
+Keras' float8 layers see it (``S * g``). Readiness (:func:`verdict`) judges what float8 changes of
+the run's own 16-bit values (``*_change_8``, the same errors with the 16-bit result as the
+reference): rows the 16-bit run already loses (a scaled gradient row of a well-fit example below
+float16's range: 100% error in both) are not float8's doing.
 
 Example:
     >>> import numpy as np
@@ -43,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from mpwatch.formats import E4M3_MAX, E5M2_MAX
+from mpwatch.formats import FLOAT8_LOW_ERROR_SHOWN as LOW_ERROR_SHOWN
 from mpwatch.formats import FLOAT8_READY_GRAD as READY_GRAD
 from mpwatch.formats import FLOAT8_READY_OUT as READY_OUT
 
@@ -157,6 +161,9 @@ def layer_errors(
     err = {"out": row_error, "dx": row_error, "dw": _rel}
     out = {f"{k}_error_8": err[k](f8[k], ref[k]) for k in ref}
     out |= {f"{k}_error_16": err[k](low[k], ref[k]) for k in ref}
+    # what float8 changes of the run's own 16-bit values: where those already lose a row to the
+    # float32 reference (a scaled gradient row below float16's range), float8 is not the cause
+    out |= {f"{k}_change_8": err[k](f8[k], low[k]) for k in ref}
     out |= {"x_flush": _flushed(x_cd, xq), "w_flush": _flushed(w_cd, wq),
             "g_flush": _flushed(g_cd, gq)}  # fmt: skip
     out["x_amax"] = float(np.max(np.abs(x32))) if x32.size else 0.0
@@ -164,30 +171,41 @@ def layer_errors(
     return out
 
 
-def verdict(row: dict[str, float]) -> tuple[bool, str]:
+def verdict(row: dict[str, float], low: str = "16-bit") -> tuple[bool, str]:
     """(ready, why): ready when float8 keeps the output within :data:`READY_OUT` and both
-    gradients within :data:`READY_GRAD`; otherwise the reason, by what went wrong: values
-    flushed to zero (range: a few large values set the scale), else the mantissa."""
-    out, grad = row["out_error_8"], max(row["dx_error_8"], row["dw_error_8"])
+    gradients within :data:`READY_GRAD` of what the run computes now in its 16-bit dtype ``low``
+    (the ``*_change_8`` errors: where the 16-bit values are close to float32's, as they are on
+    most layers, the same as the errors against float32; where they already lose rows, float8
+    is judged on what it adds). Otherwise the reason, by what went wrong: values flushed to zero
+    (range: a few large values set the scale), else the mantissa; with the 16-bit error beside
+    it where that one is not small."""
+    out = row.get("out_change_8", row["out_error_8"])
+    grad = max(row.get("dx_change_8", row["dx_error_8"]), row.get("dw_change_8", row["dw_error_8"]))
     if out <= READY_OUT and grad <= READY_GRAD:
         return True, ""
+
+    def beside(err16: float) -> str:
+        return f" (beyond the {low} run's own {err16:.1%})" if err16 > LOW_ERROR_SHOWN else ""
+
     why = []
     if out > READY_OUT:
         flush = max(row["x_flush"], row["w_flush"])
+        o16 = beside(row["out_error_16"])
         if flush > FLUSH_WARN:
             which = "inputs" if row["x_flush"] >= row["w_flush"] else "kernel"
             why.append(
-                f"output error {out:.1%}: {flush:.1%} of its {which} flush to zero in E4M3 at "
-                f"the scale its largest value sets (outliers; E4M3 spans 2^17)"
+                f"output error {out:.1%}{o16}: {flush:.1%} of its {which} flush to zero in E4M3 "
+                f"at the scale its largest value sets (outliers; E4M3 spans 2^17)"
             )
         else:
-            why.append(f"output error {out:.1%}: E4M3's 3 mantissa bits")
+            why.append(f"output error {out:.1%}{o16}: E4M3's 3 mantissa bits")
     if grad > READY_GRAD:
+        g16 = beside(max(row["dx_error_16"], row["dw_error_16"]))
         if row["g_flush"] > FLUSH_WARN:
             why.append(
-                f"gradient error {grad:.1%}: {row['g_flush']:.1%} of its output gradient "
+                f"gradient error {grad:.1%}{g16}: {row['g_flush']:.1%} of its output gradient "
                 "flushes to zero in E5M2 at the scale its largest value sets"
             )
         else:
-            why.append(f"gradient error {grad:.1%}: E5M2's 2 mantissa bits")
+            why.append(f"gradient error {grad:.1%}{g16}: E5M2's 2 mantissa bits")
     return False, "; ".join(why)

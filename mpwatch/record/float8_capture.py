@@ -254,7 +254,7 @@ def readiness(probe: Any, x: Any, y: Any, sw: Any, scale: float) -> list[list[An
     for (layer, path), (inputs, grad) in zip(found, captured):
         kernel, bias = weights(layer, values)
         e = float8.layer_errors(equation(layer), inputs, kernel, bias, grad, cd, scale)
-        ready, why = float8.verdict(e)
+        ready, why = float8.verdict(e, cd)
         rows.append(
             [path, type(layer).__name__, getattr(layer, "path", None), e["out_error_16"],
              e["out_error_8"], e["dx_error_16"], e["dx_error_8"], e["dw_error_16"],

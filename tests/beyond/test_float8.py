@@ -81,6 +81,36 @@ def test_the_numpy_arithmetic_is_keras_float8(outlier, ready):
         assert got["x_flush"] > 0.5 and "flush to zero in E4M3" in why and "inputs" in why
 
 
+def test_rows_the_float16_run_already_loses_are_not_float8s_doing():
+    """A float16 layer whose output gradient has 24 of 64 rows (examples the model already fits)
+    below float16's range even scaled: the float16 run loses those rows of dx whole (numpy: they
+    cast to zeros), so against float32 both float16 and float8 are ~37.5% off and the old verdict
+    blamed "E5M2's 2 mantissa bits". What float8 adds is Keras' own float8 layer's error on the
+    gradient as float16 holds it (those rows zero): a few percent, so ready."""
+    import keras
+    from float8_truth import keras_float8_errors
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    w = (0.1 * rng.standard_normal((32, 16))).astype(np.float32)
+    g = (1e-3 * rng.standard_normal((64, 16))).astype(np.float32)
+    g[:24] *= 1e-6
+    lost = np.all(g.astype(np.float16) == 0, axis=1)
+    assert lost.sum() == 24 and not lost[24:].any()
+    held = np.where(lost[:, None], 0.0, g).astype(np.float32)  # the gradient as float16 holds it
+    layer = keras.layers.Dense(16, use_bias=False, dtype="mixed_float16")
+    layer.build((None, 32))
+    against_f32 = keras_float8_errors(layer, w, None, x, g)
+    added = keras_float8_errors(layer, w, None, x, held)
+    got = float8.layer_errors("...i,ij->...j", x, w, None, g, "float16")
+    assert got["dx_error_8"] == pytest.approx(against_f32["dx_error_8"], rel=1e-3)
+    assert got["dx_error_8"] > float8.READY_GRAD  # what the old verdict judged: not ready
+    assert got["dx_error_16"] == pytest.approx(lost.mean(), abs=1e-3)  # those rows, whole
+    assert got["dx_change_8"] == pytest.approx(added["dx_error_8"], rel=2e-2)
+    assert got["dx_change_8"] < float8.READY_GRAD
+    assert float8.verdict(got, "float16") == (True, "")
+
+
 def test_the_finding_lists_the_ready_layers_and_its_code_converts_them(beyond_runs):
     out, truth = beyond_runs
     (f,) = [f for f in mpwatch.diagnose(str(out / "mixed")) if f.rule == "float8-readiness"]

@@ -18,8 +18,12 @@ mantissa bits, so each layer's error grows about ten times over bfloat16's: fine
 projections, not for a layer whose inputs hold outliers or whose gradients need the precision.
 
 ## Threshold
-Ready: float8 output error at most {READY_OUT:.0%} and both gradient errors at most
-{READY_GRAD:.0%}. Always info (an opportunity, never a problem of the run).
+Ready: float8 changes the layer's output by at most {READY_OUT:.0%} and both gradients by at most
+{READY_GRAD:.0%} of what the run computes now in 16 bits (where the 16-bit values are close to
+float32's, as on most layers, that is the error against float32; where the 16-bit run already
+loses rows of a gradient, e.g. well-fit examples whose scaled gradient falls below float16's
+range, float8 is judged on what it adds, and the 16-bit error is said beside it). Always info
+(an opportunity, never a problem of the run).
 
 ## Example evidence
 ```text
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mpwatch.formats import FLOAT8_LOW_ERROR_SHOWN as LOW_ERROR_SHOWN
 from mpwatch.formats import FLOAT8_READY_GRAD as READY_GRAD
 from mpwatch.formats import FLOAT8_READY_OUT as READY_OUT
 from mpwatch.judge.finding import Finding
@@ -99,9 +104,13 @@ def check(run: Run) -> list[Finding]:
     def grads(r: dict) -> float:
         return max(float(r["dx_error_8"]), float(r["dw_error_8"]))
 
+    def low_grads(r: dict) -> str:  # a 16-bit gradient already off float32: said beside
+        g16 = max(float(r["dx_error_16"]), float(r["dw_error_16"]))
+        return f", its gradients already {pct(g16)}" if g16 > LOW_ERROR_SHOWN else ""
+
     shown_ready = [
         f"{_name(r['layer'])} (output {pct(r['out_error_8'])}, gradients {pct(grads(r))}; "
-        f"{low} {pct(r['out_error_16'])})"
+        f"{low} {pct(r['out_error_16'])}{low_grads(r)})"
         for r in ready.head(SHOWN).to_dict("records")
     ]
     shown_not = [
