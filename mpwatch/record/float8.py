@@ -179,12 +179,19 @@ def verdict(row: dict[str, float], low: str = "16-bit") -> tuple[bool, str]:
     is judged on what it adds). Otherwise the reason, by what went wrong: values flushed to zero
     (range: a few large values set the scale), else the mantissa; with the 16-bit error beside
     it where that one is not small."""
-    out = row.get("out_change_8", row["out_error_8"])
-    grad = max(row.get("dx_change_8", row["dx_error_8"]), row.get("dw_change_8", row["dw_error_8"]))
+    def judged(k: str) -> float:  # against float32 where the 16-bit values are not finite
+        change, low_error = row.get(f"{k}_change_8"), row[f"{k}_error_16"]
+        if change is None or not (math.isfinite(change) and math.isfinite(low_error)):
+            return row[f"{k}_error_8"]
+        return change
+
+    out, grad = judged("out"), max(judged("dx"), judged("dw"))
     if out <= READY_OUT and grad <= READY_GRAD:
         return True, ""
 
     def beside(err16: float) -> str:
+        if not math.isfinite(err16):
+            return f" (the {low} run's own values are not finite)"
         return f" (beyond the {low} run's own {err16:.1%})" if err16 > LOW_ERROR_SHOWN else ""
 
     why = []

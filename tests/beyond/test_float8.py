@@ -142,3 +142,20 @@ def test_the_finding_lists_the_ready_layers_and_its_code_converts_them(beyond_ru
         real._compile(model)
         history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][-1])
+
+
+def test_a_float16_overflow_is_judged_against_float32():
+    """An input of 1e5 overflows float16 (numpy: inf): the run's own 16-bit values are no
+    reference, so float8 is judged against float32, and the reason says why."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    x[0] *= 1e5
+    assert np.isinf(x.astype(np.float16)).any()
+    w = rng.standard_normal((16, 4)).astype(np.float32)
+    g = rng.standard_normal((8, 4)).astype(np.float32)
+    with np.errstate(all="ignore"):
+        got = float8.layer_errors("...i,ij->...j", x, w, None, g, "float16")
+    assert not np.isfinite(got["out_error_16"]) and got["out_error_8"] > float8.READY_OUT
+    ready, why = float8.verdict(got, "float16")
+    assert not ready and f"output error {got['out_error_8']:.1%}" in why
+    assert "the float16 run's own values are not finite" in why
