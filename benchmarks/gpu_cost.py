@@ -11,6 +11,12 @@ configuration for ``--steps`` steps in a rotated order (a new monitor per fit, a
 ``fit`` has), timed from the call to its return: per configuration the median ms/step, and the
 median over rounds of its ratio to ``plain`` in the same round (drift cancels) with its range.
 
+Last, unless ``--trace-steps 0``, each configuration fits ``--trace-steps`` steps under
+``jax.profiler``; the trace is read with mpwatch's own reader (:mod:`mpwatch.profile.xplane`)
+for the GPU kernels a step launches, the GPU's busy time a step (the union of its kernels'
+intervals), and the kernels each configuration launches beyond ``plain`` (by name, per step,
+with their time): what a tap adds on the device. A CPU has no kernels to show.
+
 Configurations (``--configs``): ``plain`` (no callback: Keras then dispatches steps without ever
 waiting), ``plain+hook`` (a callback with an empty ``on_train_batch_end``, which Keras runs on the
 training thread: a sync per batch), ``mpwatch`` (defaults; the budget off here unless
@@ -37,6 +43,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
@@ -154,8 +162,72 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ratios[cfg].append(got[cfg] / got["plain"])
         print(f"  round {r + 1}: " + ", ".join(f"{c} {1e3 * got[c]:.3f}" for c in configs),
               file=sys.stderr, flush=True)  # fmt: skip
+    kernels = {}
+    for cfg in configs if args.trace_steps > 0 else []:
+        JaxTap.select_counts = select.get(cfg)
+        kernels[cfg] = traced(
+            models[cfg], cfg, args, lambda: rm.batches(x, y, args.batch_size), root
+        )
     JaxTap.select_counts = None
-    return {"first": first, "per_step": per_step, "ratios": ratios, "device": str(jax.devices()[0])}
+    return {
+        "first": first, "per_step": per_step, "ratios": ratios, "kernels": kernels,
+        "device": str(jax.devices()[0]),
+    }  # fmt: skip
+
+
+def traced(model: Any, cfg: str, args: argparse.Namespace, data: Any, root: str) -> Any:
+    """GPU kernels of ``--trace-steps`` steps of one configuration (None without a GPU plane):
+    kernels and busy ms a step, and launches and µs a step by kernel name."""
+    import glob
+
+    import jax
+
+    d = tempfile.mkdtemp(prefix=f"trace_{cfg.replace('+', '_')}_", dir=root)
+    fit = functools.partial(model.fit, data(), epochs=1, verbose=0)
+    logdir = os.path.join(root, cfg)
+    fit(steps_per_epoch=5, callbacks=callbacks(cfg, logdir, args))
+    jax.profiler.start_trace(d)
+    try:
+        fit(steps_per_epoch=args.trace_steps, callbacks=callbacks(cfg, logdir, args))
+    finally:
+        jax.profiler.stop_trace()
+    files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        return None
+    return kernel_summary(files[0], args.trace_steps)
+
+
+def kernel_summary(path: str, steps: int) -> dict[str, Any] | None:
+    """The GPU kernels of a trace (``.xplane.pb``) over ``steps`` steps: kernels and busy ms a
+    step, and launches and µs a step by kernel name; None without a kernel."""
+    from mpwatch.profile import xplane
+
+    space = xplane.read_xspace(path, xplane.metadata_and_devices)
+    spans, names = [], collections.Counter()
+    micros: dict[str, float] = collections.defaultdict(float)
+    for plane in space.device_planes:
+        for line in plane.lines:
+            for ev in line.events:
+                if "kernel_details" not in ev.stats:  # memcpy, memset
+                    continue
+                begin = line.timestamp_ns * 1000 + ev.offset_ps
+                spans.append((begin, begin + ev.duration_ps))
+                names[ev.name] += 1
+                micros[ev.name] += ev.duration_ps / 1e6
+    if not spans:
+        return None
+    busy, end = 0, None  # the union of the kernels' intervals, picoseconds
+    for b, e in sorted(spans):
+        if end is None or b > end:
+            busy, end = busy + (e - b), e
+        elif e > end:
+            busy, end = busy + (e - end), e
+    n = steps
+    return {
+        "kernels": len(spans) / n,
+        "busy_ms": busy / 1e9 / n,
+        "by_name": {k: (c / n, micros[k] / n) for k, c in names.items()},
+    }
 
 
 def report(res: dict[str, Any], args: argparse.Namespace) -> None:
@@ -172,6 +244,28 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
         phases = "/".join(f"{f.get(p, 0.0):.2f}" for p in ("trace", "lower", "compile"))
         print(f"  {cfg:16s} {1e3 * statistics.median(times):8.3f}   {ratio:34s} "
               f"{f['wall']:11.1f}  {phases:32s}  {len(f['others'])}")  # fmt: skip
+    traces = res.get("kernels") or {}
+    if not traces:
+        return
+    if not any(traces.values()):
+        print("  (no GPU kernels in the traces: this device has none to show)")
+        return
+    base = traces.get("plain")
+    print(f"\nGPU kernels, {args.trace_steps} traced steps a configuration")
+    for cfg, k in traces.items():
+        if not k:
+            print(f"  {cfg:16s} no GPU kernels traced")
+            continue
+        print(f"  {cfg:16s} {k['kernels']:7.1f} kernels a step, GPU busy "
+              f"{k['busy_ms']:.3f} ms a step")  # fmt: skip
+        if base and cfg != "plain":
+            more = {
+                name: (c - base["by_name"].get(name, (0.0, 0.0))[0], us)
+                for name, (c, us) in k["by_name"].items()
+            }
+            top = sorted((v for v in more.items() if v[1][0] > 0.5), key=lambda v: -v[1][1])
+            for name, (extra, us) in top[:6]:
+                print(f"      +{extra:5.1f} a step  {us:8.1f} us  {name[:90]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alternations", type=int, default=6, help="rounds of every config")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--budget", action="store_true", help="the monitors at their default budget")
+    ap.add_argument("--trace-steps", type=int, default=20, help="steps traced a config (0: none)")
     ap.add_argument("--huge-layers", type=int, default=1000)
     ap.add_argument("--json", default=None, help="write the figures here too")
     args = ap.parse_args(argv)
