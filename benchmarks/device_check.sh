@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Issue 27's checks on a device machine (JAX with CUDA, no TensorFlow): one call, logs in $OUT.
+# (An H200's first MobileNetV2 compile in a process took 79 s: the whole-fit rows come last.)
 #
 # Here, once, in the repository root (Keras and its two pure-Python needs travel as wheels):
 #   echo /.whl/ >> .git/info/exclude
@@ -35,10 +36,12 @@ step() {  # step NAME CAP_S COMMAND...: the command's output in $OUT/NAME.log, i
 }
 nvidia-smi -L 2>/dev/null
 python3 -c "import jax, keras; print('jax', jax.__version__, 'keras', keras.__version__, jax.devices())"
-step gpu_cost_transformer 90 python3 benchmarks/gpu_cost.py --model transformer \
-  --policy mixed_bfloat16 --batch-size 64 --steps 1000 --alternations 4 --json "$OUT/t.json"
+step gpu_cost_transformer 120 python3 benchmarks/gpu_cost.py --model transformer \
+  --policy mixed_bfloat16 --batch-size 64 --steps 800 --alternations 4 --json "$OUT/t.json"
 step gpu_cost_resnet50 150 python3 benchmarks/gpu_cost.py --model resnet50 --policy mixed_float16 \
   --batch-size 8 --steps 200 --alternations 4 --configs plain,mpwatch,mpwatch-nograd,mpwatch-minimal
-step whole_fit 400 python3 benchmarks/whole_fit.py --backends jax --models transformer,mobilenetv2 \
-  --policy mixed_bfloat16 --seconds 60 --reps 1
+step whole_fit_mobilenetv2 260 python3 benchmarks/whole_fit.py --backends jax \
+  --models mobilenetv2 --policy mixed_bfloat16 --seconds 60 --reps 1
+step whole_fit_transformer 200 python3 benchmarks/whole_fit.py --backends jax \
+  --models transformer --policy mixed_bfloat16 --seconds 60 --reps 1
 echo "done at $(($(date +%s) - START)) s"
