@@ -64,10 +64,12 @@ MINIMAL = {**NO_GRAD, "input_health": False, "layer_dtypes": False, "probe": Fal
 
 
 def real_models() -> Any:
-    spec = importlib.util.spec_from_file_location("mpwatch_bench_rm", f"{HERE}/real_models.py")
+    """benchmarks/real_models.py (its model builders and data), loaded by whole_fit.py as
+    host_cost.py has it."""
+    spec = importlib.util.spec_from_file_location("mpwatch_bench_whole", f"{HERE}/whole_fit.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    return module.real_models()
 
 
 class CompileLog(logging.Handler):

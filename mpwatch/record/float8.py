@@ -180,10 +180,8 @@ def verdict(row: dict[str, float], low: str = "16-bit") -> tuple[bool, str]:
     (range: a few large values set the scale), else the mantissa; with the 16-bit error beside
     it where that one is not small."""
     def judged(k: str) -> float:  # against float32 where the 16-bit values are not finite
-        change, low_error = row.get(f"{k}_change_8"), row[f"{k}_error_16"]
-        if change is None or not (math.isfinite(change) and math.isfinite(low_error)):
-            return row[f"{k}_error_8"]
-        return change
+        change, low_error = row[f"{k}_change_8"], row[f"{k}_error_16"]
+        return change if math.isfinite(change) and math.isfinite(low_error) else row[f"{k}_error_8"]
 
     out, grad = judged("out"), max(judged("dx"), judged("dw"))
     if out <= READY_OUT and grad <= READY_GRAD:

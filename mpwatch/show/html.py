@@ -25,9 +25,9 @@ from mpwatch.show.float8 import float8_html
 from mpwatch.show.memory import memory_html
 from mpwatch.show.summary import (
     NO_DATA,
-    OWN_TIME_LEAVES_OUT,
     loss_scales_words,
     no_findings,
+    own_time_words,
     probe_not_measured,
     profile_lines,
     profile_summary,
@@ -356,12 +356,7 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
         facts |= {
             "median step time": _words(duration_ms, sm["step_time_ms"]),
             "peak memory (MiB)": sm["peak_memory_mb"],
-            "mpwatch's own time": (
-                None
-                if sm["mpwatch_seconds"] is None
-                else f"{duration_ms(1000 * sm['mpwatch_seconds'])} "
-                f"({percent(sm['mpwatch_share'])} of the fit{OWN_TIME_LEAVES_OUT})"
-            ),
+            "mpwatch's own time": own_time_words(sm),
         }
         body.append('<table class="facts"><tbody>')
         for k, v in facts.items():

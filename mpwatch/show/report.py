@@ -38,9 +38,9 @@ from mpwatch.show.html import render_html
 from mpwatch.show.memory import memory_view
 from mpwatch.show.summary import (
     NO_DATA,
-    OWN_TIME_LEAVES_OUT,
     loss_scales_words,
     no_findings,
+    own_time_words,
     profile_lines,
     profile_summary,
     run_summary,
@@ -48,7 +48,7 @@ from mpwatch.show.summary import (
     step_range,
     trace_only,
 )
-from mpwatch.words import TRACE_ONLY, duration_ms, loss_scale, percent, plain
+from mpwatch.words import TRACE_ONLY, duration_ms, loss_scale, plain
 
 __all__ = [
     "FORMATS",
@@ -318,11 +318,8 @@ def _run_header(r: Run) -> str:
         bits.append(f"{sm['probes']} probes")
     if sm["step_time_ms"] is not None:
         bits.append(f"{duration_ms(sm['step_time_ms'])}/step")
-    if sm["mpwatch_seconds"] is not None:
-        bits.append(
-            f"mpwatch's own time {duration_ms(1000 * sm['mpwatch_seconds'])} "
-            f"({percent(sm['mpwatch_share'])} of the fit{OWN_TIME_LEAVES_OUT})"
-        )
+    if (own := own_time_words(sm)) is not None:
+        bits.append(f"mpwatch's own time {own}")
     return ", ".join(bits)
 
 

@@ -146,6 +146,17 @@ def run_summary(run: Run) -> dict[str, Any]:
 OWN_TIME_LEAVES_OUT = "; its tap inside the train step not counted"
 
 
+def own_time_words(sm: dict[str, Any]) -> str | None:
+    """A run summary's (:func:`run_summary`) mpwatch time in words, with what it leaves out;
+    None for a run recorded without a budget."""
+    if sm["mpwatch_seconds"] is None:
+        return None
+    return (
+        f"{duration_ms(1000 * sm['mpwatch_seconds'])} "
+        f"({percent(sm['mpwatch_share'])} of the fit{OWN_TIME_LEAVES_OUT})"
+    )
+
+
 def own_cost(run: Run) -> dict[str, float | None]:
     """mpwatch's own time over all the fits of the run with a ``budget`` record, and its share of
     their wall time (``None`` for runs recorded without one)."""
