@@ -36,12 +36,14 @@ step() {  # step NAME CAP_S COMMAND...: the command's output in $OUT/NAME.log, i
 }
 nvidia-smi -L 2>/dev/null
 python3 -c "import jax, keras; print('jax', jax.__version__, 'keras', keras.__version__, jax.devices())"
-step gpu_cost_transformer 120 python3 benchmarks/gpu_cost.py --model transformer \
-  --policy mixed_bfloat16 --batch-size 64 --steps 800 --alternations 4 --json "$OUT/t.json"
+# "mpwatch" is the default: on a GPU, the gradient counts in a program of their own (apart)
+step gpu_cost_transformer 130 python3 benchmarks/gpu_cost.py --model transformer \
+  --policy mixed_bfloat16 --batch-size 64 --steps 800 --alternations 4 --json "$OUT/t.json" \
+  --configs plain,plain+hook,mpwatch,mpwatch-cond,mpwatch-select,mpwatch-nograd
 step gpu_cost_resnet50 150 python3 benchmarks/gpu_cost.py --model resnet50 --policy mixed_float16 \
-  --batch-size 8 --steps 200 --alternations 4 --configs plain,mpwatch,mpwatch-nograd,mpwatch-minimal
+  --batch-size 8 --steps 200 --alternations 4 --configs plain,mpwatch,mpwatch-cond,mpwatch-nograd
 step whole_fit_mobilenetv2 260 python3 benchmarks/whole_fit.py --backends jax \
   --models mobilenetv2 --policy mixed_bfloat16 --seconds 60 --reps 1
 step whole_fit_transformer 200 python3 benchmarks/whole_fit.py --backends jax \
-  --models transformer --policy mixed_bfloat16 --seconds 60 --reps 1
+  --models transformer --policy mixed_bfloat16 --seconds 10,60 --reps 1
 echo "done at $(($(date +%s) - START)) s"

@@ -20,10 +20,13 @@ with their time): what a tap adds on the device. A CPU has no kernels to show.
 Configurations (``--configs``): ``plain`` (no callback: Keras then dispatches steps without ever
 waiting), ``plain+hook`` (a callback with an empty ``on_train_batch_end``, which Keras runs on the
 training thread: a sync per batch), ``mpwatch`` (defaults; the budget off here unless
-``--budget``, so that each part's steady cost shows), ``mpwatch-cond`` / ``mpwatch-select`` (the
-gradient counts under a ``lax.cond`` / computed every step and selected:
-``JaxTap.select_counts``), ``mpwatch-nograd`` (no gradient counts), ``mpwatch-minimal`` (the loss
-scale and the step time only).
+``--budget``, so that each part's steady cost shows; on a GPU its gradient counts are in a
+program of their own, run at the count steps only: ``mpwatch.record.jax_programs``),
+``mpwatch-apart`` / ``mpwatch-cond`` / ``mpwatch-select`` (the gradient counts in that second
+program / under a ``lax.cond`` / computed every step and selected, whatever the device:
+``JaxTap.counts_way``), ``mpwatch-nograd`` (no gradient counts), ``mpwatch-minimal`` (the loss
+scale and the step time only). The counts' own program compiles on a thread (``jit(counts_step)``
+in the compile log, under whichever fit was running when it ended).
 
     python benchmarks/gpu_cost.py --model transformer --policy mixed_bfloat16 --batch-size 64
     python benchmarks/gpu_cost.py --model resnet50 --configs plain,mpwatch,mpwatch-nograd
@@ -56,8 +59,8 @@ from typing import Any  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = (
-    "plain", "plain+hook", "mpwatch", "mpwatch-cond", "mpwatch-select", "mpwatch-nograd",
-    "mpwatch-minimal",
+    "plain", "plain+hook", "mpwatch", "mpwatch-apart", "mpwatch-cond", "mpwatch-select",
+    "mpwatch-nograd", "mpwatch-minimal",
 )  # fmt: skip
 NO_GRAD = {"gradient_health": False, "per_variable_gradients": False}
 MINIMAL = {**NO_GRAD, "input_health": False, "layer_dtypes": False, "probe": False, "float8": False}
@@ -129,12 +132,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     jax_log.setLevel(logging.DEBUG)
     jax_log.propagate = False
     jax.config.update("jax_log_compiles", True)
-    select = {"mpwatch-cond": False, "mpwatch-select": True}
+    select = {"mpwatch-apart": "apart", "mpwatch-cond": "cond", "mpwatch-select": "select"}
     configs = [c for c in args.configs.split(",") if c]
     configs = sorted(configs, key=lambda c: c != "plain")  # plain first: the ratios' base
     models, first = {}, {}
     for cfg in configs:
-        JaxTap.select_counts = select.get(cfg)
+        JaxTap.counts_way = select.get(cfg)
         model = rm.build(args.model, ns)
         model.optimizer.build(model.trainable_variables)
         log.step, log.others = {}, []
@@ -152,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         order = configs[r % len(configs) :] + configs[: r % len(configs)]
         got = {}
         for cfg in order:
-            JaxTap.select_counts = select.get(cfg)
+            JaxTap.counts_way = select.get(cfg)
             cbs = callbacks(cfg, os.path.join(root, cfg), args)
             t0 = time.perf_counter()
             models[cfg].fit(rm.batches(x, y, args.batch_size), steps_per_epoch=args.steps,
@@ -166,11 +169,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               file=sys.stderr, flush=True)  # fmt: skip
     kernels = {}
     for cfg in configs if args.trace_steps > 0 else []:
-        JaxTap.select_counts = select.get(cfg)
+        JaxTap.counts_way = select.get(cfg)
         kernels[cfg] = traced(
             models[cfg], cfg, args, lambda: rm.batches(x, y, args.batch_size), root
         )
-    JaxTap.select_counts = None
+    JaxTap.counts_way = None
     return {
         "first": first, "per_step": per_step, "ratios": ratios, "kernels": kernels,
         "device": str(jax.devices()[0]),

@@ -9,8 +9,11 @@ from mpwatch.contract.tags import KIND_BUDGET
 BUDGET_ACTIONS = ["ran", "skipped", "deferred", "explicit", "needed"]
 #: the optional work the budget decides on
 #: (fix_checks: the passes of a probe's fix checks, asked for one by one inside a probe that ran;
-#: one decision per probe that wanted them: ran, or skipped from the first pass that did not fit)
-BUDGET_PARTS = ["probe", "fix_checks", "profile", "profile_conversion"]
+#: one decision per probe that wanted them: ran, or skipped from the first pass that did not fit;
+#: gradient_counts: on JAX with the counts in a program of their own, the count steps a fit ran
+#: without them while that program compiled beside training, one decision a fit, its detail the
+#: steps: record/jax_programs.py)
+BUDGET_PARTS = ["probe", "fix_checks", "profile", "profile_conversion", "gradient_counts"]
 
 _DECISION = s._obj(
     {
@@ -28,7 +31,12 @@ _DECISION = s._obj(
         "allowance_s": s._num("what the budget had left then, seconds (None: no budget)", True),
         "cost_s": s._num("what it really cost, seconds (None: it did not run)", True),
         "reason": s._str("why, in words"),
-        "detail": s._t("object", "facts of the decision (the profiled steps, the trace's MB)"),
+        "detail": s._t(
+            "object",
+            "facts of the decision (the profiled steps, the trace's MB; gradient_counts: steps, "
+            "the count steps run without counts, at most 50; missed, how many; count_steps, the "
+            "fit's count steps; compile_s, their program's compile, None: not done)",
+        ),
     },
     "one decision on optional work",
 )

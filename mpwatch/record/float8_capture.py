@@ -78,7 +78,14 @@ def weights(layer: Any, values: dict[int, Any]) -> tuple[np.ndarray, np.ndarray 
 def _wrapped(layers: list[Any], eps: list[Any] | None, seen: dict[int, Any]) -> Iterator[None]:
     import keras
 
+    from mpwatch.record.twin import SWITCHING
+
     linear = keras.activations.get("linear")
+    with SWITCHING:  # the layers' calls switched: no other thread traces them meanwhile
+        yield from _wrapped_calls(layers, eps, seen, linear)
+
+
+def _wrapped_calls(layers: list[Any], eps: Any, seen: dict[int, Any], linear: Any) -> Iterator:
     for i, layer in enumerate(layers):
         orig = layer.call
 

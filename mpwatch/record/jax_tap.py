@@ -35,9 +35,9 @@ small rings; every device holds the same values, so the host reads one copy, whi
 where the mesh spans several processes). The gradient counts are reductions over the gradients
 as the step has them (replicated under data parallelism, sharded like their variables under a
 layout map: XLA reduces the shards where they are; no variable is gathered). They run only every
-``grad_every`` steps (a ``lax.cond``; on a GPU, for a model of up to :data:`SELECT_MAX_ELEMENTS`
-trainable elements, computed at every step and selected: a conditional there is a host sync); the
-rings' other writes are local to each device.
+``grad_every`` steps (:data:`COUNTS_WAYS`: on a GPU in a second program run at those steps only,
+:mod:`mpwatch.record.jax_programs`; elsewhere under a ``lax.cond``); the rings' other writes are
+local to each device.
 With several JAX processes (``jax.distributed``) every process runs the same tap in the same
 program and reads its own copy of the replicated buffers at the same steps (no collective: the
 read interval is the same everywhere); only process 0 writes. The buffers are made on the mesh by
@@ -48,6 +48,7 @@ ring starts with never equals itself).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -67,34 +68,48 @@ _BUFFERS = (
 )  # fmt: skip
 
 
-#: on a GPU, a tapped step computes the gradient counts at every step and keeps them at the count
-#: steps (a select) when the model has at most this many trainable elements; above it (and on a
-#: CPU or TPU) a ``lax.cond`` computes them at the count steps only. XLA's GPU runtime runs a
-#: conditional by copying its predicate to the host and waiting for the device
-#: (``ConditionalThunk``: ``BlockHostUntilDone``): a sync inside every step, which a step bound
-#: by the host feels whole (keras.io's Transformer on an H200: x1.63 of a plain fit per step
-#: with the conditional, x1.18 without). The counts read every gradient once (and the 16-bit
-#: values before and after): at this size a few tens of microseconds of a recent GPU's time.
-#: Measured again on an H200 with jax 0.11.2 (2026-11-27, batch 64, best of 2 rounds: the rounds
-#: differed by up to 25%): plain 1.45 ms a step, conditional 1.67, select 1.72, no counts 1.49;
-#: the conditional's sync no longer showed. ``benchmarks/gpu_cost.py`` measures it over rounds.
+#: the ways the tap computes the gradient counts (:attr:`JaxTap.counts_way`):
+#:
+#: - ``"apart"`` (on a GPU): in a second program, run only at the count steps
+#:   (:mod:`mpwatch.record.jax_programs`); the every-step program has no counts at all;
+#: - ``"cond"`` (on a CPU or TPU, and where the train step is not jitted by Keras' ``jax.jit``):
+#:   under a ``lax.cond`` in the one program, computed at the count steps only;
+#: - ``"select"``: computed at every step and kept at the count steps (``jnp.where``).
+#:
+#: On a GPU both one-program ways cost every step: XLA's GPU runtime runs a conditional by copying
+#: its predicate to the host (``ConditionalThunk``), and a select launches the counts' kernels
+#: (a few reductions per variable) each time. Measured on an H200 with jax 0.11.2 (2026-11-27,
+#: keras.io's Transformer, bfloat16, batch 64, a step bound by the host, best of 2 rounds that
+#: differed by up to 25%): plain 1.45 ms a step, conditional 1.67, select 1.72, no counts 1.49.
+#: ``benchmarks/gpu_cost.py`` measures each way (``mpwatch-cond``, ``mpwatch-select``, ``mpwatch``).
+COUNTS_WAYS = ("apart", "cond", "select")
+
+#: on a GPU where the train step cannot be jitted twice, models of at most this many trainable
+#: elements select their counts (a few tens of microseconds of a recent GPU's time), larger ones
+#: take the conditional
 SELECT_MAX_ELEMENTS = 20_000_000
 
 
-def counts_by_select(model: Any) -> bool:
-    """Whether the tap computes the gradient counts at every step (see
-    :data:`SELECT_MAX_ELEMENTS`); :attr:`JaxTap.select_counts` decides instead when set."""
-    if JaxTap.select_counts is not None:
-        return bool(JaxTap.select_counts)
+def counts_way(model: Any) -> str:
+    """How the tap computes the gradient counts for ``model`` (see :data:`COUNTS_WAYS`);
+    :attr:`JaxTap.counts_way` decides instead when set."""
+    from mpwatch.record.jax_programs import why_not
+
+    if JaxTap.counts_way is not None:
+        if JaxTap.counts_way == "apart" and why_not(model) is not None:
+            return "cond"
+        return JaxTap.counts_way
     import jax
 
     try:
         if jax.default_backend() != "gpu":
-            return False
+            return "cond"
     except Exception:  # noqa: BLE001
-        return False
+        return "cond"
+    if why_not(model) is None:
+        return "apart"
     size = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    return size <= SELECT_MAX_ELEMENTS
+    return "select" if size <= SELECT_MAX_ELEMENTS else "cond"
 
 
 def _replicated(dist: Any) -> Any:
@@ -117,9 +132,9 @@ class JaxTap(TapBase):
     that of the TensorFlow :class:`~mpwatch.record.tf_tap.Tap` (``install``, ``uninstall``,
     ``read``, ``set_step``, ``current_step``). See the module docstring."""
 
-    #: True/False: compute the gradient counts at every step and select them (or not), whatever
-    #: the device (:func:`counts_by_select`); None: decided by the device and the model's size
-    select_counts: bool | None = None
+    #: one of :data:`COUNTS_WAYS`, whatever the device (:func:`counts_way`); None: decided by the
+    #: device and the model
+    counts_way: str | None = None
 
     def __init__(self, model: Any, capacity: int, grad_every: int | None, start_step: int) -> None:
         super().__init__(model, capacity, grad_every, start_step)
@@ -128,6 +143,11 @@ class JaxTap(TapBase):
         self._read_ccount = 0  # counts tables written before the last read
         self._values: list[Any] | None = None  # the buffers' latest values (device arrays)
         self._installed = False
+        self._way = "cond"  # how the gradient counts are computed (counts_way)
+        self._programs: Any = None  # the two programs of the "apart" way (jax_programs)
+        # per thread: the way of the trace running there, and the batch's input health between
+        # the train step's wrapper and the optimizer's (the counting program traces on a thread)
+        self._local = threading.local()
 
     # --- the buffers --------------------------------------------------------------------------
     def _initial_values(self, step: int) -> list[Any]:
@@ -178,14 +198,40 @@ class JaxTap(TapBase):
             opt.build(model.trainable_variables)
         tvs = list(model.trainable_variables)
         self._num_vars = len(tvs) if self.grad_every else 0
-        self._select = bool(self.grad_every) and counts_by_select(model)
+        self._way = counts_way(model) if self.grad_every else "cond"
         self.variable_names = [getattr(v, "path", None) or v.name for v in tvs]
+        if self._way == "apart" and self.rebuild:
+            from mpwatch.record.jax_programs import TwoPrograms
+
+            self._programs = TwoPrograms(self, model, self._step)
+        elif self._way == "apart":  # a custom training loop jits its own step: one program
+            self._way = "cond"
         self._restart(self._step)
         self._clean_fn = model.train_function
         self._wrap()
         if self.rebuild:
-            model.make_train_function(force=True)
+            if self._programs is not None:
+                self._programs.install()
+            else:
+                model.make_train_function(force=True)
             self._sync()
+
+    @property
+    def way(self) -> str:
+        """How this tap computes the gradient counts (one of :data:`COUNTS_WAYS`)."""
+        return self._way
+
+    @property
+    def programs(self) -> Any:
+        """The two programs of the ``"apart"`` way (:class:`mpwatch.record.jax_programs.
+        TwoPrograms`), or None."""
+        return self._programs
+
+    def tracing_counts(self, way: str) -> Any:
+        """A context: traces on this thread compute the counts ``way`` ("none": not at all)."""
+        from mpwatch.record.jax_programs import tracing
+
+        return tracing(self._local, way)
 
     def _sync(self) -> None:
         """The state Keras feeds the next call was built without the buffers: write it back to
@@ -197,6 +243,8 @@ class JaxTap(TapBase):
         self._step = self._read_count = int(step)
         self._read_ccount = 0
         self._values = self._initial_values(step)
+        if self._programs is not None:
+            self._programs.restart(step)
 
     def resume(self, step: int) -> None:
         super().resume(step)
@@ -244,9 +292,9 @@ class JaxTap(TapBase):
             orig_step = model.train_step
 
             def train_step(state: Any, data: Any) -> Any:
-                tap._pending_input = None
+                tap._local.pending_input = None
                 try:
-                    tap._pending_input = input_health(data)
+                    tap._local.pending_input = input_health(data)
                 except Exception as e:  # noqa: BLE001  (an input mpwatch cannot read)
                     logger.debug("mpwatch: no input health for this batch: %r", e)
                 return tap.watch_scale_loss(lambda: orig_step(state, data))
@@ -326,7 +374,8 @@ class JaxTap(TapBase):
         self._it = _index_of(variables, self.optimizer.iterations)
         self._scale = _index_of(variables, self.lso.dynamic_scale) if self.lso is not None else None
         pre: dict[str, Any] = {"it": theirs[self._it]}
-        seen, self._pending_input = getattr(self, "_pending_input", None), None
+        seen = getattr(self._local, "pending_input", None)
+        self._local.pending_input = None
         nan = jnp.full((), jnp.nan, jnp.float32)
         pre["in_max"], pre["in_bad"] = seen if seen is not None else (nan, nan)
         one = jnp.ones((), jnp.float32)
@@ -359,7 +408,8 @@ class JaxTap(TapBase):
         skipped = skipped.at[slot].set(skip)
         in_max = in_max.at[slot].set(pre["in_max"])
         in_bad = in_bad.at[slot].set(pre["in_bad"])
-        if "grads" in pre:
+        way = getattr(self._local, "way", None) or self._way
+        if "grads" in pre and way != "apart" and way != "none":
             step_next = count + 1  # this batch's step
             do = jnp.equal(jnp.mod(step_next, self.grad_every), 0)
             grads = pre["grads"]
@@ -379,7 +429,7 @@ class JaxTap(TapBase):
                 moved = lost_updates.jax_update_counts(g, old, new, which, 1.0 - skip)
                 return jnp.concatenate([counts_of(g), moved], axis=1)
 
-            if getattr(self, "_select", False):  # a GPU: no conditional (a host sync there)
+            if way == "select":  # no conditional (a host sync on a GPU)
                 table = jnp.where(do, table_of(grads, old, new), jnp.float32(0.0))
             else:
                 table = jax.lax.cond(

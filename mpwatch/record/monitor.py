@@ -18,6 +18,7 @@ from mpwatch.record.base import RecordingCallback, before_next_multiple, check_p
 from mpwatch.record.budget import CostBudget, check_budget, default_budget
 from mpwatch.record.gradient_health import GradientHealthMonitor
 from mpwatch.record.input_health import InputHealthMonitor
+from mpwatch.record.jax_programs import note_missed
 from mpwatch.record.layer_dtypes import LayerDtypeMonitor
 from mpwatch.record.loss_scale import LossScaleMonitor, no_loss_scale_reason
 from mpwatch.record.probe_monitor import ProbeMonitor
@@ -575,10 +576,8 @@ class MixedPrecisionMonitor(RecordingCallback):
         except (TypeError, ValueError):
             if not self._loss_unreadable:
                 self._loss_unreadable = True
-                logger.warning(
-                    "mpwatch: the train step's 'loss' is not one number (%s): the loss is not "
-                    "recorded", type(loss).__name__,
-                )  # fmt: skip
+                msg = "mpwatch: the train step's 'loss' is not one number (%s): it is not recorded"
+                logger.warning(msg, type(loss).__name__)
             return
         self._loss_steps.append(step)
         self._losses.append(value)
@@ -596,5 +595,6 @@ class MixedPrecisionMonitor(RecordingCallback):
         if getattr(self, "_losses", None):
             self._flush_loss()
         self.budget.end_fit()
+        note_missed(self.budget, self.state.tap)
         explicit = {k: list(v) if isinstance(v, tuple) else v for k, v in self.explicit.items()}
         self.writer.record(contract.KIND_BUDGET, self.state.step, self.budget.payload(explicit))

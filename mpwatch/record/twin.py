@@ -36,10 +36,17 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 from mpwatch.layers import recast_constants, walk
+
+#: held while mpwatch switches a model's layers (a policy view, random layers off, float8's
+#: wrapped calls): another thread that traces the model's train step (the JAX tap's counting
+#: program, :mod:`mpwatch.record.jax_programs`) traces under it too, so it never sees a
+#: switched layer. Reentrant: the switches nest.
+SWITCHING = threading.RLock()
 
 MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
 
@@ -123,6 +130,7 @@ class PolicyView:
     def __enter__(self) -> PolicyView:
         if self._saved is not None:
             raise RuntimeError("mpwatch: a PolicyView is not re-entrant")
+        SWITCHING.acquire()
         self._saved = [(layer, layer.dtype_policy) for layer in self._targets]
         self._constants: list[tuple[Any, tuple[Any, Any]]] = []
         try:
@@ -140,11 +148,16 @@ class PolicyView:
         self._restore()
 
     def _restore(self) -> None:
-        for layer, old in self._saved or []:
-            layer.dtype_policy = old
-        for layer, (mean, variance) in getattr(self, "_constants", []):
-            layer.mean, layer.variance = mean, variance
-        self._saved, self._constants = None, []
+        if self._saved is None:
+            return
+        try:
+            for layer, old in self._saved:
+                layer.dtype_policy = old
+            for layer, (mean, variance) in getattr(self, "_constants", []):
+                layer.mean, layer.variance = mean, variance
+        finally:
+            self._saved, self._constants = None, []
+            SWITCHING.release()
 
 
 def random_layers(model: Any) -> list[Any]:
@@ -164,6 +177,7 @@ def random_layers_off(layers: list[Any]) -> Iterator[None]:
     networks, the rest of the model (BatchNormalization on batch statistics) in training mode."""
 
     patched = []
+    SWITCHING.acquire()
     try:
         for layer in layers:
             original = layer.call
@@ -178,11 +192,14 @@ def random_layers_off(layers: list[Any]) -> Iterator[None]:
             patched.append((layer, had_own, original))
         yield
     finally:
-        for layer, had_own, original in reversed(patched):
-            if had_own:
-                object.__setattr__(layer, "call", original)
-            else:
-                object.__delattr__(layer, "call")
+        try:
+            for layer, had_own, original in reversed(patched):
+                if had_own:
+                    object.__setattr__(layer, "call", original)
+                else:
+                    object.__delattr__(layer, "call")
+        finally:
+            SWITCHING.release()
 
 
 def backend_value(v: Any) -> Any:

@@ -17,8 +17,13 @@ train step's network and change nothing, so its weights equal a plain fit's bit 
 ``refits`` (fits with, with, without, with mpwatch: the traces of the train step counted, whether
 the tap was in them, the loss-scale truth per batch, and the weights against a plain twin's);
 ``syncs`` (Keras' own state write-backs during monitored fits of 8 and 32 batches);
-``select_spe1_every7``/``select_spe4_every7`` (``forced`` with the gradient counts computed at
-every step and selected, a GPU's way, instead of under a conditional); ``async_spe1``/``async_spe4``
+``select_spe1_every7``/``select_spe4_every7`` and ``apart_spe1_every7``/``apart_spe4_every7``
+(``forced`` with the gradient counts computed at every step and selected, or in a second program
+run at the count steps only, a GPU's way, instead of under a conditional; each count step waits
+for that program); ``apart_late`` (the second program without waiting, counts at every step: the
+count steps that ran before it compiled, and the weights against a plain twin's);
+``apart_view`` (the same while the training thread holds the probe's float32 view of the model);
+``async_spe1``/``async_spe4``
 (``forced`` with the monitor alone and Keras' batch ends on its
 worker thread); ``async_validation`` (the worker thread, with validation after an epoch of one
 call); ``custom_unscaled`` (a custom stateless ``train_step`` that never calls
@@ -59,16 +64,101 @@ class Observer(keras.callbacks.Callback):
         self.iterations.append(int(self.model.optimizer.iterations.numpy()))
 
 
-def forced(logdir, spe, log_every, select=None):
-    """``select``: the tap computes the gradient counts at every step and selects them (a GPU's
-    way: JaxTap.select_counts) instead of under a lax.cond."""
+def forced(logdir, spe, log_every, way=None):
+    """``way``: how the tap computes the gradient counts (``JaxTap.counts_way``: "select", at
+    every step and selected; "apart", in a second program at the count steps, each waiting for
+    that program) instead of under a lax.cond."""
+    from mpwatch.record.jax_programs import TwoPrograms
     from mpwatch.record.jax_tap import JaxTap
 
-    JaxTap.select_counts = select
+    JaxTap.counts_way, TwoPrograms.wait_at_count_steps = way, True
     try:
         return _forced(logdir, spe, log_every)
     finally:
-        JaxTap.select_counts = None
+        JaxTap.counts_way, TwoPrograms.wait_at_count_steps = None, False
+
+
+def apart_view(logdir):
+    """``forced``'s model with the gradient counts in their own program, while the training
+    thread holds the model's layers switched to float32 (the probe's reference view) for 0.5 s
+    from the second step's begin: the counting program, traced on its thread meanwhile, must
+    wait for the view to end (a trace inside it would compute the count steps in float32). Its
+    weights beside a plain twin's. (The switches' lock is taken from the first step's begin, so
+    that the thread, started after the first step, meets the view however fast it is.)"""
+    import time
+
+    from mpwatch.record.jax_tap import JaxTap
+    from mpwatch.record.twin import SWITCHING, PolicyView
+
+    model, x, y = forced_model()
+    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    plain = [np.asarray(v).tolist() for v in model.trainable_weights]
+    model, x, y = forced_model()
+    seen = {}
+
+    class View(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0:
+                SWITCHING.acquire()
+            elif batch == 1:
+                try:
+                    with PolicyView(self.model, "float32"):
+                        time.sleep(0.5)
+                        seen["ready_in_view"] = programs().ready
+                finally:
+                    SWITCHING.release()
+            elif batch == 11:
+                programs().wait(120.0)
+
+    def programs():
+        return (monitor.state.tap or monitor.state.parked).programs
+
+    JaxTap.counts_way = "apart"
+    try:
+        monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=1, probe=False, profile=False)
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor, View()])
+    finally:
+        JaxTap.counts_way = None
+    return {
+        "ready_in_view": seen.get("ready_in_view"),
+        "missed": list(programs().missed),
+        "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
+    }
+
+
+def apart_late(logdir):
+    """``forced``'s model with the gradient counts at every step, in their own program, which
+    compiles on a thread after the first step while training goes on (nothing in mpwatch waits
+    for it; a callback here waits for it before step 12, so that the steps after it have their
+    counts whatever this machine's speed): the steps the tap says ran without counts, and the
+    weights, beside a plain twin's."""
+    from mpwatch.record.jax_tap import JaxTap
+
+    model, x, y = forced_model()
+    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    plain = [np.asarray(v).tolist() for v in model.trainable_weights]
+    model, x, y = forced_model()
+    JaxTap.counts_way = "apart"
+    try:
+        monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=1, probe=False, profile=False)
+
+        class Wait(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                if batch == 11:
+                    (monitor.state.tap or monitor.state.parked).programs.wait(120.0)
+
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor, Wait()])
+    finally:
+        JaxTap.counts_way = None
+    tap = monitor.state.tap or monitor.state.parked
+    programs = tap.programs
+    return {
+        "way": tap.way,
+        "missed": list(programs.missed),
+        "count_steps": programs.count_steps,
+        "compiled": programs.wait(120.0),
+        "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
+    }
 
 
 def forced_model(spe=1):
@@ -456,13 +546,15 @@ def syncs(logdir):
 def compiles(logdir):
     """The programs XLA compiled (JAX's own log, ``jax_log_compiles``) during a plain fit and
     during a monitored fit of ``forced``'s model, each after ``jax.clear_caches()``: with the
-    gradient counts under a conditional and selected, and ``steps_per_execution`` 4. mpwatch's
-    recording may change the train step's program, never add one (its probe and profile are
-    off here: they compile their own programs when the budget lets them run)."""
+    gradient counts under a conditional, selected, and apart (a second program, compiled on a
+    thread: its one program of its own), and ``steps_per_execution`` 4. mpwatch's recording may
+    change the train step's program, never add one beyond that (its probe and profile are off
+    here: they compile their own programs when the budget lets them run)."""
     import logging
 
     import jax
 
+    from mpwatch.record.jax_programs import TwoPrograms
     from mpwatch.record.jax_tap import JaxTap
 
     names = []
@@ -479,15 +571,17 @@ def compiles(logdir):
     jax.config.update("jax_log_compiles", True)
     got = {}
     try:
-        for name, monitored, select, spe in [
-            ("plain", False, None, 1), ("cond", True, False, 1), ("select", True, True, 1),
-            ("plain_spe4", False, None, 4), ("select_spe4", True, True, 4),
+        TwoPrograms.wait_at_count_steps = True
+        for name, monitored, way, spe in [
+            ("plain", False, None, 1), ("cond", True, "cond", 1), ("select", True, "select", 1),
+            ("apart", True, "apart", 1), ("plain_spe4", False, None, 4),
+            ("select_spe4", True, "select", 4), ("apart_spe4", True, "apart", 4),
         ]:  # fmt: skip
             model, x, y = forced_model(spe)
             model.optimizer.build(model.trainable_variables)
             jax.clear_caches()
             names.clear()
-            JaxTap.select_counts = select
+            JaxTap.counts_way = way
             cbs = []
             if monitored:
                 cbs = [mpwatch.MixedPrecisionMonitor(os.path.join(logdir, name), log_every=7,
@@ -495,7 +589,7 @@ def compiles(logdir):
             model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=cbs)
             got[name] = list(names)
     finally:
-        JaxTap.select_counts = None
+        JaxTap.counts_way, TwoPrograms.wait_at_count_steps = None, False
         jax.config.update("jax_log_compiles", False)
         log.removeHandler(handler)
         log.level = level
@@ -509,8 +603,11 @@ def main(out):
         truth[name] = forced(os.path.join(out, name), spe, log_every)
     for spe in (1, 4):
         truth[f"async_spe{spe}"] = asynchronous(os.path.join(out, f"async_spe{spe}"), spe)
-        name = f"select_spe{spe}_every7"
-        truth[name] = forced(os.path.join(out, name), spe, 7, select=True)
+        for way in ("select", "apart"):
+            name = f"{way}_spe{spe}_every7"
+            truth[name] = forced(os.path.join(out, name), spe, 7, way=way)
+    truth["apart_late"] = apart_late(os.path.join(out, "apart_late"))
+    truth["apart_view"] = apart_view(os.path.join(out, "apart_view"))
     truth["async_validation"] = async_validation(os.path.join(out, "async_validation"))
     truth["custom_unscaled"] = custom_unscaled(os.path.join(out, "custom_unscaled"))
     for worker in (True, False):

@@ -265,15 +265,17 @@ def test_a_fit_that_raised_leaves_nothing_in_the_next_fit(jax_runs, read_events)
     assert losses == list(range(1, 35)), losses  # the raised fit's unwritten ones too
 
 
+@pytest.mark.parametrize("way", ["select", "apart"])
 @pytest.mark.parametrize("spe", [1, 4])
-def test_counts_selected_at_every_step_record_the_same_run(jax_runs, read_events, spe):
-    """On a GPU the tap computes the gradient counts at every step and keeps them at the count
-    steps (a ``lax.cond`` there copies its predicate to the host and waits for the device, every
-    step): the same records, bit for bit, as the conditional's, which the optimizer's own state
-    checks (test_loss_scale_and_skips_equal_the_optimizers)."""
+def test_counts_selected_or_apart_record_the_same_run(jax_runs, read_events, spe, way):
+    """On a GPU the tap keeps the gradient counts out of a ``lax.cond`` (which copies its
+    predicate to the host and waits for the device, every step): computed at every step and
+    kept at the count steps (select), or in a second program that runs at the count steps only
+    (apart). Both give the same records, bit for bit, as the conditional's, which the
+    optimizer's own state checks (test_loss_scale_and_skips_equal_the_optimizers)."""
     out, truth = jax_runs
-    assert truth[f"select_spe{spe}_every7"]["scale"] == truth[f"forced_spe{spe}_every7"]["scale"]
-    case = f"select_spe{spe}_every7"
+    case = f"{way}_spe{spe}_every7"
+    assert truth[case]["scale"] == truth[f"forced_spe{spe}_every7"]["scale"]
     mine, mine_records, theirs_records = _same_scalars(read_events, out, case, spe)
     assert [s for s, _ in mine[contract.GRAD_NONFINITE_COUNT]] == [7, 14, 21]
 
@@ -339,3 +341,46 @@ def test_recording_compiles_no_program_of_its_own(jax_runs):
     for name in ("cond", "select"):
         assert sorted(got[name]) == sorted(got["plain"]), name
     assert sorted(got["select_spe4"]) == sorted(got["plain_spe4"])
+    # apart: the every-step program in place of Keras' (named as Keras' is), and the counting
+    # program, compiled once on its thread
+    for name, plain in (("apart", "plain"), ("apart_spe4", "plain_spe4")):
+        assert sorted(got[name]) == sorted(got[plain] + ["jit(counts_step)"]), name
+
+
+def test_counts_apart_start_when_their_program_is_ready(jax_runs, read_events):
+    """The counts' own program compiles on a thread after the first step while training goes
+    on: the count steps before it is ready run without counts (step 1 always: the thread starts
+    after it), are said in the budget record and by the diagnosis, and every other step has its
+    counts; the weights are a plain fit's, bit for bit."""
+    import mpwatch
+
+    out, truth = jax_runs
+    t = truth["apart_late"]
+    assert t["way"] == "apart" and t["compiled"] and t["same_weights"]
+    assert t["count_steps"] == BATCHES and t["missed"][0] == 1
+    # nothing after it is ready (the fit waits for it before step 12)
+    assert t["missed"] == list(range(1, len(t["missed"]) + 1)) and len(t["missed"]) <= 11
+    scalars, records = read_events(str(out / "apart_late"))
+    counted = [s for s, _ in scalars[contract.GRAD_NONFINITE_COUNT]]
+    assert counted == [s for s in range(1, BATCHES + 1) if s not in t["missed"]]
+    (budget,) = [p for _, p in records["budget"]]
+    (d,) = [d for d in budget["decisions"] if d["part"] == "gradient_counts"]
+    assert d["action"] == "skipped" and d["step"] == 1
+    assert d["detail"]["missed"] == len(t["missed"]) and d["detail"]["count_steps"] == BATCHES
+    found = [f for f in mpwatch.diagnose(str(out / "apart_late")) if f.rule == "budget"]
+    (late,) = [f for f in found if f.data.get("part") == "gradient_counts"]
+    assert late.data["skipped"] == len(t["missed"]) and late.data["chances"] == BATCHES
+    assert "count steps without the counts: 1" in late.evidence
+
+
+def test_counts_program_never_traces_a_switched_model(jax_runs):
+    """The counts' program traces the model on its thread while the training thread may hold
+    the model's layers switched (the probe's float32 view, its random layers off, float8's
+    wrapped calls): it waits for the switch to end, so the count steps compute what the plain
+    step computes. The training thread holds the view 0.5 s from the second step's begin: the
+    program is not ready until it ends, and the weights equal a plain fit's bit for bit (traced
+    in float32, the count steps would update them differently)."""
+    _, truth = jax_runs
+    t = truth["apart_view"]
+    assert t["ready_in_view"] is False
+    assert t["missed"][:2] == [1, 2] and t["same_weights"]

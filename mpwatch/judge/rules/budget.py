@@ -10,6 +10,10 @@ left of the budget, and mpwatch's own share of the fit. A probe that ran beyond 
 the training was broken (the loss scale at 1 or below; without a loss scale, the loss Keras
 reports not finite: one probe a fit, the one that names the cause) is said too, with why.
 
+On JAX with the gradient counts in a program of their own (a GPU: `mpwatch.record.jax_programs`),
+the count steps a fit ran without them while that program compiled beside training are said too:
+the gradient-health and lost-update records start after them.
+
 ## Why it matters
 What did not run cannot be judged: without a probe there is no float32 reference, so nothing is
 said of gradient underflow, the loss scale the gradients need, the layers to keep in float32 or
@@ -20,9 +24,10 @@ part way leave the fixes past that point unchecked: the findings that give them 
 none reads a fix that was not reached as one that does not work.
 
 ## Threshold
-Any skipped decision on the probe, its fix checks or the profile: info. A profile whose
-conversion was only deferred is no finding (the trace is in the logdir and is converted when the
-run is read). A ``needed`` decision (a probe beyond the budget for a broken training): info.
+Any skipped decision on the probe, its fix checks, the profile or the gradient counts: info. A
+profile whose conversion was only deferred is no finding (the trace is in the logdir and is
+converted when the run is read). A ``needed`` decision (a probe beyond the budget for a broken
+training): info.
 
 ## Example evidence
 ```text
@@ -124,10 +129,51 @@ def _needed_finding(what: str, needed: list[dict[str, Any]]) -> Finding:
     )
 
 
+def _counts_finding(decisions: list[dict[str, Any]]) -> Finding | None:
+    """The count steps that ran without gradient counts while their program compiled (JAX, the
+    counts in a program of their own), over the run's fits."""
+    missed = sum(int((d.get("detail") or {}).get("missed") or 0) for d in decisions)
+    chances = sum(int((d.get("detail") or {}).get("count_steps") or 0) for d in decisions)
+    if not missed:
+        return None
+    steps = [s for d in decisions for s in (d.get("detail") or {}).get("steps") or []]
+    shown = ", ".join(str(s) for s in steps[:8]) + (" ..." if missed > 8 else "")
+    ran = max(0, chances - missed)
+    title = (
+        f"The gradient counts started late: {missed} of {chances} count steps ran without them"
+        if ran
+        else f"No gradient counts: the {missed} count step{'s' if missed != 1 else ''} ran "
+        "before their program was ready"
+    )
+    evidence = (
+        f"count steps without the counts: {shown}; {decisions[-1].get('reason')}. The counts "
+        "run in a program of their own, compiled on a thread beside training so the steps "
+        "between them carry none of their cost; no finding on the gradients' range (underflow, "
+        "headroom) or lost updates rests on those steps"
+    )
+    return RULE.finding(
+        "info",
+        title,
+        evidence,
+        fix="# nothing to change: a longer fit gets them once their program has compiled "
+        "(later fits of the model reuse it)",
+        data={"part": "gradient_counts", "skipped": missed, "chances": chances, "ran": ran},
+    )
+
+
 def check(run: Run) -> list[Finding]:
     """One info finding per optional part the budget skipped in any fit of the run."""
     budgets = [b for b in run.budgets if isinstance(b, dict)]
     out: list[Finding] = []
+    counts = [
+        d
+        for b in budgets
+        for d in b.get("decisions") or []
+        if isinstance(d, dict) and d.get("part") == "gradient_counts"
+    ]
+    found = _counts_finding(counts)
+    if found is not None:
+        out.append(found)
     for part, (what, missing, setting) in PARTS.items():
         mine = [
             (b, d)
