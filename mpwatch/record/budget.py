@@ -269,6 +269,11 @@ class CostBudget:
             end = time.perf_counter() if now is None else now
         return max(0.0, end - self._t0)
 
+    @property
+    def total_steps(self) -> int | None:
+        """The fit's batch steps from Keras' params (None: its length is not known)."""
+        return self._total_steps
+
     def first_step_seconds(self) -> float | None:
         """The fit's first Keras call, mpwatch's own time taken out (Keras' trace of the step)."""
         return self._first_step

@@ -18,11 +18,13 @@ it (its state donated, its output shardings under a distribution):
 Both programs take and give the same state, so a host-side dispatcher (Keras' train function is
 rebuilt around it by ``model._make_function``, ``steps_per_execution`` included) picks one per
 step from its own count of the steps it dispatched: no device value is read. The counting program
-is traced, lowered and compiled **on a thread beside training**, started after the first step
-(whose call compiles the every-step program, as Keras' own would), from the shapes of that step's
-state and batch; until it is ready the count steps run the every-step program and are kept as
-missed (:attr:`TwoPrograms.missed`: the fit's gradient counts start later, said in the ``budget``
-record). A batch of another shape (a last, partial batch) at a count step runs the every-step
+is traced, lowered and compiled **on a thread beside training**, from the shapes of the first
+step's state and batch (that step's call compiles the every-step program, as Keras' own would),
+once the fit still to come is long enough beside the compile (:func:`compile_now`, by the fit's
+cost budget: a process that exits while it compiles waits for it, and a short fit would not use
+it); until it is ready the count steps run the every-step program and are kept as missed
+(:attr:`TwoPrograms.missed`: the fit's gradient counts start later, or not at all in a short
+fit, said in the ``budget`` record). A batch of another shape (a last, partial batch) at a count step runs the every-step
 program too. Keras' global state (the dtype policy, the distribution) is thread-local: the thread
 starts with the training thread's.
 
@@ -43,6 +45,15 @@ from typing import Any
 logger = logging.getLogger("mpwatch")
 
 _THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+#: the counts' program is compiled when the fit still to come is at least this many times its
+#: estimated compile (the fit's first call: Keras' trace and compile of the step, the longer of
+#: this fit's and the model's first monitored fit's): a shorter fit would end before it is ready
+#: (on a CPU the compile shares the cores with training), and a process that exits while it
+#: compiles has to wait for it (a compile cut short by the interpreter's exit aborts the process)
+COMPILE_MARGIN = 2.0
+#: steps between two looks at the budget while the compile waits for the fit to be long enough
+CHECK_EVERY = 8
 
 #: Keras' thread-local global state the compile thread starts with (the training thread's
 #: values): what decides how the step traces. Scopes, name stacks and the list of variables
@@ -80,6 +91,42 @@ def why_not(model: Any) -> str | None:
     if not hasattr(model, "_make_function"):
         return "this Keras version has no _make_function to build a train function with"
     return None
+
+
+def compile_now(budget: Any) -> tuple[bool, str]:
+    """Whether the counts' program should start compiling now, by the fit's
+    :class:`~mpwatch.record.budget.CostBudget` (see :data:`COMPILE_MARGIN`), and if not, why.
+    No budget (``budget=None``, or no :class:`~mpwatch.record.monitor.MixedPrecisionMonitor`):
+    at once. A fit of unknown length counts the time so far as the time to come."""
+    if budget is None or getattr(budget, "fraction", None) is None:
+        return True, ""
+    if budget.step_seconds() is None:
+        return False, "the fit ended before its step time was known"
+    estimate = _estimate(budget)
+    elapsed = budget.elapsed()
+    known = budget.total_steps is not None
+    left = budget.projected_fit_seconds() - elapsed if known else elapsed
+    if left >= COMPILE_MARGIN * estimate:
+        return True, ""
+    return False, too_short(budget)
+
+
+def _estimate(budget: Any) -> float:
+    """The counts' program's compile, estimated: the fit's first step (Keras' trace and compile
+    of the train step), or the model's first monitored fit's where longer (a later fit reuses
+    the every-step program and starts fast)."""
+    return max(budget.first_step_seconds() or 0.0, budget.trace_seconds or 0.0)
+
+
+def too_short(budget: Any) -> str:
+    """Why a fit did not compile the counts' program, in words."""
+    first = budget.first_step_seconds() or 0.0
+    return (
+        f"the fit was too short to compile their program beside it: {budget.elapsed() - first:.2f}"
+        f" s after its first step, against {COMPILE_MARGIN:g}x their estimated compile "
+        f"({_estimate(budget):.1f} s: the first step, Keras' trace and compile of the train step);"
+        " a fit compiles it once what is still to come is that long"
+    )
 
 
 def _abstract(tree: Any) -> Any:
@@ -141,6 +188,12 @@ class TwoPrograms:
         self.count_steps = 0  # count steps dispatched since the last restart
         self._signature: tuple[Any, ...] | None = None
         self._thread: threading.Thread | None = None
+        self._started_at: int | None = None
+        self._wanted: Any = None  # the first step's shapes, the program to compile for them
+        self._looked = 0  # the step of the last look at the budget
+        #: where the fit's cost budget is (None: compile at once): set by the model's state
+        self.budget_of: Any = None
+        self.waiting = ""  # why the compile has not started (the budget's last word)
 
     def install(self) -> None:
         """Jit the two programs and give Keras a train function that dispatches between them."""
@@ -169,16 +222,23 @@ class TwoPrograms:
         self.dispatched = int(step)
         self.missed = []
         self.count_steps = 0
+        self._looked = 0
+        self.waiting = ""
 
     @property
     def ready(self) -> bool:
         return self.compiled is not None
 
+    @property
+    def started(self) -> int | None:
+        """The step after which the counts' program started compiling (None: not yet)."""
+        return self._started_at
+
     # --- the dispatcher (the training thread, once per step) ----------------------------------
     def dispatch(self, state: Any, data: Any) -> Any:
         step = self.dispatched + 1
         every = self.tap.grad_every
-        fn, start = self.every, None
+        fn = self.every
         if every and step % every == 0:
             self.count_steps += 1
             if self.wait_at_count_steps and self._thread is not None:
@@ -187,19 +247,30 @@ class TwoPrograms:
                 fn = self.compiled
             else:
                 self.missed.append(step)
-        if self._thread is None and self.failed is None and every:
-            start = _abstract((state, data))  # before the step donates the state
+        pending = self._thread is None and self.failed is None and bool(every)
+        if pending and self._wanted is None:
+            self._wanted = _abstract((state, data))  # before the step donates the state
         out = fn(state, data)
         self.dispatched = step
-        if start is not None:
-            self._start(start)
+        if pending and self._go(step):
+            self._start(self._wanted)
         return out
+
+    def _go(self, step: int) -> bool:
+        """Whether to start compiling now (looked up every :data:`CHECK_EVERY` steps)."""
+        if self._looked and step - self._looked < CHECK_EVERY:
+            return False
+        self._looked = step
+        budget = self.budget_of() if self.budget_of is not None else None
+        go, self.waiting = compile_now(budget)
+        return go
 
     # --- the counting program, on a thread ----------------------------------------------------
     def _start(self, abstract: tuple[Any, Any]) -> None:
         from keras.src.backend.common import global_state
 
         self._signature = _signature(abstract[1])
+        self._started_at = self.dispatched
         keras_state = {
             k: v for k, v in vars(global_state.GLOBAL_STATE_TRACKER).items() if k in _INHERITED
         }
@@ -253,6 +324,10 @@ def note_missed(budget: Any, tap: Any) -> None:
     compiled = programs.compile_seconds
     if programs.failed is not None:
         why = programs.failed
+    elif programs.started is None:
+        why = programs.waiting
+        if "too short" in why:  # said as of the fit's end
+            why = too_short(budget)
     elif compiled is None:
         why = "their program was still compiling beside training when the fit ended"
     else:

@@ -253,7 +253,7 @@ class MixedPrecisionMonitor(RecordingCallback):
         self._reset_batch_path()
         self.budget.begin_fit(self.params)
         self._charged(self, super().on_train_begin, logs)
-        self.budget.trace_seconds = getattr(self.state, "first_step_s", None)
+        self.state.budget, self.budget.trace_seconds = self.budget, self.state.first_step_s
         self._each("on_train_begin", logs)
 
     # --- the batch path --------------------------------------------------------------------------

@@ -68,6 +68,8 @@ class ModelState:
         self._fit_resolved = False  # ... and this fit's start
         self.tap: TapBase | None = None
         self.parked: Any = None  # the last fit's tap, parked with its traced train function
+        #: the running fit's cost budget (MixedPrecisionMonitor's; None without one)
+        self.budget: Any = None
         self._model = model
         self._users: dict[int, int | None] = {}
         self._read_every: dict[int, int | None] = {}  # users that consume the tap's data
@@ -174,6 +176,8 @@ class ModelState:
         self._read_every.pop(id(user), None)
         self._needs = None
         self._ensured = None
+        if not self._users:
+            self.budget = None
         if not self._users and self.tap is not None:
             if self._pending and self.tap.installed:
                 self._read()  # nobody flushed: keep the tap's step exact
@@ -253,6 +257,9 @@ class ModelState:
             self.tap = Tap(self._model, spe, grad_every, self.step)
         self.tap.rebuild = self.rebuild
         self.tap.install()
+        programs = getattr(self.tap, "programs", None)
+        if programs is not None:  # the counts' own program compiles when the fit is long enough
+            programs.budget_of = lambda: self.budget
 
     def _tap_count(self) -> int | None:
         """The tap's step count, where it counted since its (re)start; None where it did not (a

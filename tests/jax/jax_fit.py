@@ -23,6 +23,7 @@ run at the count steps only, a GPU's way, instead of under a conditional; each c
 for that program); ``apart_late`` (the second program without waiting, counts at every step: the
 count steps that ran before it compiled, and the weights against a plain twin's);
 ``apart_view`` (the same while the training thread holds the probe's float32 view of the model);
+``apart_short`` (the same under a cost budget, in a fit too short to compile the program);
 ``async_spe1``/``async_spe4``
 (``forced`` with the monitor alone and Keras' batch ends on its
 worker thread); ``async_validation`` (the worker thread, with validation after an epoch of one
@@ -122,6 +123,33 @@ def apart_view(logdir):
     return {
         "ready_in_view": seen.get("ready_in_view"),
         "missed": list(programs().missed),
+        "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
+    }
+
+
+def apart_short(logdir):
+    """``forced``'s model with the gradient counts at every step in their own program, under a
+    cost budget: a fit of 24 fast steps after a first step that compiled for a while is too
+    short to compile the counts' program beside it, so it never starts (a process exiting while
+    it compiled would wait for it). Every count step is missed, and the weights are a plain
+    fit's."""
+    from mpwatch.record.jax_tap import JaxTap
+
+    model, x, y = forced_model()
+    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    plain = [np.asarray(v).tolist() for v in model.trainable_weights]
+    model, x, y = forced_model()
+    JaxTap.counts_way = "apart"
+    try:
+        monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=1, probe=False, profile=False,
+                                                budget=0.05)  # fmt: skip
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor])
+    finally:
+        JaxTap.counts_way = None
+    programs = (monitor.state.tap or monitor.state.parked).programs
+    return {
+        "started": programs.started,
+        "missed": list(programs.missed),
         "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
     }
 
@@ -608,6 +636,7 @@ def main(out):
             truth[name] = forced(os.path.join(out, name), spe, 7, way=way)
     truth["apart_late"] = apart_late(os.path.join(out, "apart_late"))
     truth["apart_view"] = apart_view(os.path.join(out, "apart_view"))
+    truth["apart_short"] = apart_short(os.path.join(out, "apart_short"))
     truth["async_validation"] = async_validation(os.path.join(out, "async_validation"))
     truth["custom_unscaled"] = custom_unscaled(os.path.join(out, "custom_unscaled"))
     for worker in (True, False):

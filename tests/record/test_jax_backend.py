@@ -373,6 +373,23 @@ def test_counts_apart_start_when_their_program_is_ready(jax_runs, read_events):
     assert "count steps without the counts: 1" in late.evidence
 
 
+def test_counts_program_not_compiled_for_a_fit_too_short(jax_runs, read_events):
+    """Under a cost budget the counts' program compiles only when the fit still to come is long
+    enough beside it (tests/record/test_jax_programs.py): 24 steps of a few milliseconds after a
+    first step that compiled are not, so it never starts; every count step is missed, the
+    budget record says why, no gradient-health record is written, and the weights are a plain
+    fit's bit for bit."""
+    out, truth = jax_runs
+    t = truth["apart_short"]
+    assert t["started"] is None and t["same_weights"]
+    assert t["missed"] == list(range(1, BATCHES + 1))
+    scalars, records = read_events(str(out / "apart_short"))
+    assert contract.GRAD_NONFINITE_COUNT not in scalars
+    (budget,) = [p for _, p in records["budget"]]
+    (d,) = [d for d in budget["decisions"] if d["part"] == "gradient_counts"]
+    assert "too short" in d["reason"] and d["detail"]["compile_s"] is None
+
+
 def test_counts_program_never_traces_a_switched_model(jax_runs):
     """The counts' program traces the model on its thread while the training thread may hold
     the model's layers switched (the probe's float32 view, its random layers off, float8's

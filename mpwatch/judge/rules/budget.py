@@ -139,14 +139,18 @@ def _counts_finding(decisions: list[dict[str, Any]]) -> Finding | None:
     steps = [s for d in decisions for s in (d.get("detail") or {}).get("steps") or []]
     shown = ", ".join(str(s) for s in steps[:8]) + (" ..." if missed > 8 else "")
     ran = max(0, chances - missed)
-    title = (
-        f"The gradient counts started late: {missed} of {chances} count steps ran without them"
-        if ran
-        else f"No gradient counts: the {missed} count step{'s' if missed != 1 else ''} ran "
-        "before their program was ready"
-    )
+    reason = str(decisions[-1].get("reason") or "")
+    if ran:
+        title = (
+            f"The gradient counts started late: {missed} of {chances} count steps ran without them"
+        )
+    elif reason.startswith("the fit was too short"):
+        title = "No gradient counts: the fit was too short to compile their program beside it"
+    else:
+        s = "s" if missed != 1 else ""
+        title = f"No gradient counts: the {missed} count step{s} ran before their program was ready"
     evidence = (
-        f"count steps without the counts: {shown}; {decisions[-1].get('reason')}. The counts "
+        f"count steps without the counts: {shown}; {reason}. The counts "
         "run in a program of their own, compiled on a thread beside training so the steps "
         "between them carry none of their cost; no finding on the gradients' range (underflow, "
         "headroom) or lost updates rests on those steps"
