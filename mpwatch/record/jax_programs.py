@@ -24,9 +24,11 @@ once the fit still to come is long enough beside the compile (:func:`compile_now
 cost budget: a process that exits while it compiles waits for it, and a short fit would not use
 it); until it is ready the count steps run the every-step program and are kept as missed
 (:attr:`TwoPrograms.missed`: the fit's gradient counts start later, or not at all in a short
-fit, said in the ``budget`` record). A batch of another shape (a last, partial batch) at a count step runs the every-step
-program too. Keras' global state (the dtype policy, the distribution) is thread-local: the thread
-starts with the training thread's.
+fit, said in the ``budget`` record). A batch of another shape (a last, partial batch) at a count
+step runs the every-step program too. Keras' global state (the dtype policy, the distribution,
+flash attention, a remat scope) is thread-local: the thread starts with the training thread's.
+The trace takes :data:`mpwatch.record.twin.SWITCHING`, the lock mpwatch's layer switches hold
+(the probe's float32 view...), so it never sees a switched layer.
 
 Weights: both programs compute the same update from the same values (the counts only read them);
 the fit's result is the plain fit's (``tests/record/test_jax_backend.py``).
@@ -59,7 +61,10 @@ CHECK_EVERY = 8
 #: values): what decides how the step traces. Scopes, name stacks and the list of variables
 #: waiting to be initialized stay the thread's own: shared, two threads tracing at once would
 #: write into each other's.
-_INHERITED = ("dtype_policy", "distribution", "nnx_enabled", "tracking_on", "safe_mode_saving")
+_INHERITED = (
+    "dtype_policy", "distribution", "nnx_enabled", "flash_attention", "remat_scope_stack",
+    "tracking_on", "safe_mode_saving",
+)  # fmt: skip
 
 
 @atexit.register
@@ -237,6 +242,23 @@ class TwoPrograms:
     # --- the dispatcher (the training thread, once per step) ----------------------------------
     def dispatch(self, state: Any, data: Any) -> Any:
         step = self.dispatched + 1
+        fn, pending = self.every, False
+        try:
+            fn, pending = self._choose(step, state, data)
+        except Exception as e:  # noqa: BLE001  (never lose training to mpwatch: no counts)
+            self._off(f"the gradient counts' dispatcher failed: {e!r}")
+        out = fn(state, data)
+        self.dispatched = step
+        if pending:
+            try:
+                if self._go(step):
+                    self._start(self._wanted)
+            except Exception as e:  # noqa: BLE001
+                self._off(f"the gradient counts' program could not be started: {e!r}")
+        return out
+
+    def _choose(self, step: int, state: Any, data: Any) -> tuple[Any, bool]:
+        """The program for ``step``, and whether the counting one still waits to be started."""
         every = self.tap.grad_every
         fn = self.every
         if every and step % every == 0:
@@ -250,11 +272,12 @@ class TwoPrograms:
         pending = self._thread is None and self.failed is None and bool(every)
         if pending and self._wanted is None:
             self._wanted = _abstract((state, data))  # before the step donates the state
-        out = fn(state, data)
-        self.dispatched = step
-        if pending and self._go(step):
-            self._start(self._wanted)
-        return out
+        return fn, pending
+
+    def _off(self, message: str) -> None:
+        if self.failed is None:
+            self.failed = message
+            logger.error("mpwatch: %s; the gradient counts are off", message)
 
     def _go(self, step: int) -> bool:
         """Whether to start compiling now (looked up every :data:`CHECK_EVERY` steps)."""
@@ -271,8 +294,10 @@ class TwoPrograms:
 
         self._signature = _signature(abstract[1])
         self._started_at = self.dispatched
-        keras_state = {
-            k: v for k, v in vars(global_state.GLOBAL_STATE_TRACKER).items() if k in _INHERITED
+        keras_state = {  # a stack copied: the thread's own from here
+            k: list(v) if isinstance(v, list) else v
+            for k, v in vars(global_state.GLOBAL_STATE_TRACKER).items()
+            if k in _INHERITED
         }
         thread = threading.Thread(
             target=self._compile, args=(abstract, keras_state), name="mpwatch-counts-compile",
@@ -297,8 +322,7 @@ class TwoPrograms:
                 lowered = self.counting.lower(*abstract)
             lowered.compile()  # into the jitted function's cache
         except Exception as e:  # noqa: BLE001  (never lose training to mpwatch: no counts)
-            self.failed = f"the gradient counts' program did not compile: {e!r}"
-            logger.error("mpwatch: %s; the gradient counts are off", self.failed)
+            self._off(f"the gradient counts' program did not compile: {e!r}")
             return
         self.compile_seconds = time.perf_counter() - t0
         self.compiled = self.counting

@@ -24,6 +24,7 @@ for that program); ``apart_late`` (the second program without waiting, counts at
 count steps that ran before it compiled, and the weights against a plain twin's);
 ``apart_view`` (the same while the training thread holds the probe's float32 view of the model);
 ``apart_short`` (the same under a cost budget, in a fit too short to compile the program);
+``apart_broken`` (the same with the dispatcher's own work made to raise);
 ``async_spe1``/``async_spe4``
 (``forced`` with the monitor alone and Keras' batch ends on its
 worker thread); ``async_validation`` (the worker thread, with validation after an epoch of one
@@ -149,6 +150,35 @@ def apart_short(logdir):
     programs = (monitor.state.tap or monitor.state.parked).programs
     return {
         "started": programs.started,
+        "missed": list(programs.missed),
+        "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
+    }
+
+
+def apart_broken(logdir):
+    """``forced``'s model with the gradient counts in their own program, whose dispatcher fails
+    to take the first step's shapes (made to raise here): training goes on with the every-step
+    program, the counts are off and said so, and the weights are a plain fit's."""
+    from mpwatch.record import jax_programs
+    from mpwatch.record.jax_tap import JaxTap
+
+    model, x, y = forced_model()
+    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    plain = [np.asarray(v).tolist() for v in model.trainable_weights]
+    model, x, y = forced_model()
+
+    def broken(tree):
+        raise RuntimeError("no shapes today")
+
+    JaxTap.counts_way, original, jax_programs._abstract = "apart", jax_programs._abstract, broken
+    try:
+        monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=4, probe=False, profile=False)
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor])
+    finally:
+        JaxTap.counts_way, jax_programs._abstract = None, original
+    programs = (monitor.state.tap or monitor.state.parked).programs
+    return {
+        "failed": programs.failed,
         "missed": list(programs.missed),
         "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
     }
@@ -637,6 +667,7 @@ def main(out):
     truth["apart_late"] = apart_late(os.path.join(out, "apart_late"))
     truth["apart_view"] = apart_view(os.path.join(out, "apart_view"))
     truth["apart_short"] = apart_short(os.path.join(out, "apart_short"))
+    truth["apart_broken"] = apart_broken(os.path.join(out, "apart_broken"))
     truth["async_validation"] = async_validation(os.path.join(out, "async_validation"))
     truth["custom_unscaled"] = custom_unscaled(os.path.join(out, "custom_unscaled"))
     for worker in (True, False):

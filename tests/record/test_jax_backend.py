@@ -390,6 +390,21 @@ def test_counts_program_not_compiled_for_a_fit_too_short(jax_runs, read_events):
     assert "too short" in d["reason"] and d["detail"]["compile_s"] is None
 
 
+def test_a_failing_counts_dispatcher_never_stops_training(jax_runs, read_events):
+    """The dispatcher's own work raising (here: taking the first step's shapes) turns the counts
+    off, says so (the budget record's reason), and training goes on with the every-step
+    program: every step ran, the weights are a plain fit's bit for bit."""
+    out, truth = jax_runs
+    t = truth["apart_broken"]
+    assert "no shapes today" in t["failed"] and t["same_weights"]
+    assert t["missed"] == [4, 8, 12, 16, 20, 24]
+    scalars, records = read_events(str(out / "apart_broken"))
+    assert [s for s, _ in scalars[contract.LOSS_SCALE]][-1] == BATCHES
+    (budget,) = [p for _, p in records["budget"]]
+    (d,) = [d for d in budget["decisions"] if d["part"] == "gradient_counts"]
+    assert "no shapes today" in d["reason"]
+
+
 def test_counts_program_never_traces_a_switched_model(jax_runs):
     """The counts' program traces the model on its thread while the training thread may hold
     the model's layers switched (the probe's float32 view, its random layers off, float8's
