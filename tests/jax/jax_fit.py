@@ -80,25 +80,59 @@ def forced(logdir, spe, log_every, way=None):
         JaxTap.counts_way, TwoPrograms.wait_at_count_steps = None, False
 
 
-def apart_view(logdir):
-    """``forced``'s model with the gradient counts in their own program, while the training
-    thread holds the model's layers switched to float32 (the probe's reference view) for 0.5 s
-    from the second step's begin: the counting program, traced on its thread meanwhile, must
-    wait for the view to end (a trace inside it would compute the count steps in float32). Its
-    weights beside a plain twin's. (The switches' lock is taken from the first step's begin, so
-    that the thread, started after the first step, meets the view however fast it is.)"""
-    import time
-
+def _apart(logdir, callbacks=(), **monitor_kwargs):
+    """``forced``'s model fitted plain, then again with the monitor and the gradient counts in
+    their own program (``JaxTap.counts_way`` "apart"), beside ``callbacks`` (each given the
+    monitor's programs as ``.programs``, a function): (the programs, whether the weights equal
+    the plain fit's bit for bit)."""
     from mpwatch.record.jax_tap import JaxTap
-    from mpwatch.record.twin import SWITCHING, PolicyView
 
     model, x, y = forced_model()
     model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
     plain = [np.asarray(v).tolist() for v in model.trainable_weights]
     model, x, y = forced_model()
+    monitor = mpwatch.MixedPrecisionMonitor(logdir, probe=False, profile=False, **monitor_kwargs)
+
+    def programs():
+        return (monitor.state.tap or monitor.state.parked).programs
+
+    for cb in callbacks:
+        cb.programs = programs
+    JaxTap.counts_way = "apart"
+    try:
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor, *callbacks])
+    finally:
+        JaxTap.counts_way = None
+    return programs(), plain == [np.asarray(v).tolist() for v in model.trainable_weights]
+
+
+class WaitFor(keras.callbacks.Callback):
+    """Waits for the counts' program before the batch of index ``batch`` (so that the steps
+    after it have their counts whatever this machine's speed)."""
+
+    def __init__(self, batch=11):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == self.batch:
+            self.programs().wait(120.0)
+
+
+def apart_view(logdir):
+    """The gradient counts in their own program (``_apart``, counts at every step), while the
+    training thread holds the model's layers switched to float32 (the probe's reference view)
+    for 0.5 s from the second step's begin: the counting program, traced on its thread
+    meanwhile, must wait for the view to end (a trace inside it would compute the count steps
+    in float32). (The switches' lock is taken from the first step's begin, so that the thread,
+    started after the first step, meets the view however fast it is.)"""
+    import time
+
+    from mpwatch.record.twin import SWITCHING, PolicyView
+
     seen = {}
 
-    class View(keras.callbacks.Callback):
+    class View(WaitFor):
         def on_train_batch_begin(self, batch, logs=None):
             if batch == 0:
                 SWITCHING.acquire()
@@ -106,116 +140,56 @@ def apart_view(logdir):
                 try:
                     with PolicyView(self.model, "float32"):
                         time.sleep(0.5)
-                        seen["ready_in_view"] = programs().ready
+                        seen["ready_in_view"] = self.programs().ready
                 finally:
                     SWITCHING.release()
-            elif batch == 11:
-                programs().wait(120.0)
+            super().on_train_batch_begin(batch, logs)
 
-    def programs():
-        return (monitor.state.tap or monitor.state.parked).programs
-
-    JaxTap.counts_way = "apart"
-    try:
-        monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=1, probe=False, profile=False)
-        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor, View()])
-    finally:
-        JaxTap.counts_way = None
+    programs, same = _apart(logdir, [View()], log_every=1)
     return {
         "ready_in_view": seen.get("ready_in_view"),
-        "missed": list(programs().missed),
-        "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
+        "missed": list(programs.missed),
+        "same_weights": same,
     }
 
 
 def apart_short(logdir):
-    """``forced``'s model with the gradient counts at every step in their own program, under a
-    cost budget: a fit of 24 fast steps after a first step that compiled for a while is too
-    short to compile the counts' program beside it, so it never starts (a process exiting while
-    it compiled would wait for it). Every count step is missed, and the weights are a plain
-    fit's."""
-    from mpwatch.record.jax_tap import JaxTap
-
-    model, x, y = forced_model()
-    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
-    plain = [np.asarray(v).tolist() for v in model.trainable_weights]
-    model, x, y = forced_model()
-    JaxTap.counts_way = "apart"
-    try:
-        monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=1, probe=False, profile=False,
-                                                budget=0.05)  # fmt: skip
-        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor])
-    finally:
-        JaxTap.counts_way = None
-    programs = (monitor.state.tap or monitor.state.parked).programs
-    return {
-        "started": programs.started,
-        "missed": list(programs.missed),
-        "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
-    }
+    """The gradient counts in their own program (``_apart``, counts at every step) under a cost
+    budget: a fit of 24 fast steps after a first step that compiled for a while is too short to
+    compile the counts' program beside it, so it never starts (a process exiting while it
+    compiled would wait for it)."""
+    programs, same = _apart(logdir, log_every=1, budget=0.05)
+    return {"started": programs.started, "missed": list(programs.missed), "same_weights": same}
 
 
 def apart_broken(logdir):
-    """``forced``'s model with the gradient counts in their own program, whose dispatcher fails
-    to take the first step's shapes (made to raise here): training goes on with the every-step
-    program, the counts are off and said so, and the weights are a plain fit's."""
+    """The gradient counts in their own program (``_apart``), whose dispatcher fails to take the
+    first step's shapes (made to raise here): training goes on with the every-step program, the
+    counts are off and said so."""
     from mpwatch.record import jax_programs
-    from mpwatch.record.jax_tap import JaxTap
-
-    model, x, y = forced_model()
-    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
-    plain = [np.asarray(v).tolist() for v in model.trainable_weights]
-    model, x, y = forced_model()
 
     def broken(tree):
         raise RuntimeError("no shapes today")
 
-    JaxTap.counts_way, original, jax_programs._abstract = "apart", jax_programs._abstract, broken
+    original, jax_programs._abstract = jax_programs._abstract, broken
     try:
-        monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=4, probe=False, profile=False)
-        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor])
+        programs, same = _apart(logdir, log_every=4)
     finally:
-        JaxTap.counts_way, jax_programs._abstract = None, original
-    programs = (monitor.state.tap or monitor.state.parked).programs
-    return {
-        "failed": programs.failed,
-        "missed": list(programs.missed),
-        "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
-    }
+        jax_programs._abstract = original
+    return {"failed": programs.failed, "missed": list(programs.missed), "same_weights": same}
 
 
 def apart_late(logdir):
-    """``forced``'s model with the gradient counts at every step, in their own program, which
+    """The gradient counts in their own program (``_apart``, counts at every step), which
     compiles on a thread after the first step while training goes on (nothing in mpwatch waits
-    for it; a callback here waits for it before step 12, so that the steps after it have their
-    counts whatever this machine's speed): the steps the tap says ran without counts, and the
-    weights, beside a plain twin's."""
-    from mpwatch.record.jax_tap import JaxTap
-
-    model, x, y = forced_model()
-    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
-    plain = [np.asarray(v).tolist() for v in model.trainable_weights]
-    model, x, y = forced_model()
-    JaxTap.counts_way = "apart"
-    try:
-        monitor = mpwatch.MixedPrecisionMonitor(logdir, log_every=1, probe=False, profile=False)
-
-        class Wait(keras.callbacks.Callback):
-            def on_train_batch_begin(self, batch, logs=None):
-                if batch == 11:
-                    (monitor.state.tap or monitor.state.parked).programs.wait(120.0)
-
-        model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor, Wait()])
-    finally:
-        JaxTap.counts_way = None
-    tap = monitor.state.tap or monitor.state.parked
-    programs = tap.programs
+    for it; a callback waits for it before step 12): the steps the tap says ran without counts."""
+    programs, same = _apart(logdir, [WaitFor()], log_every=1)
     return {
-        "way": tap.way,
+        "way": programs.tap.way,
         "missed": list(programs.missed),
         "count_steps": programs.count_steps,
         "compiled": programs.wait(120.0),
-        "same_weights": plain == [np.asarray(v).tolist() for v in model.trainable_weights],
+        "same_weights": same,
     }
 
 
