@@ -229,6 +229,7 @@ class TwoPrograms:
         self.count_steps = 0
         self._looked = 0
         self.waiting = ""
+        self._fresh = True  # the fit's first step: its batch may have other shapes than before
 
     @property
     def ready(self) -> bool:
@@ -261,6 +262,9 @@ class TwoPrograms:
         """The program for ``step``, and whether the counting one still waits to be started."""
         every = self.tap.grad_every
         fn = self.every
+        if getattr(self, "_fresh", False):
+            self._fresh = False
+            self._reshaped(data)
         if every and step % every == 0:
             self.count_steps += 1
             if self.wait_at_count_steps and self._thread is not None:
@@ -273,6 +277,19 @@ class TwoPrograms:
         if pending and self._wanted is None:
             self._wanted = _abstract((state, data))  # before the step donates the state
         return fn, pending
+
+    def _reshaped(self, data: Any) -> None:
+        """A later fit whose batches have other shapes (another batch size): the counting program
+        is compiled again for them, as the every-step one is (the earlier one stays in the jitted
+        function's cache); one still compiling is left to finish first."""
+        if self._wanted is None or self._signature is None:
+            self._wanted = None  # never started: taken from this fit's first step
+            return
+        if _signature(data) == self._signature:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread, self.compiled, self._wanted, self._started_at = None, None, None, None
 
     def _off(self, message: str) -> None:
         if self.failed is None:

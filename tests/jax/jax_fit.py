@@ -24,7 +24,8 @@ for that program); ``apart_late`` (the second program without waiting, counts at
 count steps that ran before it compiled, and the weights against a plain twin's);
 ``apart_view`` (the same while the training thread holds the probe's float32 view of the model);
 ``apart_short`` (the same under a cost budget, in a fit too short to compile the program);
-``apart_broken`` (the same with the dispatcher's own work made to raise);
+``apart_broken`` (the same with the dispatcher's own work made to raise); ``apart_reshaped`` (two
+fits of one model with other batch sizes);
 ``async_spe1``/``async_spe4``
 (``forced`` with the monitor alone and Keras' batch ends on its
 worker thread); ``async_validation`` (the worker thread, with validation after an epoch of one
@@ -177,6 +178,32 @@ def apart_broken(logdir):
     finally:
         jax_programs._abstract = original
     return {"failed": programs.failed, "missed": list(programs.missed), "same_weights": same}
+
+
+def apart_reshaped(logdir):
+    """The gradient counts in their own program (counts at every step) over two fits of one
+    model, batches of 8 then of 4: the second fit's batches have other shapes, so the counting
+    program is compiled again for them (as Keras traces the every-step one again). Each fit waits
+    for it before its 12th step (``WaitFor``): the count steps each fit ran without counts."""
+    from mpwatch.record.jax_tap import JaxTap
+
+    model, x, y = forced_model()
+    fits = []
+    JaxTap.counts_way = "apart"
+    try:
+        for i, batch in enumerate((8, 4)):
+            monitor = mpwatch.MixedPrecisionMonitor(os.path.join(logdir, f"fit{i}"), log_every=1,
+                                                    probe=False, profile=False)  # fmt: skip
+            wait = WaitFor()
+            wait.programs = lambda m=monitor: (m.state.tap or m.state.parked).programs
+            model.fit(x[:96], y[:96], batch_size=batch, shuffle=False, verbose=0,
+                      callbacks=[monitor, wait])  # fmt: skip
+            programs = wait.programs()
+            fits.append({"missed": list(programs.missed), "count_steps": programs.count_steps,
+                         "last": programs.dispatched})  # fmt: skip
+    finally:
+        JaxTap.counts_way = None
+    return fits
 
 
 def apart_late(logdir):
@@ -642,6 +669,7 @@ def main(out):
     truth["apart_view"] = apart_view(os.path.join(out, "apart_view"))
     truth["apart_short"] = apart_short(os.path.join(out, "apart_short"))
     truth["apart_broken"] = apart_broken(os.path.join(out, "apart_broken"))
+    truth["apart_reshaped"] = apart_reshaped(os.path.join(out, "apart_reshaped"))
     truth["async_validation"] = async_validation(os.path.join(out, "async_validation"))
     truth["custom_unscaled"] = custom_unscaled(os.path.join(out, "custom_unscaled"))
     for worker in (True, False):

@@ -405,6 +405,19 @@ def test_a_failing_counts_dispatcher_never_stops_training(jax_runs, read_events)
     assert "no shapes today" in d["reason"]
 
 
+def test_a_later_fit_with_other_shapes_compiles_the_counts_again(jax_runs):
+    """A later fit of the model with another batch size: its batches never match the counting
+    program compiled for the first fit's, so it is compiled again for them; both fits have their
+    counts once it is ready (each waits for it before its 12th step)."""
+    _, truth = jax_runs
+    first, second = truth["apart_reshaped"]
+    assert first["count_steps"] == 12 and second["count_steps"] == 24
+    assert first["last"] == 12 and second["last"] == 36
+    for fit, start in ((first, 1), (second, 13)):
+        assert fit["missed"] == list(range(start, start + len(fit["missed"])))  # then counted
+        assert len(fit["missed"]) <= 11, fit
+
+
 def test_counts_program_never_traces_a_switched_model(jax_runs):
     """The counts' program traces the model on its thread while the training thread may hold
     the model's layers switched (the probe's float32 view, its random layers off, float8's
