@@ -132,12 +132,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     jax_log.setLevel(logging.DEBUG)
     jax_log.propagate = False
     jax.config.update("jax_log_compiles", True)
-    select = {"mpwatch-apart": "apart", "mpwatch-cond": "cond", "mpwatch-select": "select"}
+    ways = {"mpwatch-apart": "apart", "mpwatch-cond": "cond", "mpwatch-select": "select"}
     configs = [c for c in args.configs.split(",") if c]
     configs = sorted(configs, key=lambda c: c != "plain")  # plain first: the ratios' base
     models, first = {}, {}
     for cfg in configs:
-        JaxTap.counts_way = select.get(cfg)
+        JaxTap.counts_way = ways.get(cfg)
         model = rm.build(args.model, ns)
         model.optimizer.build(model.trainable_variables)
         log.step, log.others = {}, []
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         order = configs[r % len(configs) :] + configs[: r % len(configs)]
         got = {}
         for cfg in order:
-            JaxTap.counts_way = select.get(cfg)
+            JaxTap.counts_way = ways.get(cfg)
             cbs = callbacks(cfg, os.path.join(root, cfg), args)
             t0 = time.perf_counter()
             models[cfg].fit(rm.batches(x, y, args.batch_size), steps_per_epoch=args.steps,
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               file=sys.stderr, flush=True)  # fmt: skip
     kernels = {}
     for cfg in configs if args.trace_steps > 0 else []:
-        JaxTap.counts_way = select.get(cfg)
+        JaxTap.counts_way = ways.get(cfg)
         kernels[cfg] = traced(
             models[cfg], cfg, args, lambda: rm.batches(x, y, args.batch_size), root
         )

@@ -14,6 +14,9 @@ BUDGET_ACTIONS = ["ran", "skipped", "deferred", "explicit", "needed"]
 #: without them while that program compiled beside training, one decision a fit, its detail the
 #: steps: record/jax_programs.py)
 BUDGET_PARTS = ["probe", "fix_checks", "profile", "profile_conversion", "gradient_counts"]
+#: how a gradient_counts decision's reason starts when the fit was too short to compile the
+#: counts' program beside it (it never started)
+COUNTS_TOO_SHORT = "the fit was too short to compile their program beside it"
 
 _DECISION = s._obj(
     {

@@ -82,33 +82,29 @@ def _wrapped(layers: list[Any], eps: list[Any] | None, seen: dict[int, Any]) -> 
 
     linear = keras.activations.get("linear")
     with SWITCHING:  # the layers' calls switched: no other thread traces them meanwhile
-        yield from _wrapped_calls(layers, eps, seen, linear)
+        for i, layer in enumerate(layers):
+            orig = layer.call
 
+            def call(inputs: Any, *args: Any, __i: int = i, __layer: Any = layer,
+                     __orig: Any = orig, **kwargs: Any) -> Any:  # fmt: skip
+                act = __layer.activation
+                __layer.activation = linear
+                try:
+                    z = __orig(inputs, *args, **kwargs)
+                finally:
+                    __layer.activation = act
+                if eps is not None:
+                    z = z + eps[__i]
+                seen[__i] = (inputs, z)
+                return act(z) if act is not None else z
 
-def _wrapped_calls(layers: list[Any], eps: Any, seen: dict[int, Any], linear: Any) -> Iterator:
-    for i, layer in enumerate(layers):
-        orig = layer.call
-
-        def call(inputs: Any, *args: Any, __i: int = i, __layer: Any = layer, __orig: Any = orig,
-                 **kwargs: Any) -> Any:  # fmt: skip
-            act = __layer.activation
-            __layer.activation = linear
-            try:
-                z = __orig(inputs, *args, **kwargs)
-            finally:
-                __layer.activation = act
-            if eps is not None:
-                z = z + eps[__i]
-            seen[__i] = (inputs, z)
-            return act(z) if act is not None else z
-
-        object.__setattr__(layer, "call", call)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            if "call" in layer.__dict__:
-                object.__delattr__(layer, "call")
+            object.__setattr__(layer, "call", call)
+        try:
+            yield
+        finally:
+            for layer in layers:
+                if "call" in layer.__dict__:
+                    object.__delattr__(layer, "call")
 
 
 def capture(probe: Any, layers: list[Any], x: Any, y: Any, sw: Any) -> list[tuple[Any, Any]]:

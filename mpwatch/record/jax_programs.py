@@ -44,6 +44,8 @@ import time
 import weakref
 from typing import Any
 
+from mpwatch.contract.budget import COUNTS_TOO_SHORT
+
 logger = logging.getLogger("mpwatch")
 
 _THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
@@ -75,10 +77,12 @@ def _join_compiles() -> None:
         thread.join(timeout=120.0)
 
 
-def why_not(model: Any) -> str | None:
-    """Why the train step cannot be jitted twice here (None: it can): Keras runs it eagerly or
-    jits it with Flax NNX's ``jit``, or several JAX processes run it (each must run the same
-    program at a step)."""
+def why_not(model: Any, rebuild: bool = True) -> str | None:
+    """Why the train step cannot be jitted twice here (None: it can): a custom training loop
+    jits its own step (``rebuild`` False), Keras runs it eagerly or jits it with Flax NNX's
+    ``jit``, or several JAX processes run it (each must run the same program at a step)."""
+    if not rebuild:
+        return "a custom training loop jits its own train step"
     if getattr(model, "run_eagerly", False) or not getattr(model, "jit_compile", True):
         return "Keras runs the train step eagerly"
     try:
@@ -127,8 +131,8 @@ def too_short(budget: Any) -> str:
     """Why a fit did not compile the counts' program, in words."""
     first = budget.first_step_seconds() or 0.0
     return (
-        f"the fit was too short to compile their program beside it: {budget.elapsed() - first:.2f}"
-        f" s after its first step, against {COMPILE_MARGIN:g}x their estimated compile "
+        f"{COUNTS_TOO_SHORT}: {budget.elapsed() - first:.2f} s after its first step, against "
+        f"{COMPILE_MARGIN:g}x their estimated compile "
         f"({_estimate(budget):.1f} s: the first step, Keras' trace and compile of the train step);"
         " a fit compiles it once what is still to come is that long"
     )
@@ -186,7 +190,7 @@ class TwoPrograms:
         self.dispatched = int(start_step)  # the step of the last batch dispatched
         self.every: Any = None  # jit(train_step): no counts
         self.counting: Any = None  # jit(counts_step), lowered and compiled on a thread
-        self.compiled: Any = None  # the counting program (``counting``) once compiled
+        self.ready = False  # the counting program compiled (into ``counting``'s cache)
         self.failed: str | None = None  # why the counting program could not be had
         self.compile_seconds: float | None = None  # its trace, lowering and compile, on the thread
         self.missed: list[int] = []  # count steps run without counts (the program not ready yet)
@@ -196,6 +200,7 @@ class TwoPrograms:
         self._started_at: int | None = None
         self._wanted: Any = None  # the first step's shapes, the program to compile for them
         self._looked = 0  # the step of the last look at the budget
+        self._fresh = True  # a fit's first step to come: its batch may have other shapes
         #: where the fit's cost budget is (None: compile at once): set by the model's state
         self.budget_of: Any = None
         self.waiting = ""  # why the compile has not started (the budget's last word)
@@ -229,11 +234,7 @@ class TwoPrograms:
         self.count_steps = 0
         self._looked = 0
         self.waiting = ""
-        self._fresh = True  # the fit's first step: its batch may have other shapes than before
-
-    @property
-    def ready(self) -> bool:
-        return self.compiled is not None
+        self._fresh = True
 
     @property
     def started(self) -> int | None:
@@ -262,15 +263,15 @@ class TwoPrograms:
         """The program for ``step``, and whether the counting one still waits to be started."""
         every = self.tap.grad_every
         fn = self.every
-        if getattr(self, "_fresh", False):
+        if self._fresh:
             self._fresh = False
             self._reshaped(data)
         if every and step % every == 0:
             self.count_steps += 1
             if self.wait_at_count_steps and self._thread is not None:
                 self._thread.join()
-            if self.compiled is not None and _signature(data) == self._signature:
-                fn = self.compiled
+            if self.ready and _signature(data) == self._signature:
+                fn = self.counting
             else:
                 self.missed.append(step)
         pending = self._thread is None and self.failed is None and bool(every)
@@ -289,7 +290,7 @@ class TwoPrograms:
             return
         if self._thread is not None and self._thread.is_alive():
             return
-        self._thread, self.compiled, self._wanted, self._started_at = None, None, None, None
+        self._thread, self.ready, self._wanted, self._started_at = None, False, None, None
 
     def _off(self, message: str) -> None:
         if self.failed is None:
@@ -342,7 +343,7 @@ class TwoPrograms:
             self._off(f"the gradient counts' program did not compile: {e!r}")
             return
         self.compile_seconds = time.perf_counter() - t0
-        self.compiled = self.counting
+        self.ready = True
         logger.debug("mpwatch: the counts' program compiled in %.2f s", self.compile_seconds)
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -365,10 +366,8 @@ def note_missed(budget: Any, tap: Any) -> None:
     compiled = programs.compile_seconds
     if programs.failed is not None:
         why = programs.failed
-    elif programs.started is None:
-        why = programs.waiting
-        if "too short" in why:  # said as of the fit's end
-            why = too_short(budget)
+    elif programs.started is None:  # the budget's reason, as of the fit's end
+        why = too_short(budget) if budget.step_seconds() is not None else programs.waiting
     elif compiled is None:
         why = "their program was still compiling beside training when the fit ended"
     else:

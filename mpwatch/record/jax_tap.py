@@ -90,13 +90,14 @@ COUNTS_WAYS = ("apart", "cond", "select")
 SELECT_MAX_ELEMENTS = 20_000_000
 
 
-def counts_way(model: Any) -> str:
-    """How the tap computes the gradient counts for ``model`` (see :data:`COUNTS_WAYS`);
+def counts_way(model: Any, rebuild: bool = True) -> str:
+    """How the tap computes the gradient counts for ``model`` (see :data:`COUNTS_WAYS`;
+    ``rebuild`` False: a custom training loop, which jits its own step);
     :attr:`JaxTap.counts_way` decides instead when set."""
     from mpwatch.record.jax_programs import why_not
 
     if JaxTap.counts_way is not None:
-        if JaxTap.counts_way == "apart" and why_not(model) is not None:
+        if JaxTap.counts_way == "apart" and why_not(model, rebuild) is not None:
             return "cond"
         return JaxTap.counts_way
     import jax
@@ -106,7 +107,7 @@ def counts_way(model: Any) -> str:
             return "cond"
     except Exception:  # noqa: BLE001
         return "cond"
-    if why_not(model) is None:
+    if why_not(model, rebuild) is None:
         return "apart"
     size = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     return "select" if size <= SELECT_MAX_ELEMENTS else "cond"
@@ -198,14 +199,12 @@ class JaxTap(TapBase):
             opt.build(model.trainable_variables)
         tvs = list(model.trainable_variables)
         self._num_vars = len(tvs) if self.grad_every else 0
-        self._way = counts_way(model) if self.grad_every else "cond"
+        self._way = counts_way(model, self.rebuild) if self.grad_every else "cond"
         self.variable_names = [getattr(v, "path", None) or v.name for v in tvs]
-        if self._way == "apart" and self.rebuild:
+        if self._way == "apart":
             from mpwatch.record.jax_programs import TwoPrograms
 
             self._programs = TwoPrograms(self, model, self._step)
-        elif self._way == "apart":  # a custom training loop jits its own step: one program
-            self._way = "cond"
         self._restart(self._step)
         self._clean_fn = model.train_function
         self._wrap()
@@ -409,7 +408,7 @@ class JaxTap(TapBase):
         in_max = in_max.at[slot].set(pre["in_max"])
         in_bad = in_bad.at[slot].set(pre["in_bad"])
         way = getattr(self._local, "way", None) or self._way
-        if "grads" in pre and way != "apart" and way != "none":
+        if "grads" in pre and way not in ("apart", "none"):
             step_next = count + 1  # this batch's step
             do = jnp.equal(jnp.mod(step_next, self.grad_every), 0)
             grads = pre["grads"]

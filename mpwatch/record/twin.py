@@ -177,29 +177,26 @@ def random_layers_off(layers: list[Any]) -> Iterator[None]:
     networks, the rest of the model (BatchNormalization on batch statistics) in training mode."""
 
     patched = []
-    SWITCHING.acquire()
-    try:
-        for layer in layers:
-            original = layer.call
-
-            def call(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
-                if "training" in kwargs:
-                    kwargs["training"] = False
-                return __original(*args, **kwargs)
-
-            had_own = "call" in vars(layer)
-            object.__setattr__(layer, "call", call)
-            patched.append((layer, had_own, original))
-        yield
-    finally:
+    with SWITCHING:
         try:
+            for layer in layers:
+                original = layer.call
+
+                def call(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                    if "training" in kwargs:
+                        kwargs["training"] = False
+                    return __original(*args, **kwargs)
+
+                had_own = "call" in vars(layer)
+                object.__setattr__(layer, "call", call)
+                patched.append((layer, had_own, original))
+            yield
+        finally:
             for layer, had_own, original in reversed(patched):
                 if had_own:
                     object.__setattr__(layer, "call", original)
                 else:
                     object.__delattr__(layer, "call")
-        finally:
-            SWITCHING.release()
 
 
 def backend_value(v: Any) -> Any:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mpwatch.contract.budget import COUNTS_TOO_SHORT
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, fmt, pct
 from mpwatch.read.run import Run
@@ -144,8 +145,8 @@ def _counts_finding(decisions: list[dict[str, Any]]) -> Finding | None:
         title = (
             f"The gradient counts started late: {missed} of {chances} count steps ran without them"
         )
-    elif reason.startswith("the fit was too short"):
-        title = "No gradient counts: the fit was too short to compile their program beside it"
+    elif reason.startswith(COUNTS_TOO_SHORT):
+        title = f"No gradient counts: {COUNTS_TOO_SHORT}"
     else:
         s = "s" if missed != 1 else ""
         title = f"No gradient counts: the {missed} count step{s} ran before their program was ready"
@@ -168,23 +169,13 @@ def _counts_finding(decisions: list[dict[str, Any]]) -> Finding | None:
 def check(run: Run) -> list[Finding]:
     """One info finding per optional part the budget skipped in any fit of the run."""
     budgets = [b for b in run.budgets if isinstance(b, dict)]
+    every = [(b, d) for b in budgets for d in b.get("decisions") or [] if isinstance(d, dict)]
     out: list[Finding] = []
-    counts = [
-        d
-        for b in budgets
-        for d in b.get("decisions") or []
-        if isinstance(d, dict) and d.get("part") == "gradient_counts"
-    ]
-    found = _counts_finding(counts)
+    found = _counts_finding([d for _, d in every if d.get("part") == "gradient_counts"])
     if found is not None:
         out.append(found)
     for part, (what, missing, setting) in PARTS.items():
-        mine = [
-            (b, d)
-            for b in budgets
-            for d in b.get("decisions") or []
-            if isinstance(d, dict) and d.get("part") == part
-        ]
+        mine = [(b, d) for b, d in every if d.get("part") == part]
         skipped = [(b, d) for b, d in mine if d.get("action") == "skipped"]
         needed = [d for _, d in mine if d.get("action") == "needed"]
         if needed and not skipped:
