@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from mpwatch.judge.finding import Finding, most_severe_first, severity_rank
 from mpwatch.judge.rule import policy
-from mpwatch.judge.rules import PAIR_RULES, RUN_RULES
+from mpwatch.judge.rules import PAIR_RULES, RUN_RULES, damaged_logs
 from mpwatch.judge.rules.activation_overflow import NORMALIZE_ALTERNATIVE
 from mpwatch.judge.rules.skipped_steps import WARMUP_SKIP_ALLOWANCE
 from mpwatch.read import Run, load_run, load_runs
@@ -435,12 +436,15 @@ def compare_all(runs: Iterable[Run]) -> list[Finding]:
 
 def diagnose_runs(runs: Mapping[str, Run] | Iterable[Run]) -> list[Finding]:
     """Every rule on every run with mpwatch data, plus the mixed-vs-float32 comparisons (a
-    measured step-time comparison replaces the run's ``no-tensor-cores`` finding)."""
+    measured step-time comparison replaces the run's ``no-tensor-cores`` finding). A run without
+    data gets ``damaged-logs``' findings alone: what in it could not be read."""
     items = list(runs.values()) if isinstance(runs, Mapping) else list(runs)
     out: list[Finding] = []
     for r in items:
         if r.has_data:
             out.extend(diagnose_run(r))
+        else:
+            out.extend(replace(f, run=r.name) for f in damaged_logs.check(r))
     pairs = compare_all(r for r in items if r.has_data)
     measured = {f.run for f in pairs if "step_time_ratio" in f.data}
     out = [f for f in out if not (f.rule == "no-tensor-cores" and f.run in measured)]

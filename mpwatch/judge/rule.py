@@ -88,6 +88,9 @@ PUBLIC_REFERENCES = {
     "https://github.com/tensorflow/tensorflow/issues/51812": "tensorflow/tensorflow#51812",
     "https://keras.io/api/quantizers/": "Keras quantizers API",
     "https://arxiv.org/abs/2209.05433": "Micikevicius et al. 2022, FP8 Formats for Deep Learning",
+    "https://www.tensorflow.org/tutorials/load_data/tfrecord": (
+        "TensorFlow, TFRecord and tf.train.Example"
+    ),
 }
 
 _HEADING = re.compile(r"^## (.+?)\s*$")

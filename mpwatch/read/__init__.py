@@ -5,6 +5,8 @@
   :func:`run_from_records`.
 - ``run.py``: the :class:`Run` and what it answers (its tables, the latest probe, skipped steps).
 - ``logdir.py``: a logdir's runs: :func:`find_runs`, :func:`load_run`, :func:`load_runs`.
+- ``problems.py``: what the reader could not read (:class:`ReadProblem`: a corrupt record, no
+  event file, permission denied, a cut last record), in :attr:`Run.problems`.
 
 Example:
     >>> import mpwatch.read
@@ -14,11 +16,13 @@ Example:
 
 from mpwatch.read.assemble import run_from_records
 from mpwatch.read.logdir import ReadError, find_runs, load_run, load_runs
+from mpwatch.read.problems import ReadProblem
 from mpwatch.read.run import ProbeResult, Run
 
 __all__ = [
     "ProbeResult",
     "ReadError",
+    "ReadProblem",
     "Run",
     "find_runs",
     "load_run",

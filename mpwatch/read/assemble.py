@@ -32,6 +32,7 @@ import pandas as pd
 
 from mpwatch import contract
 from mpwatch.contract import later_writes_win
+from mpwatch.read.problems import ReadProblem
 from mpwatch.read.run import PROBE_TOP_KEYS, Run, empty_scalars, frame_of
 from mpwatch.read.tfrecord import Events
 
@@ -189,6 +190,7 @@ def build_run(name: str, path: str, events: Events) -> Run:
     run.scalars = _scalars_frame(events)
     recs = _records(events)
     run.warnings = events.warnings
+    run.problems = events.problems
     run.records = recs
     if recs.get(contract.KIND_RUN_INFO):
         run.info = dict(recs[contract.KIND_RUN_INFO][-1][1])
@@ -254,11 +256,15 @@ def run_from_records(
     records: Mapping[str, Sequence[tuple[int, Mapping[str, Any]]]],
     path: str = "",
     warnings: Sequence[str] = (),
+    problems: Sequence[ReadProblem] = (),
 ) -> Run:
     """A Run from already decoded data (the TensorBoard plugin reads through TensorBoard's data
     provider): ``scalars`` tag -> (steps, values); ``records`` kind -> [(step, payload)], each
-    list in write order. The same tables, part merging and purges as :func:`load_run`."""
+    list in write order. The same tables, part merging and purges as :func:`load_run`.
+    ``problems``: what could not be read of the run's files (their messages join ``warnings``)."""
     events = Events(warnings=list(warnings))
+    for p in problems:
+        events.problem(p)
     for tag, (steps, values) in sorted(scalars.items()):
         events.add_scalars(tag, steps, values)
     for kind, items in sorted(records.items()):

@@ -8,7 +8,10 @@ Each run's event files are read in name order (:mod:`mpwatch.read.tfrecord`) and
 ``profile`` record and whose directory holds a raw trace gets its profile from the trace, read as
 it is (:mod:`mpwatch.read.traces`: converted once and cached outside the logdir; nothing is
 written into the logdir). A logdir that cannot be read at all raises :class:`ReadError`; what the
-reader skipped is in :attr:`Run.warnings` (and, with ``warn=True``, emitted as ``UserWarning``).
+reader skipped is in :attr:`Run.warnings` (and, with ``warn=True``, emitted as ``UserWarning``),
+the damage among it in :attr:`Run.problems` (:mod:`mpwatch.read.problems`). A folder under the
+logdir that cannot be listed is, for :func:`load_runs`, a run of its own without data whose
+problem says why (it may hold runs: they were not read).
 No TensorFlow.
 
 Example:
@@ -27,6 +30,7 @@ from collections.abc import Callable, Iterable
 from mpwatch import contract
 from mpwatch.read import traces as _traces
 from mpwatch.read.assemble import _records, build_run
+from mpwatch.read.problems import UNREADABLE_FOLDER, unreadable
 from mpwatch.read.run import Run
 from mpwatch.read.tfrecord import Events, read_events
 
@@ -43,6 +47,14 @@ def find_runs(logdir: str | os.PathLike[str]) -> dict[str, str]:
     """Run name (relative path, ``"."`` for the root) -> directory, for every directory under
     ``logdir`` that holds event files or a profiler trace (``plugins/profile/<capture>/
     *.xplane.pb`` in it). Raises :class:`ReadError` when logdir cannot be read."""
+    return _scan(logdir)[0]
+
+
+def _scan(
+    logdir: str | os.PathLike[str],
+) -> tuple[dict[str, str], dict[str, tuple[str, OSError]]]:
+    """:func:`find_runs`' runs, and the folders under ``logdir`` that could not be listed
+    (name -> (directory, the error)): any run in them is unknown."""
     root = os.fspath(logdir)
     if not os.path.exists(root):
         raise ReadError(f"logdir {root!r} does not exist")
@@ -66,7 +78,19 @@ def find_runs(logdir: str | os.PathLike[str]) -> dict[str, str]:
             runs[rel.replace(os.sep, "/")] = run_dir
     if errors and not runs and errors[0].filename == root:
         raise ReadError(f"logdir {root!r} cannot be read: {errors[0]}")
-    return dict(sorted(runs.items()))
+    unreadable = {}
+    for e in errors:
+        path = os.fspath(e.filename) if e.filename is not None else root
+        rel = os.path.relpath(path, root).replace(os.sep, "/")
+        if rel not in runs:
+            unreadable[rel] = (path, e)
+    return dict(sorted(runs.items())), dict(sorted(unreadable.items()))
+
+
+def _unreadable_folder(name: str, path: str, error: OSError) -> Run:
+    """The Run of a folder that could not be listed: no data, one problem saying why."""
+    problem = unreadable(UNREADABLE_FOLDER, path, error)
+    return Run(name=name, path=path, warnings=[problem.message], problems=[problem])
 
 
 def _read_run(
@@ -134,7 +158,9 @@ def load_runs(
     traces: bool = True,
 ) -> dict[str, Run]:
     """Every run under ``logdir`` (a run = a directory holding event files or a profiler
-    trace), by name (its path relative to logdir, ``"."`` for logdir itself), in name order.
+    trace), by name (its path relative to logdir, ``"."`` for logdir itself), in name order. A
+    folder that cannot be listed (permission denied) is one too, without data, its problem in
+    :attr:`Run.problems`.
 
     Args:
         logdir: the directory given to the callbacks (or to ``tensorboard --logdir``).
@@ -152,11 +178,14 @@ def load_runs(
     """
     if verify not in ("lengths", "all"):
         raise ValueError(f"verify must be 'lengths' or 'all', not {verify!r}")
-    runs = find_runs(logdir)
+    runs, locked = _scan(logdir)
     totals = [0, _sizes(runs.values()) if progress is not None else 0]
     out = {
         name: _read_run(name, path, verify, progress, totals, traces) for name, path in runs.items()
     }
+    if locked:  # a folder that could not be listed is said as a run of its own (no data)
+        out |= {name: _unreadable_folder(name, path, e) for name, (path, e) in locked.items()}
+        out = dict(sorted(out.items()))
     if warn:
         for run in out.values():
             for w in run.warnings:
@@ -178,7 +207,8 @@ def load_run(
     ``run`` names the run (its path relative to ``logdir``, as :func:`load_runs` names them).
     Without it: ``logdir`` itself when it holds event files, else its only run, else the only run
     with mpwatch data; several candidates raise ``ValueError`` listing them. A logdir without event
-    files gives an empty Run (``has_data`` False) rather than an error. Warnings about skipped
+    files gives an empty Run (``has_data`` False) rather than an error (its problems name the
+    folders that could not be listed, if any). Warnings about skipped
     records are in ``Run.warnings`` and, with ``warn=True``, emitted as ``UserWarning``.
     A run holding only a profiler trace (Keras' ``TensorBoard(profile_batch=...)``,
     ``jax.profiler.trace``) is read with the profile of its trace (``traces``, as
@@ -191,11 +221,17 @@ def load_run(
     """
     if verify not in ("lengths", "all"):
         raise ValueError(f"verify must be 'lengths' or 'all', not {verify!r}")
-    runs = find_runs(logdir)
+    runs, locked = _scan(logdir)
     root = os.fspath(logdir)
     if run is None:
         if not runs:
-            return Run(name=".", path=root)
+            empty = Run(name=".", path=root)
+            for name, (path, e) in locked.items():  # say why nothing was found
+                folder = _unreadable_folder(name, path, e)
+                empty.warnings += folder.warnings
+                empty.problems += folder.problems
+            _emit(empty, warn)
+            return empty
         if "." in runs and (len(runs) == 1 or _holds_event_files(root)):
             run = "."
         elif len(runs) == 1:

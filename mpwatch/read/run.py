@@ -23,6 +23,7 @@ import pandas as pd
 
 from mpwatch import contract
 from mpwatch.contract.encoding import finite_float
+from mpwatch.read.problems import ReadProblem
 
 __all__ = ["Run", "ProbeResult", "PROBE_TOP_KEYS", "frame_of", "empty_scalars"]
 
@@ -73,6 +74,9 @@ class Run:
             time in that fit, per part, and the cost budget's decisions (what ran, what was
             skipped or deferred, and why); ``[]`` for runs recorded without one.
         warnings: what the reader skipped, and why.
+        problems: what the reader could not read of the run's files (or, for a folder it could
+            not list, of the folder), as :class:`~mpwatch.read.problems.ReadProblem` (their
+            messages are among ``warnings``): the judge's rule ``damaged-logs`` says each aloud.
     """
 
     name: str
@@ -97,6 +101,7 @@ class Run:
     train_step: dict[str, Any] = field(default_factory=dict)
     budgets: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    problems: list[ReadProblem] = field(default_factory=list)
     #: every structured record read, by kind: list of (step, payload) in step order
     records: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
 

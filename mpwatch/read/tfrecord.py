@@ -14,14 +14,21 @@ layout (structured mpwatch records, histograms, anything unusual) is parsed with
 Record starts are found vectorized too when the file is well formed (else by a walk that says
 exactly where it went wrong), and data crcs of records of one length are checked together.
 
-Robustness (each case a warning in :attr:`Events.warnings`, never an exception):
+Robustness (each case a warning in :attr:`Events.warnings`, never an exception; the damage of a
+file is also a :class:`~mpwatch.read.problems.ReadProblem` in :attr:`Events.problems`, which the
+judge's rule ``damaged-logs`` says aloud):
 
 - a truncated last record (a run still being written, or killed) is skipped, with which file, at
-  which byte, and how much was missing;
-- the crc of every record's length is verified (a bad one stops reading that file);
+  which byte, and how much was missing (a tail of zero bytes, as a stopped machine leaves, is a
+  cut too); a tail whose header is complete but whose length's crc does not match is no cut
+  record but a damaged one;
+- the crc of every record's length is verified (a bad one stops reading that file: which record,
+  at which byte, how many bytes and, where the framing after it holds, how many records were
+  skipped); a file whose very first header fails is no event file;
 - with ``verify="all"`` the crc of every record's data is verified, so a flipped bit never comes
   back as data (a record that fails is skipped); ``verify="lengths"`` checks the data crc of
   structured records only (faster on huge scalar logs);
+- a file that cannot be opened is skipped, with the system's reason (permission denied);
 - a record that is no ``Event``, or an mpwatch record whose payload or metadata cannot be decoded,
   is skipped.
 
@@ -43,6 +50,8 @@ from typing import Any
 import numpy as np
 
 from mpwatch import contract, wire
+from mpwatch.read import problems as _p
+from mpwatch.read.problems import ReadProblem
 
 __all__ = ["Events", "read_events"]
 
@@ -64,7 +73,13 @@ class Events:
     tags: dict[str, int] = field(default_factory=dict)  # tag -> id
     records: list[tuple[int, int, str, dict[str, Any]]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    problems: list[ReadProblem] = field(default_factory=list)
     next_seq: int = 0
+
+    def problem(self, problem: ReadProblem) -> None:
+        """Note what could not be read: in ``problems``, its message a warning."""
+        self.problems.append(problem)
+        self.warnings.append(problem.message)
 
     def tag_id(self, tag: str) -> int:
         i = self.tags.get(tag)
@@ -104,15 +119,16 @@ def read_events(path: str, events: Events, *, verify: str = "all") -> int:
         with open(path, "rb") as f:
             buf = f.read()
     except OSError as e:
-        warn.append(f"{path}: cannot be read ({e}); skipped")
+        events.problem(_p.unreadable(_p.UNREADABLE_FILE, path, e))
         return 0
-    offs, lens = _frame(buf, path, warn)
+    offs, lens = _frame(buf, path, events)
     seq = np.arange(events.next_seq, events.next_seq + len(offs), dtype=np.int64)
     events.next_seq += len(offs)
     if verify_all and len(offs):
         ok = _data_crc_ok(buf, offs, lens)
         if not ok.all():
-            warn.append(f"{path}: {int((~ok).sum())} record(s) with a data crc mismatch; skipped")
+            bad = np.nonzero(~ok)[0]
+            events.problem(_p.data_crc(path, offs[bad] - 12, lens[bad] + 16, int(bad[0]) + 1))
             offs, lens, seq = offs[ok], lens[ok], seq[ok]
     arr = np.frombuffer(buf, dtype=np.uint8)
     done = _decode_fast(arr, offs, lens, seq, events, buf)
@@ -157,9 +173,9 @@ def _frame_vectorized(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return c + 12, lens
 
 
-def _frame(buf: bytes, fname: str, warn: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _frame(buf: bytes, fname: str, events: Events) -> tuple[np.ndarray, np.ndarray]:
     """Offsets and lengths of the records' data in one file's bytes. A truncated tail is skipped
-    with a warning; a bad length crc stops the file there, with a warning."""
+    with a warning; a bad length crc stops the file there (a problem of ``events``)."""
     arr = np.frombuffer(buf, dtype=np.uint8)
     fast = _frame_vectorized(arr)
     if fast is not None:
@@ -179,15 +195,6 @@ def _frame(buf: bytes, fname: str, warn: list[str]) -> tuple[np.ndarray, np.ndar
         append_o(pos + 12)
         append_l(n)
         pos = nxt
-    if pos < end:
-        missing = ""
-        if pos + 8 <= end:
-            n = unpack(buf, pos)[0]
-            missing = f" of a {n + 16}-byte record"
-        warn.append(
-            f"{fname}: last record truncated at byte {pos} ({end - pos} bytes{missing}); skipped "
-            "(the run may still be writing, or was killed)"
-        )
     o = np.asarray(offs, dtype=np.int64)
     ln = np.asarray(lens, dtype=np.int64)
     if len(o):
@@ -197,11 +204,17 @@ def _frame(buf: bytes, fname: str, warn: list[str]) -> tuple[np.ndarray, np.ndar
         bad = np.nonzero(_masked_crc32c_rows(heads) != want)[0]
         if len(bad):
             first = int(bad[0])
-            warn.append(
-                f"{fname}: corrupt record header at byte {int(o[first]) - 12} (length crc "
-                f"mismatch); skipped the rest of the file ({len(o) - first} records)"
-            )
-            o, ln = o[:first], ln[:first]
+            # the lengths after a bad one chain to the file's end, every other crc right: the
+            # records after it can be counted (only the crc was hit)
+            counted = len(o) - first if len(bad) == 1 and pos == end else None
+            at = int(o[first]) - 12
+            if buf.count(0, at) == end - at:  # zeros from there on: a write never finished
+                events.problem(_p.tail(fname, buf, at, first + 1))
+            else:
+                events.problem(_p.bad_header(fname, at, first + 1, end, counted))
+            return o[:first], ln[:first]
+    if pos < end:
+        events.problem(_p.tail(fname, buf, pos, len(o) + 1))
     return o, ln
 
 
@@ -436,14 +449,14 @@ def _decode_slow(
     sc_seq: list[int] = []
     sc_step: list[int] = []
     sc_val: list[float] = []
-    bad_crc = 0
+    bad_crc: list[int] = []
     for o, n, s in zip(offs.tolist(), lens.tolist(), seq.tolist()):
         data = buf[o : o + n]
         is_big = n > _FAST_MAX_LEN
         if (verify_all or is_big) and wire.masked_crc32c(data) != struct.unpack_from(
             "<I", buf, o + n
         )[0]:
-            bad_crc += 1
+            bad_crc.append(o)
             continue
         try:
             ev = event_pb2.Event.FromString(data)
@@ -480,7 +493,8 @@ def _decode_slow(
                 sc_step.append(step)
                 sc_val.append(val)
     if bad_crc:
-        warn.append(f"{fname}: {bad_crc} record(s) with a data crc mismatch; skipped")
+        bad = np.asarray(bad_crc, dtype=np.int64)
+        acc.problem(_p.data_crc(fname, bad - 12, lens[np.isin(offs, bad)] + 16, None))
     if sc_tag:
         acc.scalar_tags.append(np.asarray(sc_tag, dtype=np.int32))
         acc.scalar_seqs.append(np.asarray(sc_seq, dtype=np.int64))

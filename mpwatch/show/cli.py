@@ -6,15 +6,22 @@
 Exit codes of ``mpwatch diagnose`` (also in ``mpwatch diagnose --help``), for CI:
 
 - 0 (:data:`EXIT_OK`): the diagnosis ran; no finding reached ``--fail-on`` (or none was given).
-- 1 (:data:`EXIT_FINDINGS`): a finding reached ``--fail-on``.
+- 1 (:data:`EXIT_FINDINGS`): a finding reached ``--fail-on``. Data the reader could not read (a
+  corrupt record, a file named like an event file that is none, an event file or folder without
+  permission) is an error finding (rule ``damaged-logs``), so ``--fail-on error`` counts it; a
+  last record cut short (a run still being written) is an info finding.
 - 2 (:data:`EXIT_USAGE`): a usage error, a logdir (or ``--run``) that is missing or cannot be
-  read, or a report that cannot be written.
+  read, or a report that cannot be written; also a logdir in which no mpwatch data could be read
+  because part of it could not be read (its only event files damaged or no event files, its run
+  folders without permission): data may be there. The report still lists the ``damaged-logs``
+  errors, and stderr says what could not be read.
 - 3 (:data:`EXIT_NO_DATA`): the logdir exists but holds no mpwatch data: no event file, or event
   files without any ``mpwatch/`` scalar or ``mpwatch/record/`` record (a run recorded without
   mpwatch's callbacks, or the wrong directory), and no profiler trace that could be read (a
-  trace alone, ``plugins/profile/<capture>/*.xplane.pb``, is data: its profile is judged). The
-  report still says so (on stdout, or in ``-o``), and stderr names what was looked for and where.
-  A CI job that expects a run fails on it instead of passing on a diagnosis of nothing.
+  trace alone, ``plugins/profile/<capture>/*.xplane.pb``, is data: its profile is judged), and
+  everything in it could be read. The report still says so (on stdout, or in ``-o``), and stderr
+  names what was looked for and where. A CI job that expects a run fails on it instead of
+  passing on a diagnosis of nothing.
 
 Reading shows a progress bar on stderr when it takes more than a second and stderr is a terminal
 (``MPWATCH_PROGRESS=1`` forces it).
@@ -31,6 +38,7 @@ from typing import TYPE_CHECKING, TextIO
 from mpwatch._version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
+    from mpwatch.judge import Finding
     from mpwatch.read import Run
 
 __all__ = [
@@ -51,12 +59,14 @@ EXIT_NO_DATA = 3  # the logdir holds no mpwatch data
 EXIT_CODES_HELP = f"""\
 exit codes:
   {EXIT_OK}  no finding reached --fail-on (or --fail-on not given)
-  {EXIT_FINDINGS}  a finding reached --fail-on
+  {EXIT_FINDINGS}  a finding reached --fail-on (data that could not be read, such as a corrupt
+     event file, is an error finding)
   {EXIT_USAGE}  usage error, a LOGDIR (or --run) that is missing or cannot be read, or a report
-     that cannot be written
+     that cannot be written; also no mpwatch data read because part of LOGDIR could not be
+     read (damaged event files, folders without permission: the report lists them)
   {EXIT_NO_DATA}  LOGDIR exists but holds no mpwatch data: no event file with an mpwatch/ scalar
-     or record, and no readable profiler trace (the report still says so; stderr says what was
-     looked for)
+     or record, and no readable profiler trace, all of it read (the report still says so;
+     stderr says what was looked for)
 """
 
 
@@ -166,6 +176,17 @@ def _no_data_message(logdir: str, runs: dict[str, Run], run_option: str | None) 
     )
 
 
+def _unreadable_message(logdir: str, lost: list[Finding], run_option: str | None) -> str:
+    """What could not be read, when no mpwatch data could be (the ``damaged-logs`` errors)."""
+    where = os.path.join(logdir, run_option) if run_option else logdir
+    said = "; ".join(f.evidence for f in lost[:3])
+    more = f"; and {len(lost) - 3} more (see the report)" if len(lost) > 3 else ""
+    return (
+        f"mpwatch diagnose: no mpwatch data could be read in {where!r}: {said}{more}. "
+        f"Exit {EXIT_USAGE}."
+    )
+
+
 def diagnose_command(args: argparse.Namespace) -> int:
     # a raw profiler trace is converted by xprof, whose C++ layer logs every step on stderr
     # (TensorFlow's variable, which xprof honours; a user's own value wins)
@@ -173,6 +194,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     from mpwatch.judge import diagnose_runs
     from mpwatch.read import ReadError, Run, load_run, load_runs
     from mpwatch.show.report import render
+    from mpwatch.show.summary import unreadable
 
     err = sys.stderr
     progress = _Progress(err, force=os.environ.get("MPWATCH_PROGRESS") == "1")
@@ -209,6 +231,10 @@ def diagnose_command(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     if not has_data:
+        lost = unreadable(findings)
+        if lost:  # data may be there: "cannot be read", not "nothing recorded"
+            print(_unreadable_message(logdir, lost, args.run), file=err)
+            return EXIT_USAGE
         print(_no_data_message(logdir, runs, args.run), file=err)
         return EXIT_NO_DATA
     if args.fail_on and any(f.at_least(args.fail_on) for f in findings):

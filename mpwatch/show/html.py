@@ -24,16 +24,18 @@ from mpwatch.show.charts_svg import heatmap_chart, histogram_chart, line_chart
 from mpwatch.show.float8 import float8_html
 from mpwatch.show.memory import memory_html
 from mpwatch.show.summary import (
-    NO_DATA,
     loss_scales_words,
+    no_data_words,
     no_findings,
     own_time_words,
     probe_not_measured,
     profile_lines,
     profile_summary,
+    reader_notes,
     run_summary,
     step_range,
     trace_only,
+    unreadable,
 )
 from mpwatch.words import TRACE_ONLY, amount, duration_ms, loss_scale, number, percent
 
@@ -314,6 +316,22 @@ def _charts(run: Run, idx: int) -> str:
     return '<div class="charts">' + "\n".join(charts) + "</div>"
 
 
+def _no_data_run(r: Run, i: int, mine: list[Finding]) -> list[str]:
+    """A run without mpwatch data: nothing, unless a finding says what of it could not be
+    read."""
+    if not mine:
+        return []
+    could = " could be read" if unreadable(mine) else ""
+    return [
+        f'<section class="run" id="run-{i}"><h2>Run {escape(r.name)}</h2>',
+        f"<p>No mpwatch data{could}.</p>",
+        *(f'<p class="note">reader: {escape(w)}</p>' for w in reader_notes(r)),
+        "<h3>Findings</h3>",
+        *(_finding_html(f) for f in mine),
+        "</section>",
+    ]
+
+
 def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None = None) -> str:
     where = logdir or (runs[0].path if runs else "")
     counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
@@ -327,9 +345,10 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
         + "</p>",
     ]
     if not any(r.has_data for r in runs):
-        body.append(f'<p id="no-data">{escape(NO_DATA.format(where=where))}</p>')
+        body.append(f'<p id="no-data">{escape(no_data_words(findings, where))}</p>')
     for i, r in enumerate(runs):
         if not r.has_data:
+            body += _no_data_run(r, i, [f for f in findings if f.run == r.name])
             continue
         st, sm = step_range(r), run_summary(r)
         body.append(f'<section class="run" id="run-{i}"><h2>Run {escape(r.name)}</h2>')
@@ -363,7 +382,7 @@ def render_html(runs: list[Run], findings: Sequence[Finding], logdir: str | None
             if v is not None:
                 body.append(f"<tr><th>{escape(k)}</th><td>{escape(_fmt(v))}</td></tr>")
         body.append("</tbody></table>")
-        for w in r.warnings:
+        for w in reader_notes(r):
             body.append(f'<p class="note">reader: {escape(w)}</p>')
         mine = [f for f in findings if f.run == r.name]
         body.append("<h3>Findings</h3>")

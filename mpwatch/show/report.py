@@ -39,14 +39,17 @@ from mpwatch.show.memory import memory_view
 from mpwatch.show.summary import (
     NO_DATA,
     loss_scales_words,
+    no_data_words,
     no_findings,
     own_time_words,
     profile_lines,
     profile_summary,
+    reader_notes,
     run_summary,
     runs_list,
     step_range,
     trace_only,
+    unreadable,
 )
 from mpwatch.words import TRACE_ONLY, duration_ms, loss_scale, plain
 
@@ -347,21 +350,42 @@ def _text(rl: list[Run], findings: Sequence[Finding], logdir: str | None, color:
     def paint(s: str, code: str) -> str:
         return f"{code}{s}{_RESET}" if color else s
 
+    def said(f: Finding) -> list[str]:
+        tag = paint(f"{f.severity.upper():7s}", _COLOURS[f.severity])
+        out = [f"  {tag} {f.title}  [{f.rule}]"]
+        if f.severity == "info":
+            # info: the title and one short line; no comment-only fix ("nothing to do")
+            out.append(f"          {_short(f.evidence)}")
+            if not _actionable(f.fix):
+                return out
+        else:
+            out.append(f"          {f.evidence}")
+        if f.fix:
+            fix = f.fix.replace("\n", "\n               ")
+            out.append(f"          fix: {paint(fix, _DIM) if color else fix}")
+        return out
+
     where = logdir or (rl[0].path if rl else "this logdir")
     lines = [paint(f"mpwatch diagnosis of {where}", _BOLD)]
     if not any(r.has_data for r in rl):
-        lines.append(NO_DATA.format(where=where))
-        for r in rl:
-            for w in r.warnings:
-                lines.append(f"  reader: {r.name}: {w}")
-        return "\n".join(lines) + "\n"
+        lines.append(no_data_words(findings, where))
+        if not findings:
+            for r in rl:
+                for w in reader_notes(r):
+                    lines.append(f"  reader: {r.name}: {w}")
+            return "\n".join(lines) + "\n"
     for r in rl:
+        mine = [f for f in findings if f.run == r.name]
         if not r.has_data:
-            lines.append(f"\nrun {r.name!r}: no mpwatch data")
+            could = " could be read" if unreadable(mine) else ""
+            lines.append(f"\nrun {r.name!r}: no mpwatch data{could}")
+            if mine:
+                lines += [paint(f"  reader: {w}", _DIM) for w in reader_notes(r)]
+                lines += [x for f in mine for x in said(f)]
             continue
         lines.append("")
         lines.append(paint(f"run {r.name!r}", _BOLD) + f": {_run_header(r)}")
-        for w in r.warnings:
+        for w in reader_notes(r):
             lines.append(paint(f"  reader: {w}", _DIM))
         ps = profile_summary(r)
         if ps is not None:
@@ -373,22 +397,9 @@ def _text(rl: list[Run], findings: Sequence[Finding], logdir: str | None, color:
             first, *rest = mv["lines"]
             lines.append(f"  memory: {first}")
             lines += [f"          {x}" for x in rest]
-        mine = [f for f in findings if f.run == r.name]
         if not mine:
             lines.append(f"  {no_findings(r)}")
-        for f in mine:
-            tag = paint(f"{f.severity.upper():7s}", _COLOURS[f.severity])
-            lines.append(f"  {tag} {f.title}  [{f.rule}]")
-            if f.severity == "info":
-                # info: the title and one short line; no comment-only fix ("nothing to do")
-                lines.append(f"          {_short(f.evidence)}")
-                if not _actionable(f.fix):
-                    continue
-            else:
-                lines.append(f"          {f.evidence}")
-            if f.fix:
-                fix = f.fix.replace("\n", "\n               ")
-                lines.append(f"          fix: {paint(fix, _DIM) if color else fix}")
+        lines += [x for f in mine for x in said(f)]
     others = [f for f in findings if f.run not in {r.name for r in rl}]
     for f in others:
         tag = paint(f"{f.severity.upper():7s}", _COLOURS[f.severity])
@@ -403,26 +414,31 @@ def _md_escape(s: str) -> str:
     return str(s).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _md_row(r: Run) -> str:
+    st, sm = step_range(r), run_summary(r)
+    fls = sm["final_loss_scale"]
+    scales = loss_scales_words(sm["loss_scales"], loss_scale) if sm["loss_scales"] else ""
+    policy = r.info.get("policy") or ("profiler trace only" if trace_only(r) else "")
+    return (
+        f"| {_md_escape(r.name)} | {_md_escape(policy)} | "
+        f"{st['first'] if st['count'] else ''}-{st['last'] if st['count'] else ''} | "
+        f"{_md_escape(scales) if fls is None else loss_scale(fls)} | "
+        f"{'' if sm['skipped_steps'] is None else sm['skipped_steps']} | {sm['probes']} | "
+        f"{'' if sm['step_time_ms'] is None else duration_ms(sm['step_time_ms'])} |"
+    )
+
+
 def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) -> str:
     where = logdir or (rl[0].path if rl else "this logdir")
     out = [f"# mpwatch diagnosis of `{where}`", ""]
     if not any(r.has_data for r in rl):
-        out.append(NO_DATA.format(where=f"`{where}`"))
-        return "\n".join(out) + "\n"
-    out += ["| run | policy | steps | final loss scale | skipped | probes | step time |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in rl:
-        st, sm = step_range(r), run_summary(r)
-        fls = sm["final_loss_scale"]
-        scales = loss_scales_words(sm["loss_scales"], loss_scale) if sm["loss_scales"] else ""
-        policy = r.info.get("policy") or ("profiler trace only" if trace_only(r) else "")
-        out.append(
-            f"| {_md_escape(r.name)} | {_md_escape(policy)} | "
-            f"{st['first'] if st['count'] else ''}-{st['last'] if st['count'] else ''} | "
-            f"{_md_escape(scales) if fls is None else loss_scale(fls)} | "
-            f"{'' if sm['skipped_steps'] is None else sm['skipped_steps']} | {sm['probes']} | "
-            f"{'' if sm['step_time_ms'] is None else duration_ms(sm['step_time_ms'])} |"
-        )
+        out.append(no_data_words(findings, f"`{where}`"))
+        if not findings:  # else: the findings say what could not be read
+            return "\n".join(out) + "\n"
+    else:
+        out += ["| run | policy | steps | final loss scale | skipped | probes | step time |",
+                "|---|---|---|---|---|---|---|"]  # fmt: skip
+        out += [_md_row(r) for r in rl]
     for r in rl:
         ps = profile_summary(r)
         if ps is not None:
@@ -462,7 +478,7 @@ def _markdown(rl: list[Run], findings: Sequence[Finding], logdir: str | None) ->
             )
         out.append("")
     for r in rl:
-        for w in r.warnings:
+        for w in reader_notes(r):
             out.append(f"> reader, run `{r.name}`: {_md_escape(w)}")
     return "\n".join(out).rstrip() + "\n"
 

@@ -6,7 +6,10 @@ imports the other's internals, and this module imports neither.
 - :func:`run_summary`: the headline numbers (the JSON ``runs[].summary``);
 - :func:`profile_summary` and :func:`profile_lines`: where the profiled time went;
 - :func:`step_range`: the first and last step and how many steps hold a scalar;
-- :data:`NO_DATA`: what every format says about a logdir without mpwatch data.
+- :data:`NO_DATA`: what every format says about a logdir without mpwatch data, and
+  :func:`no_data_words` where data were there but could not be read (:data:`NO_READABLE_DATA`);
+- :func:`unreadable` (the ``damaged-logs`` errors) and :func:`reader_notes` (what the reader
+  skipped that no finding says).
 
 Example:
     >>> from mpwatch.read import Run
@@ -22,11 +25,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpwatch import contract
+from mpwatch.judge import Finding
+from mpwatch.judge.rules.damaged_logs import RULE as DAMAGED_LOGS
 from mpwatch.read import Run
 from mpwatch.words import NO_FINDINGS, NO_FINDINGS_TRACE_ONLY, duration_ms, percent, raw_trace
 
 __all__ = [
     "NO_DATA",
+    "NO_READABLE_DATA",
+    "no_data_words",
+    "reader_notes",
+    "unreadable",
     "PROFILE_SOURCE_LABELS",
     "finite_float",
     "last_value",
@@ -44,6 +53,29 @@ NO_DATA = (
     "no mpwatch data in {where}: no event file holds an mpwatch/ scalar or record. Record a run "
     "with mpwatch.MixedPrecisionMonitor(log_dir=...) in model.fit's callbacks."
 )
+
+
+NO_READABLE_DATA = (
+    "no mpwatch data could be read in {where}: part of it could not be read (the errors below "
+    "say what, and where); what was read holds no mpwatch/ scalar or record."
+)
+
+
+def unreadable(findings: Sequence[Finding]) -> list[Finding]:
+    """The findings saying that written data could not be read (``damaged-logs`` errors)."""
+    return [f for f in findings if f.rule == DAMAGED_LOGS.id and f.severity == "error"]
+
+
+def no_data_words(findings: Sequence[Finding], where: str) -> str:
+    """What a report says when no run holds mpwatch data: :data:`NO_READABLE_DATA` when part of
+    the logdir could not be read (data may be there), :data:`NO_DATA` otherwise."""
+    return (NO_READABLE_DATA if unreadable(findings) else NO_DATA).format(where=where)
+
+
+def reader_notes(run: Run) -> list[str]:
+    """The reader's warnings no finding says (its problems are ``damaged-logs`` findings)."""
+    said = {q.message for q in run.problems}
+    return [w for w in run.warnings if w not in said]
 
 
 finite_float = contract.finite_float  # the one definition, in the contract

@@ -40,6 +40,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
         "try_mixed_precision",
         "mixed_vs_float32",
         "profile",
+        "damaged_logs",
         "recording",
         "budget",
     )
