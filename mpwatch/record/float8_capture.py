@@ -257,6 +257,8 @@ def readiness(probe: Any, x: Any, y: Any, sw: Any, scale: float) -> list[list[An
     for (layer, path), (inputs, grad) in zip(found, captured):
         kernel, bias = weights(layer, values)
         e = float8.layer_errors(equation(layer), inputs, kernel, bias, grad, cd, scale)
+        del kernel, bias  # one layer's kernel copy at a time (the next one is made before the
+        # name is rebound: two wide kernels at once were 128 MiB of a wide MLP's probe)
         ready, why = float8.verdict(e, cd)
         rows.append(
             [path, type(layer).__name__, getattr(layer, "path", None), e["out_error_16"],

@@ -308,6 +308,66 @@ def cast_through(x: Any, dtype: str, scale: float = 1.0) -> Any:
     return (jnp.asarray(x, jnp.float32) * scale).astype(dtype).astype(jnp.float32)
 
 
+# --- which way each tensor is reduced ------------------------------------------------------------
+def _large(tensors: list) -> list[int]:
+    """The indices of the tensors reduced one at a time: all of them under a
+    ``keras.distribution`` (reduced where their shards live), else those of at least
+    :data:`mpwatch.record.stats.DIRECT_MIN` elements (a copy into the block matrix would cost
+    the probe their size again; :mod:`mpwatch.record.probe_stats_each`)."""
+    from mpwatch.record.stats import DIRECT_MIN
+
+    if each.sharded():
+        return list(range(len(tensors)))
+    return [i for i, t in enumerate(tensors) if int(np.prod(np.shape(t))) >= DIRECT_MIN]
+
+
+def routed(lists: list[list | None], blocks: Any, one_by_one: Any) -> dict:
+    """Per-tensor statistics of parallel tensor lists (``lists[0]`` decides the sizes; a None
+    list stays None): the large tensors' by ``one_by_one(*lists)``, the others' by
+    ``blocks(*lists)``, each column back in the tensors' order."""
+    import jax.numpy as jnp
+
+    n = len(lists[0])
+    big = _large(lists[0])
+    if len(big) in (0, n):
+        return (blocks if not big or n == 0 else one_by_one)(*lists)
+    chosen = set(big)
+    small = [i for i in range(n) if i not in chosen]
+
+    def pick(idx: list[int]) -> list:
+        return [None if lst is None else [lst[i] for i in idx] for lst in lists]
+
+    parts = (blocks(*pick(small)), one_by_one(*pick(big)))
+    order = np.argsort(np.asarray(small + big))  # static: back to the tensors' order
+    out = {}
+    for key in parts[0]:
+        a, b = parts[0][key], parts[1][key]
+        if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+            out[key] = np.concatenate([a, b])[order]
+        else:
+            out[key] = jnp.take(
+                jnp.concatenate([jnp.asarray(a), jnp.asarray(b).astype(jnp.asarray(a).dtype)]),
+                jnp.asarray(order, jnp.int32),
+            )
+    return out
+
+
+def histogram_routed(tensors: list, zero: Any) -> tuple[Any, Any]:
+    """:func:`log2_histogram` of the tensors, the large ones (:func:`_large`) one at a time, a
+    chunk at a time on one device."""
+    big = set(_large(tensors))
+    parts = []
+    if len(big) < len(tensors):
+        parts.append(log2_histogram([t for i, t in enumerate(tensors) if i not in big], zero))
+    if big:
+        chunked = not each.sharded()
+        parts.append(each.log2_histogram([tensors[i] for i in sorted(big)], chunked=chunked))
+    hist, zeros = parts[0]
+    for h, z in parts[1:]:
+        hist, zeros = hist + h, zeros + z
+    return hist, zeros
+
+
 # --- the jitted probe -----------------------------------------------------------------------------
 def _signature(*data: Any) -> tuple:
     """Shapes and dtypes of a batch's arrays, and its structure: what a compiled program
@@ -415,24 +475,26 @@ class JaxProbeFunction:
             ref_grads = ref["grads"]
         else:  # no reference: the mixed gradients against themselves (unscaled)
             ref_grads = [jnp.asarray(g, jnp.float32) / scale for g in low["grads"]]
-        if each.sharded():  # tensors sharded over a mesh: reduced where their shards live
-            out["grads"] = each.grad_stats(low["grads"], ref_grads, scale, _pow2_at_least)
-            out["hist"], out["zeros"] = each.log2_histogram(ref_grads)
-            out["acts"] = each.act_stats(
-                low["acts"], ref["acts"] if has_ref else None, _pow2_at_least
-            )
-        else:
-            out["grads"] = grad_stats(low["grads"], ref_grads, scale, zero)
-            out["hist"], out["zeros"] = log2_histogram(ref_grads, zero)
-            out["acts"] = act_stats(low["acts"], ref["acts"] if has_ref else None, zero)
+        out["grads"] = routed(
+            [low["grads"], ref_grads],
+            lambda m, r: grad_stats(m, r, scale, zero),
+            lambda m, r: each.grad_stats(m, r, scale, _pow2_at_least),
+        )
+        out["hist"], out["zeros"] = histogram_routed(ref_grads, zero)
+        ref_acts = ref["acts"] if has_ref else None
+        out["acts"] = routed(
+            [low["acts"], ref_acts],
+            lambda m, r: act_stats(m, r, zero),
+            lambda m, r: each.act_stats(m, r, _pow2_at_least),
+        )
         if has_ref:
             pairs = [(gl, gr) for gl, gr in zip(low["act_grads"], ref["act_grads"])]
             present = [i for i, (_, gr) in enumerate(pairs) if gr is not None]
             mixed_ag, ref_ag = [pairs[i][0] for i in present], [pairs[i][1] for i in present]
-            out["act_grads"] = (
-                each.act_grad_stats(mixed_ag, ref_ag)
-                if each.sharded()
-                else act_grad_stats(mixed_ag, ref_ag, zero)
+            out["act_grads"] = routed(
+                [mixed_ag, ref_ag],
+                lambda m, r: act_grad_stats(m, r, zero),
+                each.act_grad_stats,
             )
             out["act_grads_present"] = np.array(present, np.int64)
             out["n_acts"] = len(pairs)

@@ -1,4 +1,5 @@
-"""The JAX probe's statistics one tensor at a time, for tensors sharded over a device mesh.
+"""The JAX probe's statistics one tensor at a time: for tensors sharded over a device mesh, and
+for every large tensor.
 
 :mod:`mpwatch.record.probe_jax` reduces all the gradients (or layer outputs) of a pass at once:
 concatenated, then segment reductions, a few operations whatever the number of tensors (a small
@@ -8,6 +9,18 @@ model's gradients on every device), and XLA's partitioned scatter over the padde
 counted padding as zeros (measured in the tap: :func:`mpwatch.record.stats.jax_counts_table_each`).
 Here each statistic is a reduction of one tensor where its shards live (XLA combines the partial
 results, scalars), stacked: the same columns, equal values.
+
+The same reductions bound the probe's memory on one device: laying a tensor out as rows copies
+it (the block matrix of every gradient and layer output made the probe of a wide MLP, 3 x Dense
+4096, need 8.6x its float32 weights in XLA's temporary buffers), where a reduction of the tensor
+itself is fused with what computes its operands and copies nothing. So
+:func:`mpwatch.record.probe_jax.routed` sends each tensor of at least
+:data:`mpwatch.record.stats.DIRECT_MIN` elements here and keeps the small ones (biases, norms) in
+the block matrix, which keeps the program small for models of hundreds of them. The histogram is
+the one statistic that is not a reduction (a scatter of each element's bin): on one device a
+large tensor's bins are counted :data:`HIST_CHUNK` elements at a time in a loop
+(:func:`log2_histogram` with ``chunked=True``), so the bin of each element never exists for the
+whole tensor at once (it was an int32 copy of every gradient, twice).
 """
 
 from __future__ import annotations
@@ -32,17 +45,46 @@ def _f32(t: Any) -> Any:
     return jnp.asarray(t).astype(jnp.float32)
 
 
-def _count(mask: Any) -> Any:
+def _reduce(**operands: tuple[str, Any]) -> dict[str, Any]:
+    """Reductions of same-shaped operands over every axis in one variadic reduction: each
+    keyword is ``(kind, values)``, ``kind`` ``"count"`` (a mask, counted in int32), ``"sum"``
+    or ``"max"`` (of values >= 0; 0 for an empty tensor). One pass over the elements, and the
+    operands, computed from the tensors element by element, are never stored whole (separate
+    reductions kept each int32 mask as a copy of the tensor). Sums are float32, as everything
+    JAX computes (a sum of squares over 600k elements of magnitudes 2^-40 to 2^8 was 7e-5 off
+    float64's: a gradient relative error 3.5e-5 of itself off)."""
     import jax.numpy as jnp
+    from jax import lax
 
-    return jnp.sum(mask, dtype=jnp.int32)
+    kinds = [k for k, _ in operands.values()]
+    values = tuple(
+        v.astype(jnp.int32) if k == "count" else v.astype(jnp.float32)
+        for k, v in operands.values()
+    )
+    inits = tuple(jnp.zeros((), v.dtype) for v in values)
+
+    def combine(x: Any, y: Any) -> Any:
+        return tuple(
+            jnp.maximum(a, b) if k == "max" else a + b for a, b, k in zip(x, y, kinds)
+        )
+
+    rows = _row_length(int(values[0].size))
+    if rows:  # float32 sums: rows first, then the rows' partial results (one sequence over
+        # a 4096 x 4096 gradient was 3.5e-3 off float64's; by rows as the block matrix, 4e-6)
+        values = lax.reduce(
+            tuple(v.reshape(-1, rows) for v in values), inits, combine, (1,)
+        )
+    out = lax.reduce(values, inits, combine, tuple(range(values[0].ndim)))
+    return dict(zip(operands, out))
 
 
-def _max_abs_finite(x: Any) -> Any:
-    import jax.numpy as jnp
-
-    a = jnp.abs(x)
-    return jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), initial=0.0)
+def _row_length(n: int) -> int | None:
+    """A row length that divides ``n`` (a flat tensor laid out as rows is a view, no copy), or
+    None: the longest power of two from 1024 down to 64."""
+    for length in (1024, 512, 256, 128, 64):
+        if n % length == 0 and n > length:
+            return length
+    return None
 
 
 def _stack(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -53,6 +95,18 @@ def _stack(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: jnp.stack([r[k] for r in rows]) for k in keys}
 
 
+def _largest(x: Any, pow2: Any) -> tuple[dict[str, Any], Any, Any]:
+    """(the finite max and non-finite count of ``|x|``, the max (inf where a value is not
+    finite), the power of two at or above it that divides x's squares)."""
+    import jax.numpy as jnp
+
+    a = jnp.abs(x)
+    finite = jnp.isfinite(a)
+    got = _reduce(max=("max", jnp.where(finite, a, 0.0)), nonfinite=("count", ~finite))
+    top = jnp.where(got["nonfinite"] > 0, jnp.inf, got["max"])
+    return got, top, pow2(top)
+
+
 def grad_stats(mixed_scaled: list, ref: list, scale: Any, pow2: Any) -> dict:
     """:func:`mpwatch.record.probe_jax.grad_stats`, one variable at a time."""
     import jax.numpy as jnp
@@ -60,19 +114,17 @@ def grad_stats(mixed_scaled: list, ref: list, scale: Any, pow2: Any) -> dict:
     rows = []
     for m, r in zip(mixed_scaled, ref):
         m, r = _f32(m), _f32(r)
+        _, max_ref, norm = _largest(r, pow2)
         nz = r != 0
-        max_ref = jnp.where(_count(~jnp.isfinite(r)) > 0, jnp.inf, _max_abs_finite(r))
-        norm = pow2(max_ref)
         diff = (m / scale - r) / norm
-        rows.append({
-            "ref_nonzero": _count(nz),
-            "underflow": _count(nz & (m == 0)),
-            "err_n": jnp.sum(diff * diff),
-            "ref_n": jnp.sum(jnp.square(r / norm)),
-            "norm": norm,
-            "nonfinite": _count(~jnp.isfinite(m)),
-            "max_ref": max_ref,
-        })  # fmt: skip
+        got = _reduce(
+            ref_nonzero=("count", nz),
+            underflow=("count", nz & (m == 0)),
+            err_n=("sum", diff * diff),
+            ref_n=("sum", jnp.square(r / norm)),
+            nonfinite=("count", ~jnp.isfinite(m)),
+        )
+        rows.append({**got, "norm": norm, "max_ref": max_ref})
     out = _stack(rows, ("ref_nonzero", "underflow", "err_n", "ref_n", "norm", "nonfinite",
                         "max_ref"))  # fmt: skip
     out["size"] = np.array([int(np.size(r)) for r in ref], np.int64)
@@ -86,18 +138,14 @@ def act_stats(mixed: list, ref: list | None, pow2: Any) -> dict:
     rows = []
     for i, m in enumerate(mixed):
         m = _f32(m)
-        nonfinite = _count(~jnp.isfinite(m))
-        row = {
-            "nonfinite": nonfinite,
-            "max_mixed": jnp.where(nonfinite > 0, jnp.inf, _max_abs_finite(m)),
-        }
+        got, top, _ = _largest(m, pow2)
+        row = {"nonfinite": got["nonfinite"], "max_mixed": top}
         if ref is not None:
             r = _f32(ref[i])
-            row["max_ref"] = _max_abs_finite(r)
-            row["norm"] = pow2(row["max_ref"])
+            ref_got, _, _ = _largest(r, pow2)
+            row["max_ref"], row["norm"] = ref_got["max"], pow2(ref_got["max"])
             d = (m - r) / row["norm"]
-            row["err_n"] = jnp.sum(d * d)
-            row["ref_n"] = jnp.sum(jnp.square(r / row["norm"]))
+            row.update(_reduce(err_n=("sum", d * d), ref_n=("sum", jnp.square(r / row["norm"]))))
         rows.append(row)
     keys = ("nonfinite", "max_mixed") + (
         ("max_ref", "norm", "err_n", "ref_n") if ref is not None else ()
@@ -115,31 +163,69 @@ def act_grad_stats(mixed_scaled: list, ref: list) -> dict:
     for m, r in zip(mixed_scaled, ref):
         m, r = _f32(m), _f32(r)
         nz = r != 0
-        rows.append({
-            "ref_nonzero": _count(nz),
-            "underflow": _count(nz & (m == 0)),
-            "max_ref": _max_abs_finite(r),
-            "nonfinite": _count(~jnp.isfinite(m)),
-        })  # fmt: skip
+        a = jnp.abs(r)
+        rows.append(_reduce(
+            ref_nonzero=("count", nz),
+            underflow=("count", nz & (m == 0)),
+            max_ref=("max", jnp.where(jnp.isfinite(a), a, 0.0)),
+            nonfinite=("count", ~jnp.isfinite(m)),
+        ))  # fmt: skip
     keys = ("ref_nonzero", "underflow", "max_ref", "nonfinite")
     return _stack(rows, keys)
 
 
-def log2_histogram(tensors: list) -> tuple[Any, Any]:
-    """:func:`mpwatch.record.probe_jax.log2_histogram`: one histogram per tensor, summed."""
+#: elements whose bins one step of the chunked histogram counts (a 1 MiB int32 temporary)
+HIST_CHUNK = 1 << 18
+
+
+def _bins(t: Any, keep: Any = True) -> Any:
+    """int32 ``[NUM_BINS + 2]``: counts of ``floor(log2|t|)`` over t's finite nonzero elements
+    where ``keep``, then the rest, then t's exact zeros where ``keep``."""
     import jax
     import jax.numpy as jnp
 
-    hist = jnp.zeros((underflow.NUM_BINS + 1,), jnp.int32)
-    zeros = jnp.zeros((), jnp.int32)
+    a = jnp.abs(_f32(t))
+    counted = (a > 0) & jnp.isfinite(a) & keep
+    _, e = jnp.frexp(jnp.where(counted, a, 1.0))
+    idx = jnp.clip(e - 1 - underflow.HIST_LO, 0, underflow.NUM_BINS - 1)
+    zero = (a == 0) & keep
+    idx = jnp.where(counted, idx, jnp.where(zero, underflow.NUM_BINS + 1, underflow.NUM_BINS))
+    idx = idx.ravel()
+    return jax.ops.segment_sum(
+        jnp.ones_like(idx, jnp.int32), idx, num_segments=underflow.NUM_BINS + 2
+    )
+
+
+def _chunked_bins(t: Any) -> Any:
+    """:func:`_bins` of a flat tensor, :data:`HIST_CHUNK` elements a step of a loop: the last
+    step's window is moved back to end at the tensor's end, and the elements the step before
+    counted are left out of it."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    flat = jnp.ravel(t)
+    n = int(flat.shape[0])
+    if n <= HIST_CHUNK:
+        return _bins(flat)
+    steps = -(-n // HIST_CHUNK)
+    position = jnp.arange(HIST_CHUNK, dtype=jnp.int32)
+
+    def body(i: Any, hist: Any) -> Any:
+        begin = i * HIST_CHUNK
+        start = jnp.minimum(begin, n - HIST_CHUNK)
+        part = lax.dynamic_slice(flat, (start,), (HIST_CHUNK,))
+        return hist + _bins(part, keep=position + start >= begin)
+
+    return lax.fori_loop(0, steps, body, jnp.zeros((underflow.NUM_BINS + 2,), jnp.int32))
+
+
+def log2_histogram(tensors: list, chunked: bool = False) -> tuple[Any, Any]:
+    """:func:`mpwatch.record.probe_jax.log2_histogram`: one histogram per tensor, summed.
+    ``chunked``: each tensor's bins counted a chunk at a time (:func:`_chunked_bins`; on one
+    device: a loop over slices of a sharded tensor would gather it)."""
+    import jax.numpy as jnp
+
+    hist = jnp.zeros((underflow.NUM_BINS + 2,), jnp.int32)
     for t in tensors:
-        a = jnp.abs(_f32(t))
-        counted = (a > 0) & jnp.isfinite(a)
-        _, e = jnp.frexp(jnp.where(counted, a, 1.0))
-        idx = jnp.clip(e - 1 - underflow.HIST_LO, 0, underflow.NUM_BINS - 1)
-        idx = jnp.where(counted, idx, underflow.NUM_BINS).ravel()
-        hist = hist + jax.ops.segment_sum(
-            jnp.ones_like(idx, jnp.int32), idx, num_segments=underflow.NUM_BINS + 1
-        )
-        zeros = zeros + _count(a == 0)
-    return hist[: underflow.NUM_BINS], zeros
+        hist = hist + (_chunked_bins(t) if chunked else _bins(t))
+    return hist[: underflow.NUM_BINS], hist[underflow.NUM_BINS + 1]

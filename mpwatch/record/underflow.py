@@ -97,24 +97,33 @@ def cast_through(x: Any, dtype: str, scale: float = 1.0) -> Any:
 
 
 # --- in the graph, many tensors at once ----------------------------------------------------------
-# Tables of many tensors at once, by segment reductions over the tensors flattened and
-# concatenated: the graph grows by a reshape and a cast per tensor, not by ~20 reductions per
-# tensor, so tracing the probe of a model of a thousand layers costs about its forward and backward
-# pass. Sums in float64.
-def _flat64(t: Any) -> Any:
-    import tensorflow as tf
-
-    return tf.reshape(tf.cast(_dense(t), tf.float64), [-1])
-
-
+# Tables of many tensors at once: a piece at a time (mpwatch/record/tf_chunks.py: small tensors in
+# groups, each large one a slice at a time, the pieces in sequence), each piece by segment
+# reductions over its tensors flattened and concatenated, so the graph grows by a reshape per
+# tensor, not by ~20 reductions per tensor (tracing the probe of a model of a thousand layers
+# costs about its forward and backward pass), and the temporaries of one piece exist at a time
+# (a few float64 copies of tf_chunks.CHUNK elements, not of every gradient). Sums in float64.
 def _segment_tools(flats: list[Any]) -> tuple[Any, Any, Any]:
     """(count(mask), sum(x), max(x)) over the segments of ``flats`` concatenated."""
     import tensorflow as tf
 
+    k = len(flats)
+    if k == 1:  # one segment (a slice of a large tensor): plain reductions
+
+        def count(mask: Any) -> Any:
+            return tf.reshape(tf.reduce_sum(tf.cast(mask, tf.float64)), [1])
+
+        def total(x: Any) -> Any:
+            return tf.reshape(tf.reduce_sum(x), [1])
+
+        def largest(x: Any) -> Any:
+            return tf.reshape(tf.reduce_max(tf.concat([tf.zeros([1], x.dtype), x], 0)), [1])
+
+        return count, total, largest
+
     from mpwatch.record.stats import tf_segment_ids
 
     seg, _ = tf_segment_ids(flats)
-    k = len(flats)
 
     def count(mask: Any) -> Any:
         return tf.math.unsorted_segment_sum(tf.cast(mask, tf.float64), seg, k)
@@ -135,6 +144,12 @@ def _abs_finite(x: Any) -> Any:
     return tf.where(tf.math.is_finite(a), a, tf.zeros_like(a))
 
 
+def _flats(tensors: list[Any]) -> list[Any]:
+    from mpwatch.record.tf_chunks import flat
+
+    return [flat(t) for t in tensors]
+
+
 def grad_table(mixed_scaled: list[Any], refs: list[Any], scale: Any) -> Any:
     """float64 ``[n, 7]``, a row per (mixed, reference) gradient pair (columns ``G_*``): size,
     ref_nonzero, underflow_count, err_sq, ref_sq, nonfinite count of the mixed gradient,
@@ -142,35 +157,42 @@ def grad_table(mixed_scaled: list[Any], refs: list[Any], scale: Any) -> Any:
     (None) is zeros of the other's shape; both missing: a zero row (size 0)."""
     import tensorflow as tf
 
+    from mpwatch.record import tf_chunks
+
     ms, rs = [], []
     for m, r in zip(mixed_scaled, refs):
         if m is None and r is None:
-            ms.append(tf.zeros([0], tf.float64))
-            rs.append(tf.zeros([0], tf.float64))
+            ms.append(tf.zeros([0], tf.float32))
+            rs.append(tf.zeros([0], tf.float32))
             continue
-        r = _flat64(r) if r is not None else tf.zeros_like(_flat64(m))
-        ms.append(_flat64(m) if m is not None else tf.zeros_like(r))
+        r = tf_chunks.flat(r) if r is not None else tf.zeros_like(tf_chunks.flat(m))
+        ms.append(tf_chunks.flat(m) if m is not None else tf.zeros_like(r))
         rs.append(r)
     if not rs:
         return tf.zeros([0, 7], tf.float64)
-    count, total, largest = _segment_tools(rs)
-    m, r = tf.concat(ms, 0), tf.concat(rs, 0)
-    ref_nz = tf.not_equal(r, 0.0)
-    diff = m / tf.cast(scale, tf.float64) - r
-    a = tf.abs(r)
-    max_ref = largest(tf.where(tf.math.is_nan(a), tf.constant(math.inf, tf.float64), a))
-    return tf.stack(
-        [
-            count(tf.ones_like(r)),
-            count(ref_nz),
-            count(tf.logical_and(ref_nz, tf.equal(m, 0.0))),
-            total(tf.square(diff)),
-            total(tf.square(r)),
-            count(tf.logical_not(tf.math.is_finite(m))),
-            max_ref,
-        ],
-        axis=1,
-    )
+    s64 = tf.cast(scale, tf.float64)
+
+    def rows(ms: list[Any], rs: list[Any]) -> Any:
+        count, total, largest = _segment_tools(rs)
+        m, r = tf.concat(ms, 0), tf.concat(rs, 0)
+        ref_nz = tf.not_equal(r, 0.0)
+        diff = m / s64 - r
+        a = tf.abs(r)
+        max_ref = largest(tf.where(tf.math.is_nan(a), tf.constant(math.inf, tf.float64), a))
+        return tf.stack(
+            [
+                count(tf.ones_like(r)),
+                count(ref_nz),
+                count(tf.logical_and(ref_nz, tf.equal(m, 0.0))),
+                total(tf.square(diff)),
+                total(tf.square(r)),
+                count(tf.logical_not(tf.math.is_finite(m))),
+                max_ref,
+            ],
+            axis=1,
+        )
+
+    return tf_chunks.table([rs, ms], lambda r, m: rows(m, r), ("sum",) * 6 + ("max",))
 
 
 def activation_table(mixed: list[Any], refs: list[Any] | None) -> Any:
@@ -179,29 +201,38 @@ def activation_table(mixed: list[Any], refs: list[Any] | None) -> Any:
     None (no reference pass): err_sq, ref_sq and max|ref| are 0."""
     import tensorflow as tf
 
+    from mpwatch.record import tf_chunks
+
     if not mixed:
         return tf.zeros([0, 6], tf.float64)
-    ms = [_flat64(a) for a in mixed]
-    count, total, largest = _segment_tools(ms)
-    m = tf.concat(ms, 0)
-    nonfinite = count(tf.logical_not(tf.math.is_finite(m)))
-    max_m = tf.where(nonfinite > 0, tf.constant(math.inf, tf.float64), largest(_abs_finite(m)))
-    size = count(tf.ones_like(m))
-    if refs is None:
-        zero = tf.zeros_like(size)
-        return tf.stack([size, zero, zero, max_m, nonfinite, zero], axis=1)
-    r = tf.concat([_flat64(a) for a in refs], 0)
-    return tf.stack(
-        [
-            size,
-            total(tf.square(m - r)),
-            total(tf.square(r)),
-            max_m,
-            nonfinite,
-            largest(_abs_finite(r)),
-        ],
-        axis=1,
-    )
+
+    def rows(ms: list[Any], rs: list[Any] | None = None) -> Any:
+        count, total, largest = _segment_tools(ms)
+        m = tf.concat(ms, 0)
+        nonfinite = count(tf.logical_not(tf.math.is_finite(m)))
+        max_m = tf.where(
+            nonfinite > 0, tf.constant(math.inf, tf.float64), largest(_abs_finite(m))
+        )
+        size = count(tf.ones_like(m))
+        if rs is None:
+            zero = tf.zeros_like(size)
+            return tf.stack([size, zero, zero, max_m, nonfinite, zero], axis=1)
+        r = tf.concat(rs, 0)
+        return tf.stack(
+            [
+                size,
+                total(tf.square(m - r)),
+                total(tf.square(r)),
+                max_m,
+                nonfinite,
+                largest(_abs_finite(r)),
+            ],
+            axis=1,
+        )
+
+    kinds = ("sum", "sum", "sum", "max", "sum", "max")
+    columns = [_flats(mixed)] + ([] if refs is None else [_flats(refs)])
+    return tf_chunks.table(columns, rows, kinds)
 
 
 def act_grad_table(mixed_scaled: list[Any], refs: list[Any]) -> Any:
@@ -210,26 +241,32 @@ def act_grad_table(mixed_scaled: list[Any], refs: list[Any]) -> Any:
     zero row where the reference gradient is missing."""
     import tensorflow as tf
 
+    from mpwatch.record import tf_chunks
+
     present = [i for i, r in enumerate(refs) if r is not None]
     if not present:
         return tf.zeros([len(refs), 4], tf.float64)
-    rs = [_flat64(refs[i]) for i in present]
+    rs = [tf_chunks.flat(refs[i]) for i in present]
     ms = [
-        _flat64(mixed_scaled[i]) if mixed_scaled[i] is not None else tf.zeros_like(r)
+        tf_chunks.flat(mixed_scaled[i]) if mixed_scaled[i] is not None else tf.zeros_like(r)
         for i, r in zip(present, rs)
     ]
-    count, _, largest = _segment_tools(rs)
-    m, r = tf.concat(ms, 0), tf.concat(rs, 0)
-    nz = tf.not_equal(r, 0.0)
-    rows = tf.stack(
-        [
-            count(nz),
-            count(tf.logical_and(nz, tf.equal(m, 0.0))),
-            largest(_abs_finite(r)),
-            count(tf.logical_not(tf.math.is_finite(m))),
-        ],
-        axis=1,
-    )
+
+    def piece(rs: list[Any], ms: list[Any]) -> Any:
+        count, _, largest = _segment_tools(rs)
+        m, r = tf.concat(ms, 0), tf.concat(rs, 0)
+        nz = tf.not_equal(r, 0.0)
+        return tf.stack(
+            [
+                count(nz),
+                count(tf.logical_and(nz, tf.equal(m, 0.0))),
+                largest(_abs_finite(r)),
+                count(tf.logical_not(tf.math.is_finite(m))),
+            ],
+            axis=1,
+        )
+
+    rows = tf_chunks.table([rs, ms], piece, ("sum", "sum", "max", "sum"))
     if len(present) == len(refs):
         return rows
     index = tf.constant([[i] for i in present], tf.int32)
@@ -240,11 +277,21 @@ def histogram_and_zeros(tensors: list[Any]) -> tuple[Any, Any]:
     """(:func:`log2_bins` of all ``tensors`` together, float64 count of their exact zeros)."""
     import tensorflow as tf
 
-    flats = [_flat64(t) for t in tensors if t is not None]
+    from mpwatch.record import tf_chunks
+
+    flats = _flats([t for t in tensors if t is not None])
     if not flats:
         return tf.zeros([NUM_BINS], tf.int64), tf.constant(0.0, tf.float64)
-    a = tf.concat(flats, 0)
-    return log2_bins(a), tf.reduce_sum(tf.cast(tf.equal(a, 0.0), tf.float64))
+
+    def rows(pieces: list[Any]) -> Any:  # one row for the pieces together (summed below)
+        a = tf.concat(pieces, 0)
+        zeros = tf.reduce_sum(tf.cast(tf.equal(a, 0.0), tf.float64))
+        row = tf.concat([tf.cast(log2_bins(a), tf.float64), tf.reshape(zeros, [1])], 0)
+        return tf.pad(tf.expand_dims(row, 0), [[0, len(pieces) - 1], [0, 0]])
+
+    table = tf_chunks.table([flats], rows, ("sum",) * (NUM_BINS + 1))
+    total = tf.reduce_sum(table, axis=0)
+    return tf.cast(total[:NUM_BINS], tf.int64), total[NUM_BINS]
 
 
 # --- on the host ----------------------------------------------------------------------------------

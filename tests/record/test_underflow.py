@@ -80,9 +80,16 @@ def test_grad_pair_stats_counts_only_reference_nonzeros():
     assert rel == pytest.approx(1e-9 / np.linalg.norm(ref.astype(np.float64)), rel=1e-5)
 
 
-def test_tables_of_many_tensors_equal_numpy_tensor_by_tensor():
+@pytest.mark.parametrize("chunk", [None, 4, 1])
+def test_tables_of_many_tensors_equal_numpy_tensor_by_tensor(chunk, monkeypatch):
     """The segment-reduced tables against numpy, one tensor at a time: shapes that differ, a
-    missing gradient on either side or both, an empty tensor, a non-finite mixed value."""
+    missing gradient on either side or both, an empty tensor, a non-finite mixed value. With the
+    pieces' size (``tf_chunks.CHUNK``) at 4 and 1 element(s), every tensor over it is reduced a
+    slice at a time in a loop and the small ones in groups: the same tables."""
+    if chunk is not None:
+        from mpwatch.record import tf_chunks
+
+        monkeypatch.setattr(tf_chunks, "CHUNK", chunk)
     rng = np.random.default_rng(5)
     scale = 2.0**10
     refs = [rng.normal(size=(3, 4)) * 1e-11, None, rng.normal(size=(7,)), np.zeros((0,)), None]
@@ -247,3 +254,37 @@ def test_measured_underflow_never_rises_with_scale(mixed16):
     ]
     assert fracs[0] > 0 and fracs[-1] < fracs[0]
     assert all(a >= b for a, b in zip(fracs, fracs[1:])), fracs
+
+
+def test_tables_in_a_traced_function_slice_as_eagerly(monkeypatch):
+    """Inside ``tf.function`` (as the probe runs them) the sliced loop and the groups give the
+    tables numpy gives: a tensor of 10 elements in pieces of 3, beside two small ones."""
+    from mpwatch.record import tf_chunks
+
+    monkeypatch.setattr(tf_chunks, "CHUNK", 3)
+    rng = np.random.default_rng(2)
+    refs = [rng.normal(size=(10,)).astype(np.float32) * 1e-10, np.float32([1.0, 0.0])]
+    refs.append(np.float32([3.0]))
+    scale = 2.0**8
+    mixed = [(r * scale).astype(np.float16).astype(np.float32) for r in refs]
+
+    @tf.function(autograph=False)
+    def tables():
+        g = underflow.grad_table([tf.constant(m) for m in mixed], [tf.constant(r) for r in refs],
+                                 scale)  # fmt: skip
+        h, z = underflow.histogram_and_zeros([tf.constant(r) for r in refs])
+        return g, h, z
+
+    g, h, z = (t.numpy() for t in tables())
+    for row, m, r in zip(g, mixed, refs):
+        r64, m64 = r.astype(np.float64), m.astype(np.float64)
+        assert row[underflow.G_SIZE] == r.size
+        assert row[underflow.G_UNDERFLOW] == ((r64 != 0) & (m64 == 0)).sum()
+        np.testing.assert_allclose(row[underflow.G_ERR_SQ], np.square(m64 / scale - r64).sum(),
+                                   rtol=1e-12)  # fmt: skip
+        assert row[underflow.G_MAX_REF] == np.abs(r64).max()
+    assert g[0, underflow.G_UNDERFLOW] > 0
+    flat = np.concatenate(refs).astype(np.float64)
+    assert z == 1
+    exps = np.floor(np.log2(np.abs(flat[flat != 0]))).astype(int) - underflow.HIST_LO
+    np.testing.assert_array_equal(h, np.bincount(exps, minlength=underflow.NUM_BINS))
