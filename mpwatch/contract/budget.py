@@ -17,6 +17,9 @@ BUDGET_PARTS = ["probe", "fix_checks", "profile", "profile_conversion", "gradien
 #: how a gradient_counts decision's reason starts when the fit was too short to compile the
 #: counts' program beside it (it never started)
 COUNTS_TOO_SHORT = "the fit was too short to compile their program beside it"
+#: the opening of a skipped probe's reason where the device's free memory could not hold it
+#: (record/probe_memory.py; the rule ``budget`` names it apart from the cost budget's skips)
+MEMORY_SKIP = "memory:"
 
 _DECISION = s._obj(
     {

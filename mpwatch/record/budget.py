@@ -407,6 +407,16 @@ class CostBudget:
             )
         )
 
+    def overrule(self, part: str, step: int, reason: str) -> None:
+        """The last decision on ``part`` at ``step`` to run it becomes a skip, for ``reason``
+        (a probe that would not fit the device's free memory: :mod:`.probe_memory`)."""
+        for d in reversed(self.decisions):
+            if d.part == part and d.step == int(step):
+                if d.action in ("ran", "explicit", "needed"):
+                    d.action, d.reason = "skipped", reason
+                return
+        self.record(part, step, "skipped", 0.0, self.allowance(), reason=reason)
+
     def ran(self, part: str, seconds: float) -> None:
         """What the last decision on ``part`` that ran really cost (already charged by
         :meth:`spend`)."""

@@ -384,10 +384,32 @@ class Probe:
         if backend.name() != backend.JAX:
             return False
         x, y, sw = split_data(first_batch(data))
+        self.ready()
+        return bool(self._fn.precompile(x, y, sw, cached_only=cached_only))
+
+    def ready(self) -> None:
+        """Set up the twin's view, the taps and the backend's function, once."""
         if not self._prepared:
             self._prepare()
             self._fn = self._build_fn()
-        return bool(self._fn.precompile(x, y, sw, cached_only=cached_only))
+
+    def memory(self, data: Any) -> dict[str, Any]:
+        """What this probe needs beyond the training's state on ``data``'s batch and what the
+        device has free (:mod:`mpwatch.record.probe_memory`): ``need_bytes``, ``need_from``,
+        ``free_bytes``, ``free_from``, ``fits``."""
+        from mpwatch.record import probe_memory
+
+        x, y, sw = split_data(first_batch(data))
+        self.ready()
+        needed, how = probe_memory.need(self, x, y, sw)
+        free_bytes, where = probe_memory.free()
+        return {
+            "need_bytes": needed,
+            "need_from": how,
+            "free_bytes": free_bytes,
+            "free_from": where,
+            "fits": probe_memory.verdict(needed, free_bytes),
+        }
 
     def ahead_pending(self) -> bool:
         """Whether the program :meth:`precompile` started is still compiling beside training
@@ -429,9 +451,7 @@ class Probe:
         ``batch_source``: ``"training"`` when the batch is one the training loop fed (the
         record's batch size is then the training batch size)."""
         x, y, sw = split_data(first_batch(data))
-        if not self._prepared:
-            self._prepare()
-            self._fn = self._build_fn()
+        self.ready()
         self._probes += 1
         self.float8_measured = False
         s = float(self.current_scale() if scale is None else scale)

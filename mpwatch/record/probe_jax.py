@@ -428,17 +428,37 @@ class JaxProbeFunction:
         later = self._ahead[1] if self._ahead is not None else None
         return later is not None and hasattr(later, "done") and not later.done()
 
+    def _program(self, x: Any, y: Any, sw: Any) -> Any:
+        """What runs the probe on this (global) batch: the program compiled ahead, else the
+        cached jit."""
+        if self._ahead is not None and self._ahead[0] == _signature(x, y, sw):
+            try:
+                return self._ahead[1].result()  # compiled ahead: waits for what is left
+            except Exception:  # noqa: BLE001 - compiled again, on this thread
+                self._ahead = None
+        return self._jit
+
+    def memory_analysis(self, x: Any, y: Any, sw: Any) -> Any:
+        """XLA's memory analysis of the probe's executable for this batch (compiled now if it
+        was not: the probe then runs it), or None (several devices, or no analysis)."""
+        import jax.numpy as jnp
+
+        tv, ntv = model_values(self.probe.model)
+        x, y, sw = global_batch(x, y, sw)
+        fn = self._program(x, y, sw)
+        args = (tv, ntv, x, y, sw, jnp.float32(1.0), jnp.int32(0))
+        exe = fn.executable(*args) if isinstance(fn, type(self._jit)) else fn
+        try:
+            return None if exe is None else exe.memory_analysis()
+        except Exception:  # noqa: BLE001 - a backend without the analysis
+            return None
+
     def __call__(self, x: Any, y: Any, sw: Any, scale: float) -> dict[str, np.ndarray]:
         import jax.numpy as jnp
 
         tv, ntv = model_values(self.probe.model)
         x, y, sw = global_batch(x, y, sw)
-        fn = self._jit
-        if self._ahead is not None and self._ahead[0] == _signature(x, y, sw):
-            try:
-                fn = self._ahead[1].result()  # compiled ahead: waits for what is left
-            except Exception:  # noqa: BLE001 - compiled again below, on this thread
-                self._ahead = None
+        fn = self._program(x, y, sw)
         raw = fn(tv, ntv, x, y, sw, jnp.float32(scale), jnp.int32(0))
         return host_tables(fetch(raw))
 

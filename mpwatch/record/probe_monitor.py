@@ -320,6 +320,9 @@ class ProbeMonitor(RecordingCallback):
             self._needed_ran = self._needed_ran or budget.decisions[-1].action == "needed"
         self.state.wait_for_device()  # the steps queued before it are training's time
         t0 = time.perf_counter()
+        memory = self._memory(step)  # (on JAX it compiles the program the probe runs)
+        if memory is not None and not memory["fits"]:
+            return
         source = "probe_data" if self.probe_data is not None else "training"
         gate = self.probe.fix_gate = self._fix_gate(budget, t0)
         try:
@@ -337,8 +340,25 @@ class ProbeMonitor(RecordingCallback):
         if self.probe.reference == "none" and not getattr(self, "_noted", False):
             self._noted = True
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
+        if memory is not None:
+            payload["memory"] = {k: v for k, v in memory.items() if k != "fits"}
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+    def _memory(self, step: int) -> dict[str, Any] | None:
+        """What the probe needs and what the device has free (:meth:`Probe.memory`); a probe
+        that would not fit is skipped here: its budget decision overruled, said once. None where
+        it could not be told (the probe runs, as before)."""
+        from mpwatch.contract.budget import MEMORY_SKIP
+        from mpwatch.record.probe_memory import mib
+
+        try:
+            memory = self.probe.memory(self._data)
+        except Exception:  # noqa: BLE001 - never the reason a fit fails: the probe says why
+            logger.debug("mpwatch: probe: could not tell its memory", exc_info=True)
+            return None
+        if memory["fits"]:
+            return memory
 
     def _fix_gate(self, budget: Any, started: float) -> FixGate:
         """The gate of this probe's fix checks (:mod:`mpwatch.record.fix_gate`): what the

@@ -278,11 +278,17 @@ class CachedJit:
         """The executable for these arguments (lowered here, then loaded or compiled)."""
         return load_or_compile(self.lower(*args), self.label)
 
-    def __call__(self, *args: Any) -> Any:
+    def executable(self, *args: Any) -> Any:
+        """The executable these arguments run (loaded or compiled once, then kept), or None where
+        the program spans several devices (``jax.jit`` compiles it as it runs)."""
         if not _one_device():
-            return self.jit(*args)
+            return None
         sig = _signature(args)
         fn = self._compiled.get(sig)
         if fn is None:
             fn = self._compiled[sig] = self.compile(*args)
-        return fn(*args)
+        return fn
+
+    def __call__(self, *args: Any) -> Any:
+        fn = self.executable(*args)
+        return self.jit(*args) if fn is None else fn(*args)

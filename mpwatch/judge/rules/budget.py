@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mpwatch.contract.budget import COUNTS_TOO_SHORT
+from mpwatch.contract.budget import COUNTS_TOO_SHORT, MEMORY_SKIP
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, fmt, pct
 from mpwatch.read.run import Run
@@ -166,6 +166,22 @@ def _counts_finding(decisions: list[dict[str, Any]]) -> Finding | None:
     )
 
 
+def _memory_finding(skipped: list[dict[str, Any]]) -> Finding:
+    """Probes skipped because the device's free memory could not hold them."""
+    why = str(skipped[-1].get("reason") or "")[len(MEMORY_SKIP) :].strip()
+    return RULE.finding(
+        "warning",
+        f"The float32-reference probe did not run at {len(skipped)} step(s): it would not fit "
+        "the device's free memory",
+        f"skipped at steps {_steps(skipped)} so the fit would not run out of memory; last: {why}. "
+        "The findings that rest on the probe (underflow, overflow, the recommended scale) are "
+        "missing for those steps",
+        fix="MixedPrecisionMonitor(log_dir, probe_data=(x[:n], y[:n]))  # a smaller probe batch\n"
+        "# or leave more of the device free (a smaller training batch)",
+        data={"part": "probe", "memory_skipped": len(skipped), "reason": why},
+    )
+
+
 def check(run: Run) -> list[Finding]:
     """One info finding per optional part the budget skipped in any fit of the run."""
     budgets = [b for b in run.budgets if isinstance(b, dict)]
@@ -174,6 +190,10 @@ def check(run: Run) -> list[Finding]:
     found = _counts_finding([d for _, d in every if d.get("part") == "gradient_counts"])
     if found is not None:
         out.append(found)
+    memory = [d for _, d in every if str(d.get("reason") or "").startswith(MEMORY_SKIP)]
+    if memory:
+        out.append(_memory_finding(memory))
+    every = [(b, d) for b, d in every if not any(d is m for m in memory)]
     for part, (what, missing, setting) in PARTS.items():
         mine = [(b, d) for b, d in every if d.get("part") == part]
         skipped = [(b, d) for b, d in mine if d.get("action") == "skipped"]
