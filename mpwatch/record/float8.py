@@ -130,19 +130,14 @@ def _flushed(t: np.ndarray, q: np.ndarray) -> float:
 
 def layer_errors(
     equation: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, g: np.ndarray, cd: str,
-    loss_scale: float = 1.0, blocked: bool = True,
+    loss_scale: float = 1.0,
 ) -> dict[str, float]:  # fmt: skip
     """The float8 and 16-bit errors of one layer ``z = einsum(equation, x, w) + bias`` with output
     gradient ``g`` (float32 reference values; ``cd`` the run's compute dtype; ``loss_scale``: the
     gradient as Keras' layers see it is ``loss_scale * g``). Keys: ``out_error_8``,
     ``dx_error_8``, ``dw_error_8``, the same ``_16``, ``x_flush``, ``w_flush``, ``g_flush``,
-    ``x_amax``, ``g_amax``. A kernel of more than :data:`.float8_blocks.BLOCK` elements is
-    computed a block of its units at a time where it can be (``blocked``;
-    :mod:`mpwatch.record.float8_blocks`: the same numbers, a block's memory)."""
-    if blocked and np.size(w) > _blocks().BLOCK:
-        got = _blocks().layer_errors(equation, x, w, bias, g, cd, loss_scale)
-        if got is not None:
-            return got
+    ``x_amax``, ``g_amax``. Each array whole: the probe computes a large kernel's a block of its
+    units at a time (:func:`mpwatch.record.float8_blocks.errors`, the same numbers)."""
     xs, ws, zs = _expand(equation, (np.ndim(x), np.ndim(w)))
     fwd, dx_eq, dw_eq = f"{xs},{ws}->{zs}", f"{zs},{ws}->{xs}", f"{xs},{zs}->{ws}"
     x32, w32 = np.asarray(x, np.float32), np.asarray(w, np.float32)
@@ -175,12 +170,6 @@ def layer_errors(
     out["x_amax"] = float(np.max(np.abs(x32))) if x32.size else 0.0
     out["g_amax"] = float(np.max(np.abs(g32))) if g32.size else 0.0
     return out
-
-
-def _blocks() -> Any:
-    from mpwatch.record import float8_blocks
-
-    return float8_blocks
 
 
 def verdict(row: dict[str, float], low: str = "16-bit") -> tuple[bool, str]:

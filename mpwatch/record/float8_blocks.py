@@ -22,7 +22,7 @@ Example:
     >>> x, w = rng.standard_normal((8, 32)), 0.1 * rng.standard_normal((32, 16))
     >>> g = 1e-3 * rng.standard_normal((8, 16))
     >>> got = layer_errors("...i,ij->...j", x, w, None, g, "bfloat16", block=64)
-    >>> want = float8.layer_errors("...i,ij->...j", x, w, None, g, "bfloat16", blocked=False)
+    >>> want = float8.layer_errors("...i,ij->...j", x, w, None, g, "bfloat16")
     >>> abs(got["dw_error_8"] - want["dw_error_8"]) < 1e-6
     True
 """
@@ -65,6 +65,21 @@ def _row_ratio(d2: np.ndarray, r2: np.ndarray) -> float:
     if not keep.any():
         return 0.0
     return float(np.mean(np.sqrt(d2[keep]) / np.sqrt(r2[keep])))
+
+
+def errors(
+    equation: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, g: np.ndarray, cd: str,
+    loss_scale: float = 1.0,
+) -> dict[str, float]:  # fmt: skip
+    """:func:`mpwatch.record.float8.layer_errors` of one layer: a kernel of more than
+    :data:`BLOCK` elements a block at a time where it can be (:func:`layer_errors`), else whole."""
+    from mpwatch.record import float8
+
+    if np.size(w) > BLOCK:
+        got = layer_errors(equation, x, w, bias, g, cd, loss_scale)
+        if got is not None:
+            return got
+    return float8.layer_errors(equation, x, w, bias, g, cd, loss_scale)
 
 
 def layer_errors(

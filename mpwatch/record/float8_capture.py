@@ -238,7 +238,7 @@ def readiness(probe: Any, x: Any, y: Any, sw: Any, scale: float) -> list[list[An
     """The probe record's ``float8`` rows (``contract.PROBE_FLOAT8_COLUMNS``): each eligible
     layer's float8 and 16-bit errors on this batch (:func:`mpwatch.record.float8.layer_errors`)
     and its verdict; [] for a model without one."""
-    from mpwatch.record import float8
+    from mpwatch.record import float8, float8_blocks
     from mpwatch.record.twin import random_layers_off
 
     found = eligible_layers(probe.model)
@@ -256,7 +256,7 @@ def readiness(probe: Any, x: Any, y: Any, sw: Any, scale: float) -> list[list[An
     values = values_of(probe.model)
     for (layer, path), (inputs, grad) in zip(found, captured):
         kernel, bias = weights(layer, values)
-        e = float8.layer_errors(equation(layer), inputs, kernel, bias, grad, cd, scale)
+        e = float8_blocks.errors(equation(layer), inputs, kernel, bias, grad, cd, scale)
         del kernel, bias  # one layer's kernel copy at a time (the next one is made before the
         # name is rebound: two wide kernels at once were 128 MiB of a wide MLP's probe)
         ready, why = float8.verdict(e, cd)

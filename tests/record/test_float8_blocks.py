@@ -25,7 +25,7 @@ def test_blocks_equal_the_whole_tensor(equation, x_shape, w_shape, bias, cd, sca
     w = (0.05 * rng.standard_normal(w_shape)).astype("float32")
     b = rng.standard_normal(w_shape[-1]).astype("float32") if bias else None
     g = (1e-4 * rng.standard_normal(x_shape[:-1] + (w_shape[-1],))).astype("float32")
-    want = float8.layer_errors(equation, x, w, b, g, cd, scale, blocked=False)
+    want = float8.layer_errors(equation, x, w, b, g, cd, scale)
     got = float8_blocks.layer_errors(equation, x, w, b, g, cd, scale, block=1000)
     assert got is not None and sorted(got) == sorted(want)
     for key in want:
@@ -56,7 +56,8 @@ def test_a_large_layer_needs_a_blocks_memory():
     for blocked in (False, True):
         tracemalloc.start()
         try:
-            float8.layer_errors("...i,ij->...j", x, w, None, g, "float16", 1024.0, blocked=blocked)
+            layer_errors = float8_blocks.errors if blocked else float8.layer_errors
+            layer_errors("...i,ij->...j", x, w, None, g, "float16", 1024.0)
             peaks[blocked] = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
