@@ -359,6 +359,16 @@ class ProbeMonitor(RecordingCallback):
             return None
         if memory["fits"]:
             return memory
+        reason = (
+            f"{MEMORY_SKIP} the probe needs {mib(memory['need_bytes'])} ({memory['need_from']}), "
+            f"{mib(memory['free_bytes'])} free ({memory['free_from']})"
+        )
+        if self.budget is not None:
+            self.budget.overrule("probe", step, reason)
+        if not getattr(self, "_memory_said", False):  # one line in the fit; the budget
+            self._memory_said = True  # decision is what the diagnosis names (rule budget)
+            logger.warning("mpwatch: probe skipped at step %s: %s", step, reason)
+        return memory
 
     def _fix_gate(self, budget: Any, started: float) -> FixGate:
         """The gate of this probe's fix checks (:mod:`mpwatch.record.fix_gate`): what the
