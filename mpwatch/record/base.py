@@ -6,10 +6,11 @@ isolation.
   writable, ``log_every`` a positive int, ...), the model at ``on_train_begin`` (a compiled Keras
   model), before any batch runs.
 - **A failure while recording never costs a training run**: each part of a callback runs under
-  :meth:`RecordingCallback._guard`; the first exception of a part is logged once (logger
-  ``"mpwatch"``), written as a ``notice`` record, and that part stops; training and the other parts
-  go
-  on.
+  :meth:`RecordingCallback._guard`; the first exception of a part is said in one line (logger
+  ``"mpwatch"``; its traceback only at DEBUG), written as a ``notice`` record (the diagnosis shows
+  it), and that part stops; training and the other parts go on. A part that cannot run on this
+  model or fit (:class:`CannotRun`: a model compiled without a loss, a distributed fit without
+  ``probe_data``) says so once a run, in one line that names the fix.
 - **Unsupported backends fail before training** (:func:`mpwatch.record.backend.check_supported`).
 - **Only the chief writes** under ``tf.distribute`` (all replicas of a MirroredStrategy live in one
   process, which is the chief; in multi-worker training the chief is task ``chief`` or worker 0).
@@ -31,6 +32,7 @@ from mpwatch.record import backend
 from mpwatch.record.backend import tf_is_chief  # noqa: F401  (its old home)
 from mpwatch.record.state import ModelState, state_of
 from mpwatch.record.writer import RunWriter
+from mpwatch.words import plain
 
 logger = logging.getLogger("mpwatch")
 
@@ -45,6 +47,30 @@ def before_next_multiple(step: int, every: int) -> int:
     (99, 99)
     """
     return (step // every + 1) * every - 1
+
+
+#: characters of an exception's message in the one line a failure is said in
+LINE_CHARS = 300
+
+
+class CannotRun(ValueError):
+    """A part that cannot run on this model or fit (a model compiled without a loss, a
+    distributed fit without ``probe_data``): not mpwatch failing but a missing argument. Its
+    message is one line that names the fix; :meth:`RecordingCallback._guard` says it once a run
+    (a warning and a ``notice``), and its traceback goes to the DEBUG log only."""
+
+
+def one_line(error: BaseException) -> str:
+    """An exception in one line for a person: its message's lines joined, without terminal
+    escapes (Keras wraps messages in them, says "Exception encountered when calling ..." first and
+    appends the call's arguments), cut at :data:`LINE_CHARS`; a :class:`CannotRun` as its message,
+    else ``Type: message``."""
+    text = " ".join(ln.strip() for ln in plain(error).splitlines() if ln.strip())
+    if len(text) > LINE_CHARS:
+        text = text[: LINE_CHARS - 1].rstrip() + "…"
+    if isinstance(error, CannotRun):
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 # --- argument checks ----------------------------------------------------------------------------
@@ -99,6 +125,23 @@ def check_model(model: Any, who: str = "mpwatch", compiled: bool = True) -> None
             f"{who}: the model {model.name!r} is not compiled; call model.compile(optimizer=..., "
             "loss=...) before training"
         )
+
+
+def check_loss(model: Any) -> None:
+    """Raise :class:`CannotRun` naming ``loss_fn=`` where Keras' own ``compute_loss`` has nothing
+    to compute for ``model``: compiled without a loss (keras.io's knowledge-distillation
+    ``Distiller``, whose train_step computes its own), no loss of its own (``add_loss``,
+    regularizers: known after a forward pass) and ``compute_loss`` not overridden. TensorFlow's
+    Keras would raise "No loss to compute"; JAX's returns 0 (every gradient would be zero)."""
+    if getattr(model, "_compile_loss", None) is not None or model.losses:
+        return
+    owner = next((c for c in type(model).__mro__ if "compute_loss" in c.__dict__), object)
+    if not (owner.__module__ or "").startswith("keras."):  # a compute_loss of the user's own
+        return
+    raise CannotRun(
+        f"{type(model).__name__} was compiled without loss= and the probe needs one: pass "
+        "loss_fn=<loss(y_true, y_pred) -> scalar> to MixedPrecisionMonitor or ProbeMonitor"
+    )
 
 
 # --- one writer per log_dir, shared by the callbacks of a run -------------------------------------
@@ -165,14 +208,31 @@ class RecordingCallback(keras.callbacks.Callback):
             return fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001  (never lose training to mpwatch)
             self._failed.add(part)
-            logger.error(
-                "mpwatch: recording of %s failed and stops for this run (training goes on): %r",
-                part,
-                e,
-                exc_info=True,
-            )
-            self._notice(part, "error", f"recording stopped: {type(e).__name__}: {e}")
+            self._say_failure(part, e)
             return None
+
+    def _say_failure(self, part: str, error: Exception) -> None:
+        """A part's failure, said in one line (never a traceback in the user's fit: that goes to
+        the DEBUG log) and written as a ``notice``. A :class:`CannotRun` is said once a run (its
+        model's state and log directory), as a warning: its message names the fix."""
+        text = one_line(error)
+        logger.debug("mpwatch: %s: %s", part, text, exc_info=error)  # the traceback, for who asks
+        if not isinstance(error, CannotRun):
+            logger.error(
+                "mpwatch: recording of %s failed and stops for this run (training goes on): %s",
+                part,
+                text,
+            )
+            self._notice(part, "error", f"recording stopped: {type(error).__name__}: {error}")
+            return
+        told = getattr(self.state, "notices", None) if self.state is not None else None
+        key = ("cannot_run", self.log_dir, part, text)
+        if told is not None and key in told:
+            return
+        if self.state is not None:
+            self.state.notices = (told or set()) | {key}
+        logger.warning("mpwatch: %s cannot run (training goes on): %s", part, text)
+        self._notice(part, "error", text)
 
     def _notice(self, part: str, level: str, message: str) -> None:
         try:
@@ -238,7 +298,7 @@ class RecordingCallback(keras.callbacks.Callback):
         except Exception as e:  # noqa: BLE001  (never lose training to mpwatch)
             if "writer" not in self._failed:  # said once; the events of this call are lost
                 self._failed.add("writer")
-                logger.error("mpwatch: could not write to %s: %r", writer.logdir, e)
+                logger.error("mpwatch: could not write to %s: %s", writer.logdir, one_line(e))
                 self._notice("writer", "error", f"events lost: {type(e).__name__}: {e}")
 
     @property
@@ -287,8 +347,9 @@ class RecordingCallback(keras.callbacks.Callback):
         finally:
             try:
                 self.state.release(self)
-            except Exception:  # noqa: BLE001
-                logger.error("mpwatch: could not remove the gradient tap", exc_info=True)
+            except Exception as e:  # noqa: BLE001
+                logger.debug("mpwatch: removing the gradient tap", exc_info=True)
+                logger.error("mpwatch: could not remove the gradient tap: %s", one_line(e))
             if self.writer is not None:
                 release_writer(self.writer)
                 self.writer = None

@@ -95,6 +95,7 @@ import numpy as np
 
 from mpwatch import contract, formats
 from mpwatch.record import probe_payload, probe_tf, underflow
+from mpwatch.record.base import check_loss
 from mpwatch.record.inputs import INPUT_COLUMNS, input_rows
 from mpwatch.record.twin import PolicyView, model_kind, random_layers, random_layers_off
 from mpwatch.record.writer import RunWriter
@@ -318,6 +319,7 @@ class Probe:
             for extra in m.losses:
                 loss = loss + ops.cast(extra, "float32")
             return loss
+        check_loss(m)  # (after the forward pass: its add_loss losses are known) or CannotRun
         compute = getattr(m, "_compute_loss", None) or m.compute_loss
         loss = compute(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
         return ops.cast(loss, "float32")

@@ -21,6 +21,7 @@ import numpy as np
 from mpwatch.record import underflow
 from mpwatch.record.base import (
     ALWAYS_QUIET,
+    CannotRun,
     RecordingCallback,
     before_next_multiple,
     check_positive_int,
@@ -198,9 +199,13 @@ class ProbeMonitor(RecordingCallback):
             return
         import tensorflow as tf
 
-        if model.distribute_strategy.num_replicas_in_sync > 1:
-            raise ValueError(
-                "no probe_data given and training is distributed: pass probe_data=(x, y)"
+        replicas = model.distribute_strategy.num_replicas_in_sync
+        if replicas > 1:  # each replica takes its part of the batch inside the train function
+            self._off = True  # (nothing to probe this run: said once, in one line, by _guard)
+            raise CannotRun(
+                f"training is distributed ({replicas} replicas) and no probe_data was given: "
+                "pass probe_data=(x, y), a training batch, to MixedPrecisionMonitor or "
+                "ProbeMonitor"
             )
 
         def capture(iterator: Any) -> Any:
