@@ -7,6 +7,8 @@
 - ``logdir.py``: a logdir's runs: :func:`find_runs`, :func:`load_run`, :func:`load_runs`.
 - ``problems.py``: what the reader could not read (:class:`ReadProblem`: a corrupt record, no
   event file, permission denied, a cut last record), in :attr:`Run.problems`.
+- ``check.py``: the same problems found without decoding (the framing and crcs only), file by
+  file with what is unchanged not read again: :func:`check_events`, :func:`check_runs`.
 
 Example:
     >>> import mpwatch.read
@@ -15,15 +17,19 @@ Example:
 """
 
 from mpwatch.read.assemble import run_from_records
+from mpwatch.read.check import FileCheck, check_events, check_runs
 from mpwatch.read.logdir import ReadError, find_runs, load_run, load_runs
 from mpwatch.read.problems import ReadProblem
 from mpwatch.read.run import ProbeResult, Run
 
 __all__ = [
+    "FileCheck",
     "ProbeResult",
     "ReadError",
     "ReadProblem",
     "Run",
+    "check_events",
+    "check_runs",
     "find_runs",
     "load_run",
     "load_runs",

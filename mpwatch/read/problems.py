@@ -145,15 +145,16 @@ def bad_header(path: str, at: int, record: int, end: int, counted: int | None) -
     )  # fmt: skip
 
 
-def tail(path: str, buf: bytes, pos: int, record: int) -> ReadProblem:
+def tail(path: str, buf: bytes, pos: int, record: int, base: int = 0) -> ReadProblem:
     """The bytes of ``buf`` after its last whole record (from ``pos``; ``record`` the number the
     next record would have): a record still being written (its header cut, or its header whole
     and its data cut), zeros a stopped machine left (:data:`TRUNCATED_TAIL`), or a whole header
-    whose length's crc does not match (:func:`bad_header`: damage, not a cut)."""
+    whose length's crc does not match (:func:`bad_header`: damage, not a cut). ``base``: the
+    byte of the file ``buf`` starts at (a check that goes on where an earlier one stopped)."""
     left = len(buf) - pos
     zeros = left >= 12 and buf.count(0, pos) == left
     if left >= 12 and not zeros and not _header_ok(buf, pos):
-        return bad_header(path, pos, record, len(buf), None)
+        return bad_header(path, base + pos, record, base + len(buf), None)
     if zeros:
         what = (
             f"{left} zero bytes where record {record} should start (a write the system did not "
@@ -165,9 +166,9 @@ def tail(path: str, buf: bytes, pos: int, record: int) -> ReadProblem:
         what = f"{left} bytes of its 12-byte header"
     return ReadProblem(
         TRUNCATED_TAIL, path,
-        f"{path}: last record truncated at byte {pos} ({what}); skipped (the run may still be "
-        "writing, or was killed)",
-        offset=pos, record=record, records=1, nbytes=left,
+        f"{path}: last record truncated at byte {base + pos} ({what}); skipped (the run may "
+        "still be writing, or was killed)",
+        offset=base + pos, record=record, records=1, nbytes=left,
     )  # fmt: skip
 
 

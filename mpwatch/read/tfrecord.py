@@ -53,7 +53,7 @@ from mpwatch import contract, wire
 from mpwatch.read import problems as _p
 from mpwatch.read.problems import ReadProblem
 
-__all__ = ["Events", "read_events"]
+__all__ = ["Events", "check_records", "read_events"]
 
 
 @dataclass
@@ -121,21 +121,37 @@ def read_events(path: str, events: Events, *, verify: str = "all") -> int:
     except OSError as e:
         events.problem(_p.unreadable(_p.UNREADABLE_FILE, path, e))
         return 0
-    offs, lens = _frame(buf, path, events)
+    offs, lens, ok = check_records(buf, path, events, data_crcs=verify_all)
     seq = np.arange(events.next_seq, events.next_seq + len(offs), dtype=np.int64)
     events.next_seq += len(offs)
-    if verify_all and len(offs):
-        ok = _data_crc_ok(buf, offs, lens)
-        if not ok.all():
-            bad = np.nonzero(~ok)[0]
-            events.problem(_p.data_crc(path, offs[bad] - 12, lens[bad] + 16, int(bad[0]) + 1))
-            offs, lens, seq = offs[ok], lens[ok], seq[ok]
+    if ok is not None:
+        offs, lens, seq = offs[ok], lens[ok], seq[ok]
     arr = np.frombuffer(buf, dtype=np.uint8)
     done = _decode_fast(arr, offs, lens, seq, events, buf)
     rest = ~done
     # crcs are checked above (verify_all) or, for structured records, by the slow path itself
     _decode_slow(buf, offs[rest], lens[rest], seq[rest], events, path, warn, False)
     return len(buf)
+
+
+def check_records(
+    buf: bytes, path: str, events: Events, *, data_crcs: bool = True, base: int = 0, first: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The framing of ``buf`` (an event file's bytes from byte ``base`` on, where record
+    ``first + 1`` starts) walked and every length's crc checked, and with ``data_crcs`` every
+    record's data crc: the offsets and lengths of the records' data in ``buf``, and which of them
+    pass their data crc (None when not checked or all pass). What is damaged is a problem of
+    ``events`` (:func:`read_events`' very words; where ``base`` > 0, bytes and record numbers
+    are the file's). Nothing is decoded: :mod:`mpwatch.read.check` checks files this way."""
+    offs, lens = _frame(buf, path, events, base, first)
+    if data_crcs and len(offs):
+        ok = _data_crc_ok(buf, offs, lens)
+        if not ok.all():
+            bad = np.nonzero(~ok)[0]
+            starts = offs[bad] - 12 + base
+            events.problem(_p.data_crc(path, starts, lens[bad] + 16, first + int(bad[0]) + 1))
+            return offs, lens, ok
+    return offs, lens, None
 
 
 # --- crc32c --------------------------------------------------------------------------------------
@@ -173,9 +189,12 @@ def _frame_vectorized(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return c + 12, lens
 
 
-def _frame(buf: bytes, fname: str, events: Events) -> tuple[np.ndarray, np.ndarray]:
-    """Offsets and lengths of the records' data in one file's bytes. A truncated tail is skipped
-    with a warning; a bad length crc stops the file there (a problem of ``events``)."""
+def _frame(
+    buf: bytes, fname: str, events: Events, base: int = 0, first: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets and lengths of the records' data in one file's bytes (from byte ``base`` of the
+    file, where record ``first + 1`` starts). A truncated tail is skipped with a warning; a bad
+    length crc stops the file there (a problem of ``events``)."""
     arr = np.frombuffer(buf, dtype=np.uint8)
     fast = _frame_vectorized(arr)
     if fast is not None:
@@ -203,18 +222,18 @@ def _frame(buf: bytes, fname: str, events: Events) -> tuple[np.ndarray, np.ndarr
         want = arr[(o - 4)[:, None] + np.arange(4)].copy().view("<u4").ravel()
         bad = np.nonzero(_masked_crc32c_rows(heads) != want)[0]
         if len(bad):
-            first = int(bad[0])
             # the lengths after a bad one chain to the file's end, every other crc right: the
             # records after it can be counted (only the crc was hit)
-            counted = len(o) - first if len(bad) == 1 and pos == end else None
-            at = int(o[first]) - 12
+            i = int(bad[0])
+            counted = len(o) - i if len(bad) == 1 and pos == end else None
+            at = int(o[i]) - 12
             if buf.count(0, at) == end - at:  # zeros from there on: a write never finished
-                events.problem(_p.tail(fname, buf, at, first + 1))
+                events.problem(_p.tail(fname, buf, at, first + i + 1, base))
             else:
-                events.problem(_p.bad_header(fname, at, first + 1, end, counted))
-            return o[:first], ln[:first]
+                events.problem(_p.bad_header(fname, base + at, first + i + 1, base + end, counted))
+            return o[:i], ln[:i]
     if pos < end:
-        events.problem(_p.tail(fname, buf, pos, len(o) + 1))
+        events.problem(_p.tail(fname, buf, pos, first + len(o) + 1, base))
     return o, ln
 
 

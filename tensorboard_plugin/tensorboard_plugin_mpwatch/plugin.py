@@ -4,7 +4,10 @@ Routes (under ``/data/plugin/mpwatch/``), all ``application/json``:
 
 - ``runs``: the runs holding mpwatch data (others are not listed), with a version that changes
   while a run is being written; a run whose directory holds a raw profiler trace is one of them
-  (its profile read from the trace when no record holds one: ``data/traces.py``).
+  (its profile read from the trace when no record holds one: ``data/traces.py``), and so is a
+  run whose event files the reader cannot read whole (a corrupt record, a file that is no event
+  file, permission denied, a cut last record), even one of which nothing could be read: its
+  findings say so (``damaged-logs``, as ``mpwatch diagnose`` says it: ``data/damage.py``).
 - ``scalars?run=R[&points=N]``: every ``mpwatch/...`` scalar, downsampled on the server to at most N
   points (default 1,500) per tag, min and max kept, with ``count`` (the steps the tag was recorded
   at; see :func:`tensorboard_plugin_mpwatch.data.scalars_view`); the skipped steps.
@@ -27,7 +30,8 @@ listing of them changes.
 
 Parameters are validated; an unknown run is a 404 JSON error. Nothing reads the file system with a
 request parameter: static files are loaded once, by name, at start; raw traces are found by a walk
-of ``--logdir``, and a request's run name only picks one of the runs found.
+of ``--logdir``, and so are the event files checked for damage; a request's run name only picks
+one of the runs found.
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._provider = context.data_provider
         self._traces = data.TraceRuns(getattr(context, "logdir", None))
+        self._damage = data.DamagedRuns(getattr(context, "logdir", None))
         self._scalar_limit = data.scalar_sample_limit(getattr(context, "sampling_hints", None))
         self._static = _load_static()
         self._cache: dict[tuple[str, str], _Entry] = {}
@@ -147,9 +152,10 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         }
 
     def is_active(self) -> bool:
-        # data_plugin_names decides when mpwatch records exist; else a raw profiler trace does
+        # data_plugin_names decides when mpwatch records exist; else a raw profiler trace does,
+        # or an event file the reader cannot read (it may hold mpwatch data)
         try:
-            return bool(self._traces.runs())
+            return bool(self._traces.runs()) or bool(self._damage.runs())
         except Exception:  # noqa: BLE001 - the listing must not fail on a walk of the logdir
             return False
 
@@ -218,6 +224,8 @@ class MpwatchPlugin(base_plugin.TBPlugin):
             )
             if runs[run].get("trace"):
                 data.add_trace_profile(records, runs[run]["trace"], runs[run]["trace_version"])
+            if runs[run].get("problems"):
+                data.add_problems(records, runs[run]["problems"], runs[run]["damage"])
             if entry is not None and entry.fingerprint == records.fingerprint:
                 entry.checked, entry.listed = time.monotonic(), listed  # same content: keep it
                 return entry
@@ -282,6 +290,7 @@ class MpwatchPlugin(base_plugin.TBPlugin):
         runs = data.merge_listing(
             data.list_mpwatch_runs(self._provider, ctx, eid), self._traces.versions()
         )
+        runs = data.merge_damage(runs, self._damage.runs())
         self._listing[eid] = (now, runs)
         return runs
 

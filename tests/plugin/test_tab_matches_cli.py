@@ -74,6 +74,23 @@ def shown(finding: dict) -> dict:
     return {k: finding[k] for k in ("severity", "title", "rule", "layer", "evidence")}
 
 
+def finding_cards(tab: Tab) -> list[dict]:
+    """The finding cards the tab shows for its run, as :func:`shown` gives a finding."""
+    return tab.frame.locator("#mpw-findings article.mpw-finding").evaluate_all(
+        """(cards) => cards.map((c) => {
+            const text = (sel) => {
+                const e = c.querySelector(sel);
+                return e ? e.textContent : null;
+            };
+            const layer = text('.mpw-finding-layer');
+            return {severity: text('.mpw-badge'), title: text('strong'),
+                    rule: c.dataset.rule,
+                    layer: layer === null ? null : layer.replace(/^layer /, ''),
+                    evidence: text('.mpw-evidence')};
+        })"""
+    )
+
+
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, quickstart_logdir, dist_runs):
     root = tmp_path_factory.mktemp("tab_vs_cli")
@@ -147,20 +164,7 @@ def test_the_tab_shows_the_clis_findings_run_by_run(browser, server, truth):
     try:
         for run in RUNS:
             tab.select_run(run)
-            cards = tab.frame.locator("#mpw-findings article.mpw-finding").evaluate_all(
-                """(cards) => cards.map((c) => {
-                    const text = (sel) => {
-                        const e = c.querySelector(sel);
-                        return e ? e.textContent : null;
-                    };
-                    const layer = text('.mpw-finding-layer');
-                    return {severity: text('.mpw-badge'), title: text('strong'),
-                            rule: c.dataset.rule,
-                            layer: layer === null ? null : layer.replace(/^layer /, ''),
-                            evidence: text('.mpw-evidence')};
-                })"""
-            )
-            assert cards == truth[run], run
+            assert finding_cards(tab) == truth[run], run
         assert tab.errors == []
     finally:
         tab.close()

@@ -2,7 +2,9 @@
 and from the Run to the tab's JSON views.
 
 Every value comes from ``context.data_provider``, but for raw profiler traces, which TensorBoard
-does not serve: those are read under ``--logdir`` by :mod:`mpwatch.read.traces` (``traces.py``).
+does not serve: those are read under ``--logdir`` by :mod:`mpwatch.read.traces` (``traces.py``),
+and for what the reader cannot read of the event files, which TensorBoard does not say
+(``damage.py``).
 Records are
 decoded with :mod:`mpwatch.contract`; :func:`build_model` turns them into the same
 :class:`mpwatch.read.Run` that ``mpwatch.load_run`` builds from event files (same tables, joining of
@@ -22,6 +24,9 @@ must reach the chart as a gap at its step.
 - ``traces.py``: the runs whose directory holds a raw profiler trace (:class:`TraceRuns`), their
   profile when no record holds one (:func:`add_trace_profile`), the listing with them
   (:func:`merge_listing`).
+- ``damage.py``: what the reader cannot read of the runs' event files, which TensorBoard does not
+  say (:class:`DamagedRuns`, checked by the reader's own check), given to the run's Run
+  (:func:`add_problems`) and listed (:func:`merge_damage`): the ``damaged-logs`` findings.
 - ``findings.py``: every run's findings, judged as ``mpwatch diagnose LOGDIR`` judges them
   (:func:`findings_by_run`).
 
@@ -30,6 +35,7 @@ must reach the chart as a gap at its step.
 """
 
 from mpwatch.contract import json_safe
+from tensorboard_plugin_mpwatch.data.damage import DamagedRuns, add_problems, merge_damage
 from tensorboard_plugin_mpwatch.data.findings import Judged, findings_by_run
 from tensorboard_plugin_mpwatch.data.provider import (
     RunRecords,
@@ -49,9 +55,11 @@ from tensorboard_plugin_mpwatch.data.views import (
 )
 
 __all__ = [
+    "DamagedRuns",
     "Judged",
     "RunRecords",
     "TraceRuns",
+    "add_problems",
     "add_trace_profile",
     "build_model",
     "downsample",
@@ -60,6 +68,7 @@ __all__ = [
     "json_safe",
     "layers_view",
     "list_mpwatch_runs",
+    "merge_damage",
     "merge_listing",
     "probes_view",
     "profile_summary",

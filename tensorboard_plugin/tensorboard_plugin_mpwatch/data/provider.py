@@ -29,7 +29,7 @@ from tensorboard.data import provider as tb_provider
 
 from mpwatch import contract
 from mpwatch.contract import later_writes_win
-from mpwatch.read import Run, run_from_records
+from mpwatch.read import ReadProblem, Run, run_from_records
 
 __all__ = ["RunRecords", "build_model", "list_mpwatch_runs", "read_run", "scalar_sample_limit"]
 
@@ -57,6 +57,8 @@ class RunRecords:
         trace: the capture directory of the raw profiler trace the profile was read from
             (:func:`tensorboard_plugin_mpwatch.data.traces.add_trace_profile`), None when the
             profile is a record or there is none.
+        problems: what the reader cannot read of the run's event files, which TensorBoard does
+            not say (:func:`tensorboard_plugin_mpwatch.data.damage.add_problems`).
     """
 
     name: str
@@ -67,6 +69,7 @@ class RunRecords:
     errors: list[str] = field(default_factory=list)
     fingerprint: str = ""
     trace: str | None = None
+    problems: list[ReadProblem] = field(default_factory=list)
 
 
 def scalar_sample_limit(sampling_hints: Any) -> int:
@@ -281,7 +284,11 @@ def build_model(records: RunRecords) -> Run:
     event files (same tables, part merging and purges), so the advisor sees the same run in the
     tab and in the CLI."""
     run = run_from_records(
-        records.name, scalars=records.scalars, records=records.records, warnings=records.errors
+        records.name,
+        scalars=records.scalars,
+        records=records.records,
+        warnings=records.errors,
+        problems=records.problems,
     )
     run.profile_trace = records.trace
     return run

@@ -303,11 +303,13 @@ def profile_view(model: Run) -> dict[str, Any]:
 
 def info_view(model: Run) -> dict[str, Any]:
     """The run's facts, its notices (messages as plain text: Keras wraps exception messages in
-    terminal escapes) and the errors met reading it."""
+    terminal escapes) and the errors met reading it (but what a ``damaged-logs`` finding says,
+    as the reports leave it out: ``mpwatch.show.summary.reader_notes``)."""
+    said = {q.message for q in model.problems}
     return {
         "info": model.info or None,
         "notices": [{**n, "message": plain(n.get("message") or "")} for n in model.notices],
-        "errors": list(model.warnings),
+        "errors": [w for w in model.warnings if w not in said],
         "memory": memory_view(model),
         "float8": float8_view(model),
     }
