@@ -327,6 +327,21 @@ SCHEMA = s._record_schema(
             "predicted underflow and overflow at each power-of-two scale (empty under bfloat16)",
         ),
         "recommended_scale": s._num("a loss scale to use (None: bfloat16, or none fits)", True),
+        "memory": s._obj(
+            {
+                "need_bytes": s._int(
+                    "what the probe needs beyond the training's state (None: not known)", True
+                ),
+                "need_from": s._str("how: XLA's memory analysis of its program, or an estimate"),
+                "free_bytes": s._int(
+                    "the device's free memory before the probe (None: not reported, a CPU)", True
+                ),
+                "free_from": s._str("where the free figure came from"),
+            },
+            "mpwatch's own memory: the probe's need beside the device's free memory "
+            "(record/probe_memory.py); a probe that would not fit is skipped, not recorded",
+            nullable=True,
+        ),
     },
     [
         "mode",

@@ -224,6 +224,9 @@ def build_run(name: str, path: str, events: Events) -> Run:
         batch = p.get("batch") if isinstance(p.get("batch"), dict) else {}
         row["batch_size"] = batch.get("size")
         row["batch_source"] = batch.get("source")
+        memory = p.get("memory") if isinstance(p.get("memory"), dict) else {}
+        row["memory_need_bytes"] = memory.get("need_bytes")
+        row["memory_need_from"] = memory.get("need_from")
         rows.append(row)
         if isinstance(p.get("histogram"), dict):
             run.histograms[s] = p["histogram"]

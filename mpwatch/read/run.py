@@ -54,7 +54,9 @@ class Run:
         probe_model: one row per probe step: ``step``, the probe's ``model`` dict's keys,
             ``loss_scale``, ``recommended_scale``, ``mode``, ``reference``, ``reliable`` (False:
             the probe's loss disagreed with the train step's; :meth:`latest_probe` skips it),
-            ``batch_size`` and ``batch_source``.
+            ``batch_size``, ``batch_source``, and ``memory_need_bytes`` with
+            ``memory_need_from`` (what the probe needed beyond the training's state, and how it
+            was found; None in runs before it was recorded).
         histograms: probe step -> the probe's ``histogram`` dict.
         sweeps: ``step`` + the probe's ``sweep`` table columns.
         profile: the latest ``profile`` record, or None. Its tables as DataFrames:

@@ -1,6 +1,7 @@
 """The memory table of a run, in words and rows: the ``memory`` record
-(:mod:`mpwatch.record.memory`) beside the peak the run measured, for the text and Markdown
-reports, the HTML report, the JSON report and the TensorBoard tab.
+(:mod:`mpwatch.record.memory`) beside the peak the run measured and what mpwatch itself adds to
+it (its probe's need, :func:`own_memory`), for the text and Markdown reports, the HTML report,
+the JSON report and the TensorBoard tab.
 
 Example:
     >>> from mpwatch.read.run import Run
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from html import escape
 from typing import Any
+
+import pandas as pd
 
 from mpwatch import contract
 from mpwatch.read.run import Run
@@ -43,6 +46,35 @@ def _peak(run: Run) -> tuple[float | None, str]:
     return peak, "the process' peak resident memory (on a CPU: the framework and the data too)"
 
 
+def own_memory(run: Run) -> dict[str, Any] | None:
+    """What mpwatch itself added to the run's memory: the largest need its probes recorded
+    (bytes beyond the training's state, and how it was found), or None (no probe recorded one)."""
+    pm = run.probe_model
+    if "memory_need_bytes" not in pm or not len(pm):
+        return None
+    need = pd.to_numeric(pm["memory_need_bytes"], errors="coerce")
+    if not need.notna().any():
+        return None
+    i = need.idxmax()
+    return {
+        "probe_need_bytes": int(need[i]),
+        "probe_need_from": str(pm.loc[i, "memory_need_from"] or ""),
+        "probes": int(need.notna().sum()),
+    }
+
+
+def own_memory_line(own: dict[str, Any] | None, peak: float | None) -> str | None:
+    """The words of :func:`own_memory`, beside the measured peak."""
+    if own is None:
+        return None
+    n = own["probe_need_bytes"]
+    share = f", {percent(n / (peak * 2**20))} of the measured peak" if peak else ""
+    return (
+        f"mpwatch's own: its probe needs up to {mib(n)} beyond the training's memory{share} "
+        f"({own['probe_need_from']}; {own['probes']} probe(s)); the measured peak includes it"
+    )
+
+
 def memory_view(run: Run) -> dict[str, Any] | None:
     """The memory table as plain data: ``policy``, ``batch_size``, ``by_dtype`` and ``by_policy``
     (lists of row dicts), ``peak_mb`` and what it measures, and ``lines`` (the same in words);
@@ -52,6 +84,11 @@ def memory_view(run: Run) -> dict[str, Any] | None:
     by_dtype = run.memory_by_dtype.to_dict("records")
     by_policy = run.memory_by_policy.to_dict("records")
     peak, peak_is = _peak(run)
+    own = own_memory(run)
+    lines = _lines(run.memory, by_dtype, by_policy, peak, peak_is)
+    own_line = own_memory_line(own, peak)
+    if own_line:
+        lines.append(own_line)
     return {
         "policy": run.memory.get("policy"),
         "batch_size": run.memory.get("batch_size"),
@@ -59,7 +96,8 @@ def memory_view(run: Run) -> dict[str, Any] | None:
         "by_policy": by_policy,
         "peak_mb": peak,
         "peak_is": peak_is,
-        "lines": _lines(run.memory, by_dtype, by_policy, peak, peak_is),
+        "mpwatch_own": own,
+        "lines": lines,
         # the same as a person reads them: column names and rows of text (the tab shows these)
         "dtype_table": {
             "columns": ["kind", "dtype", "elements", "size"],

@@ -171,6 +171,15 @@ JSON_SCHEMA: dict[str, Any] = {
                         "mixed_float16 and mixed_bfloat16 would need (show/memory.py); null "
                         "without a memory record",
                         "required": ["policy", "by_dtype", "by_policy", "lines"],
+                        "properties": {
+                            "mpwatch_own": {
+                                "type": ["object", "null"],
+                                "description": "what mpwatch itself adds: probe_need_bytes "
+                                "(the largest need a probe recorded beyond the training's "
+                                "state), probe_need_from (XLA's memory analysis or an "
+                                "estimate), probes; null where no probe recorded one",
+                            },
+                        },
                     },
                     "profile": {
                         "type": ["object", "null"],

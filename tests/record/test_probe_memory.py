@@ -75,3 +75,28 @@ def test_the_jax_probe_program_needs_at_most_twice_the_weights(tmp_path_factory)
         ratio = got["temp"] / got["weights"]
         assert ratio <= bounds[policy], (policy, ratio)
         assert got["need"] >= got["temp"] and got["need_from"].startswith("XLA")
+
+
+def test_mpwatchs_own_memory_is_reported_apart_in_every_format(tmp_path, monkeypatch, policy,
+                                                                read_events):  # fmt: skip
+    """The memory section names what mpwatch's probe needs beside the measured peak: the largest
+    need among the probe records, read here from the event files with TensorFlow's own parser."""
+    import json
+    import subprocess
+    import sys
+
+    policy("mixed_float16")
+    monkeypatch.setenv("MPWATCH_DEVICE_FREE_BYTES", str(2**30))
+    _fit([mpwatch.MixedPrecisionMonitor(tmp_path, probe_every=2)])
+    _, recs = read_events(str(tmp_path))
+    records = [p for _, p in recs["probe"]]
+    want = max(p["memory"]["need_bytes"] for p in records)
+    got = subprocess.run([sys.executable, "-m", "mpwatch", "diagnose", str(tmp_path),
+                          "--format", "json"], capture_output=True, text=True)  # fmt: skip
+    (run,) = json.loads(got.stdout)["runs"]
+    own = run["memory"]["mpwatch_own"]
+    assert own["probe_need_bytes"] == want and own["probes"] == 2
+    for fmt in ("text", "markdown", "html"):
+        out = subprocess.run([sys.executable, "-m", "mpwatch", "diagnose", str(tmp_path),
+                              "--format", fmt], capture_output=True, text=True).stdout  # fmt: skip
+        assert "mpwatch's own: its probe needs up to" in out.replace("&#x27;", "'"), fmt
