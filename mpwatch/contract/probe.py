@@ -279,8 +279,14 @@ SCHEMA = s._record_schema(
                     "training: the first batch the training loop fed (its size is the training "
                     "batch size); probe_data: given by the user",
                 ),
+                "sub_batch_of": s._int(
+                    "the batch's size where the probe ran on its first examples only: the whole "
+                    "batch would not fit the device's free memory (record/probe_memory.py)",
+                    nullable=True,
+                ),
             },
             "the probe batch",
+            required=["size", "source"],
         ),
         "inputs": s._table_schema(
             PROBE_INPUT_COLUMNS,

@@ -224,6 +224,7 @@ def build_run(name: str, path: str, events: Events) -> Run:
         batch = p.get("batch") if isinstance(p.get("batch"), dict) else {}
         row["batch_size"] = batch.get("size")
         row["batch_source"] = batch.get("source")
+        row["batch_sub_of"] = batch.get("sub_batch_of")
         memory = p.get("memory") if isinstance(p.get("memory"), dict) else {}
         row["memory_need_bytes"] = memory.get("need_bytes")
         row["memory_need_from"] = memory.get("need_from")

@@ -54,7 +54,9 @@ class Run:
         probe_model: one row per probe step: ``step``, the probe's ``model`` dict's keys,
             ``loss_scale``, ``recommended_scale``, ``mode``, ``reference``, ``reliable`` (False:
             the probe's loss disagreed with the train step's; :meth:`latest_probe` skips it),
-            ``batch_size``, ``batch_source``, and ``memory_need_bytes`` with
+            ``batch_size``, ``batch_source``, ``batch_sub_of`` (the batch's size where the
+            probe ran on its first ``batch_size`` examples to fit the device's free memory),
+            and ``memory_need_bytes`` with
             ``memory_need_from`` (what the probe needed beyond the training's state, and how it
             was found; None in runs before it was recorded).
         histograms: probe step -> the probe's ``histogram`` dict.

@@ -131,6 +131,7 @@ class ProbeMonitor(RecordingCallback):
         self._held = False  # a probe fell due inside a profile window and waits for its end
         self._traced_s = 0.0  # seconds of the probe's trace already paid ahead (not compiled)
         self._needed_ran = False  # a probe ran this fit because the training was broken
+        self._fits_size: int | None = None  # the largest probe batch that fitted the device
 
     # --- Keras hooks (via RecordingCallback) -----------------------------------------------------
     def _begin(self) -> None:
@@ -325,13 +326,13 @@ class ProbeMonitor(RecordingCallback):
             self._needed_ran = self._needed_ran or budget.decisions[-1].action == "needed"
         self.state.wait_for_device()  # the steps queued before it are training's time
         t0 = time.perf_counter()
-        memory = self._memory(step)  # (on JAX it compiles the program the probe runs)
+        memory, batch = self._memory(step)  # (on JAX it compiles the program the probe runs)
         if memory is not None and not memory["fits"]:
             return
         source = "probe_data" if self.probe_data is not None else "training"
         gate = self.probe.fix_gate = self._fix_gate(budget, t0)
         try:
-            payload = self.probe.run(self._data, batch_source=source)
+            payload = self.probe.run(batch, batch_source=source)
         finally:
             self.probe.fix_gate = None
         if budget is not None:
@@ -347,25 +348,42 @@ class ProbeMonitor(RecordingCallback):
             self._notice(self.part, "info", self.probe.note or "no float32 reference")
         if memory is not None:
             payload["memory"] = {k: v for k, v in memory.items() if k != "fits"}
+            if memory.get("sub_batch_of"):
+                payload["batch"]["sub_batch_of"] = memory["sub_batch_of"]
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
 
-    def _memory(self, step: int) -> dict[str, Any] | None:
-        """What the probe needs and what the device has free (:meth:`Probe.memory`); a probe
-        that would not fit is skipped here: its budget decision overruled, said once. None where
-        it could not be told (the probe runs, as before)."""
+    def _memory(self, step: int) -> tuple[dict[str, Any] | None, Any]:
+        """(what the probe needs and what the device has free, :meth:`Probe.memory`; the batch
+        it runs on). Where the whole batch would not fit, the first half of it, a quarter, ...:
+        the largest that fits (both passes on it: the statistics keep their meaning, of fewer
+        examples; the record says ``sub_batch_of``), kept for later probes. Where none fits the
+        probe is skipped: its budget decision overruled, said once. (None, the batch) where it
+        could not be told (the probe runs, as before)."""
         from mpwatch.contract.budget import MEMORY_SKIP
         from mpwatch.record.probe_memory import mib
 
+        data = first_batch(self._data)
         try:
-            memory = self.probe.memory(self._data)
+            full = _rows(data)
+            size = min(full, self._fits_size or full) if full else None
+            batch = data if size in (None, full) else _head(data, size)
+            memory = self.probe.memory(batch)
+            while not memory["fits"] and size and size > 1:
+                size = (size + 1) // 2
+                batch = _head(data, size)
+                memory = self.probe.memory(batch)
         except Exception:  # noqa: BLE001 - never the reason a fit fails: the probe says why
             logger.debug("mpwatch: probe: could not tell its memory", exc_info=True)
-            return None
+            return None, data
         if memory["fits"]:
-            return memory
+            self._fits_size = size
+            if size and full and size < full:
+                memory["sub_batch_of"] = full
+            return memory, batch
         reason = (
-            f"{MEMORY_SKIP} the probe needs {mib(memory['need_bytes'])} ({memory['need_from']}), "
+            f"{MEMORY_SKIP} the probe needs {mib(memory['need_bytes'])} ({memory['need_from']}"
+            f"{f', on {size} of the batch' if size and size != full else ''}), "
             f"{mib(memory['free_bytes'])} free ({memory['free_from']})"
         )
         if self.budget is not None:
@@ -373,7 +391,7 @@ class ProbeMonitor(RecordingCallback):
         if not getattr(self, "_memory_said", False):  # one line in the fit; the budget
             self._memory_said = True  # decision is what the diagnosis names (rule budget)
             logger.warning("mpwatch: probe skipped at step %s: %s", step, reason)
-        return memory
+        return memory, batch
 
     def _fix_gate(self, budget: Any, started: float) -> FixGate:
         """The gate of this probe's fix checks (:mod:`mpwatch.record.fix_gate`): what the
@@ -439,6 +457,28 @@ class ProbeMonitor(RecordingCallback):
         if self.probe.float8_seconds is not None:
             return float(self.probe.float8_seconds)
         return FLOAT8_PASS_STEPS * (budget.step_seconds() or budget.first_step_seconds() or 0.0)
+
+
+def _rows(data: Any) -> int | None:
+    """The batch's leading dimension (its first array's), or None."""
+    import keras
+
+    for t in keras.tree.flatten(data):
+        shape = getattr(t, "shape", None)
+        if shape is not None and len(shape) and shape[0] is not None:
+            return int(shape[0])
+    return None
+
+
+def _head(data: Any, n: int) -> Any:
+    """The batch's first ``n`` examples (every array sliced along its leading axis)."""
+    import keras
+
+    def cut(t: Any) -> Any:
+        shape = getattr(t, "shape", None)
+        return t[:n] if shape is not None and len(shape) else t
+
+    return keras.tree.map_structure(cut, data)
 
 
 def _local_copy(value: Any) -> Any:

@@ -56,11 +56,18 @@ def own_memory(run: Run) -> dict[str, Any] | None:
     if not need.notna().any():
         return None
     i = need.idxmax()
-    return {
+    out = {
         "probe_need_bytes": int(need[i]),
         "probe_need_from": str(pm.loc[i, "memory_need_from"] or ""),
         "probes": int(need.notna().sum()),
+        "sub_batch": None,
     }
+    if "batch_sub_of" in pm:
+        subs = pm[pd.to_numeric(pm["batch_sub_of"], errors="coerce").notna()]
+        if len(subs):
+            last = subs.iloc[-1]
+            out["sub_batch"] = {"size": int(last["batch_size"]), "of": int(last["batch_sub_of"])}
+    return out
 
 
 def own_memory_line(own: dict[str, Any] | None, peak: float | None) -> str | None:
@@ -69,10 +76,17 @@ def own_memory_line(own: dict[str, Any] | None, peak: float | None) -> str | Non
         return None
     n = own["probe_need_bytes"]
     share = f", {percent(n / (peak * 2**20))} of the measured peak" if peak else ""
-    return (
+    line = (
         f"mpwatch's own: its probe needs up to {mib(n)} beyond the training's memory{share} "
         f"({own['probe_need_from']}; {own['probes']} probe(s)); the measured peak includes it"
     )
+    sub = own.get("sub_batch")
+    if sub:
+        line += (
+            f"; it ran on the first {sub['size']} of the batch's {sub['of']} examples, the whole "
+            "batch would not fit the device's free memory"
+        )
+    return line
 
 
 def memory_view(run: Run) -> dict[str, Any] | None:

@@ -46,6 +46,38 @@ def test_a_probe_that_would_not_fit_is_skipped_said_and_the_fit_is_plain(
     assert "probe_data=" in found.fix
 
 
+def test_a_batch_that_would_not_fit_is_probed_on_its_first_half(tmp_path, monkeypatch, policy):
+    """A device whose free memory holds the probe of 4 examples and not of 8: the probe runs on
+    the batch's first 4 (both passes), says so, and training is a plain fit's."""
+    from mpwatch.record import probe_memory
+    from mpwatch.record.probe import Probe
+
+    policy("mixed_float16")
+    model = _fit([])
+    x = np.random.default_rng(0).normal(size=(8, 8)).astype("float32")
+    need = {n: probe_memory.need(_ready(Probe(model)), x[:n], x[:n, :1], None)[0] for n in (4, 8)}
+    assert need[4] < need[8]
+    free = int((need[4] + need[8]) / 2 / probe_memory.SHARE)
+    monkeypatch.setenv("MPWATCH_DEVICE_FREE_BYTES", str(free))
+    plain = _fit([])
+    monitored = _fit([mpwatch.MixedPrecisionMonitor(tmp_path, probe_every=2)])
+    for a, b in zip(plain.get_weights(), monitored.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    run = mpwatch.load_run(str(tmp_path))
+    assert list(run.probe_model["batch_size"]) == [4, 4]
+    assert list(run.probe_model["batch_sub_of"]) == [8, 8]
+    assert not [d for b in run.budgets for d in b["decisions"] if d["action"] == "skipped"
+                and d["part"] == "probe"]  # fmt: skip
+    from mpwatch.show.memory import memory_view
+
+    assert any("first 4 of the batch's 8 examples" in ln for ln in memory_view(run)["lines"])
+
+
+def _ready(probe):
+    probe.ready()
+    return probe
+
+
 def test_a_probe_that_fits_runs_and_records_what_it_needs(tmp_path, monkeypatch, policy):
     policy("mixed_float16")
     monkeypatch.setenv("MPWATCH_DEVICE_FREE_BYTES", str(2**30))
