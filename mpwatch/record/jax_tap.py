@@ -120,6 +120,10 @@ def _replicated(dist: Any) -> Any:
     return NamedSharding(dist.device_mesh.backend_mesh, PartitionSpec())
 
 
+def _elements(t: Any) -> int:
+    return int(np.prod(np.shape(t))) if t is not None else 0
+
+
 def _index_of(items: list[Any], target: Any) -> int | None:
     """Position of ``target`` in ``items`` by identity (Keras variables compare elementwise)."""
     for i, item in enumerate(items):
@@ -358,6 +362,10 @@ class JaxTap(TapBase):
             self._fail(f"could not trace the gradient tap: {e!r}")
             new_tvs, new_theirs = orig(theirs, grads, trainable_variables)
             return new_tvs, list(new_theirs) + list(ours)
+        try:
+            grads = self._count_first(before, ours, grads, trainable_variables)
+        except Exception as e:  # noqa: BLE001
+            self._fail(f"could not trace the gradient tap: {e!r}")
         new_tvs, new_theirs = orig(theirs, grads, trainable_variables)
         before["moved"] = (list(trainable_variables), list(new_tvs))
         try:
@@ -365,6 +373,48 @@ class JaxTap(TapBase):
         except Exception as e:  # noqa: BLE001
             self._fail(f"could not trace the gradient tap: {e!r}")
         return new_tvs, list(new_theirs) + list(ours)
+
+    def _count_first(self, pre: dict[str, Any], ours: list[Any], grads: Any, tvs: Any) -> Any:
+        """Under the conditional way with no 16-bit variable, the gradients' counts are taken
+        before the optimizer's update (``pre["grad_counts"]``) and the update gets the gradients
+        through an optimization barrier with them: the update then waits for the counts, and no
+        gradient outlives the update. (A conditional after the update, which read the step's
+        skip flag, kept every gradient alive past it and XLA copied them: the wide MLP's fit
+        peak at the defaults 1.064x a plain fit's, 1.02x without the copy.) Returns the
+        gradients the update takes."""
+        import jax
+        import jax.numpy as jnp
+
+        way = getattr(self._local, "way", None) or self._way
+        if "grads" not in pre or way != "cond" or any(lost_updates.is_16bit(v) for v in tvs):
+            return grads
+        count = ours[0]
+        do = jnp.equal(jnp.mod(count + 1, self.grad_every), 0)
+        counts_of = (
+            stats.jax_counts_table_each
+            if self._sharding is not None
+            else lambda g: stats.jax_counts_table(g, jnp.minimum(count, 0))
+        )
+        def counted(part: list[Any]) -> Any:
+            return jax.lax.cond(
+                do,
+                counts_of,
+                lambda g: jnp.zeros((len(g), stats.NUM_COUNTS), jnp.float32),
+                part,
+            )
+
+        grads = list(pre["grads"])
+        big = [i for i, g in enumerate(grads) if _elements(g) >= stats.DIRECT_MIN]
+        small = [i for i in range(len(grads)) if i not in set(big)]
+        rows: dict[int, Any] = {}
+        if small:
+            got = counted([grads[i] for i in small])
+            rows.update({i: got[j] for j, i in enumerate(small)})
+        for i in big:  # one conditional each, which the gradient's update waits for (a
+            # barrier): each gradient is counted and freed in turn, none waits for the others
+            grads[i], rows[i] = jax.lax.optimization_barrier((grads[i], counted([grads[i]])[0]))
+        pre["grad_counts"] = jnp.stack([rows[i] for i in range(len(grads))])
+        return grads
 
     def _before(self, theirs: list[Any], grads: Any) -> dict[str, Any]:
         import jax.numpy as jnp
@@ -428,7 +478,10 @@ class JaxTap(TapBase):
                 moved = lost_updates.jax_update_counts(g, old, new, which, 1.0 - skip)
                 return jnp.concatenate([counts_of(g), moved], axis=1)
 
-            if way == "select":  # no conditional (a host sync on a GPU)
+            if "grad_counts" in pre:  # taken before the update (:meth:`_count_first`)
+                moved = lost_updates.jax_update_counts(grads, [], [], [], 1.0)  # NaN rows
+                table = jnp.concatenate([pre["grad_counts"], moved], axis=1)
+            elif way == "select":  # no conditional (a host sync on a GPU)
                 table = jnp.where(do, table_of(grads, old, new), jnp.float32(0.0))
             else:
                 table = jax.lax.cond(
