@@ -102,10 +102,11 @@ def _einsum(eq: str, a: np.ndarray, b: np.ndarray, cd: str) -> np.ndarray:
 def _rel(a: np.ndarray, ref: np.ndarray) -> float:
     """``||a - ref|| / ||ref||`` over the whole tensor."""
     ref64 = np.asarray(ref, np.float64)
-    den = float(np.linalg.norm(ref64))
-    if den == 0.0:
-        return 0.0 if not np.any(np.asarray(a, np.float64)) else math.inf
-    return float(np.linalg.norm(np.asarray(a, np.float64) - ref64) / den)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is the nan measured, not a
+        den = float(np.linalg.norm(ref64))  # warning to print into the user's fit
+        if den == 0.0:
+            return 0.0 if not np.any(np.asarray(a, np.float64)) else math.inf
+        return float(np.linalg.norm(np.asarray(a, np.float64) - ref64) / den)
 
 
 def row_error(a: np.ndarray, ref: np.ndarray) -> float:
@@ -114,12 +115,13 @@ def row_error(a: np.ndarray, ref: np.ndarray) -> float:
     one row of outliers cannot hide the others' damage in a tensor-wide norm."""
     last = np.shape(ref)[-1] if np.ndim(ref) else 1
     r = np.asarray(ref, np.float64).reshape(-1, last)
-    d = np.asarray(a, np.float64).reshape(-1, last) - r
-    den = np.linalg.norm(r, axis=1)
-    keep = den > 0
-    if not keep.any():
-        return 0.0
-    return float(np.mean(np.linalg.norm(d[keep], axis=1) / den[keep]))
+    with np.errstate(invalid="ignore", over="ignore"):  # (as in _rel)
+        d = np.asarray(a, np.float64).reshape(-1, last) - r
+        den = np.linalg.norm(r, axis=1)
+        keep = den > 0
+        if not keep.any():
+            return 0.0
+        return float(np.mean(np.linalg.norm(d[keep], axis=1) / den[keep]))
 
 
 def _flushed(t: np.ndarray, q: np.ndarray) -> float:

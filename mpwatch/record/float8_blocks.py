@@ -47,9 +47,11 @@ def _amax_scale(amax: float, fmax: float) -> np.float32:
 
 
 def _sq(a: np.ndarray, axis: Any = None) -> Any:
-    """Sum of squares in float64 (of the last axis where ``axis=-1``)."""
+    """Sum of squares in float64 (of the last axis where ``axis=-1``); inf and nan are the
+    values measured, not a warning to print into the user's fit."""
     a64 = np.asarray(a, np.float64)
-    return np.einsum("...i,...i->...", a64, a64) if axis == -1 else float(np.vdot(a64, a64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.einsum("...i,...i->...", a64, a64) if axis == -1 else float(np.vdot(a64, a64))
 
 
 def _norm_ratio(d2: float, r2: float, any_a: bool) -> float:
@@ -139,9 +141,10 @@ def layer_errors(
         zq = z_of(xq, wbq, cd).reshape(rows, -1)
         out["r"] += _sq(zr, -1)
         out["l"] += _sq(zl, -1)
-        out["e8"] += _sq(zq.astype(np.float64) - zr, -1)
-        out["e16"] += _sq(zl.astype(np.float64) - zr, -1)
-        out["c8"] += _sq(zq.astype(np.float64) - zl, -1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            out["e8"] += _sq(zq.astype(np.float64) - zr, -1)
+            out["e16"] += _sq(zl.astype(np.float64) - zr, -1)
+            out["c8"] += _sq(zq.astype(np.float64) - zl, -1)
         del zr, zl, zq
         for key, gk, wk in (("r", gb[0], wb32), ("l", gb[1], wb_cd), ("q", gb[2], wbq)):
             dx[key] += np.einsum(dx_eq, np.asarray(gk, np.float32), np.asarray(wk, np.float32),
@@ -151,9 +154,10 @@ def layer_errors(
         dwq = float8._einsum(dw_eq, xq, gb[2], cd)
         dw["r"] += _sq(dwr)
         dw["l"] += _sq(dwl)
-        dw["e8"] += _sq(dwq.astype(np.float64) - dwr)
-        dw["e16"] += _sq(dwl.astype(np.float64) - dwr)
-        dw["c8"] += _sq(dwq.astype(np.float64) - dwl)
+        with np.errstate(invalid="ignore", over="ignore"):
+            dw["e8"] += _sq(dwq.astype(np.float64) - dwr)
+            dw["e16"] += _sq(dwl.astype(np.float64) - dwr)
+            dw["c8"] += _sq(dwq.astype(np.float64) - dwl)
         any_l = any_l or bool(np.any(dwl))
         any_q = any_q or bool(np.any(dwq))
         del dwr, dwl, dwq, wb32, wb_cd, wbq

@@ -477,7 +477,7 @@ class Probe:
             try:
                 payload["fix_checks"] = check_fixes(self, x, y, sw, s, _blamed(payload))
             except Exception as e:  # noqa: BLE001  (the probe's record stands without them)
-                logger.warning("mpwatch: probe: could not check the fixes: %r", e)
+                self._warn_once("could not check the fixes", e)
         if (
             self.mode in ("float16", "bfloat16")
             and self.has_ref
@@ -490,7 +490,7 @@ class Probe:
                 if checks:
                     payload["grad_fix_checks"] = checks
             except Exception as e:  # noqa: BLE001
-                logger.warning("mpwatch: probe: could not check the gradient fixes: %r", e)
+                self._warn_once("could not check the gradient fixes", e)
         first = self._float8_runs == 0
         if (
             self.float8
@@ -510,10 +510,23 @@ class Probe:
                     if rows:
                         payload["float8"] = contract.table(contract.PROBE_FLOAT8_COLUMNS, rows)
             except Exception as e:  # noqa: BLE001  (the probe's record stands without it)
-                logger.warning("mpwatch: probe: could not measure float8 readiness: %r", e)
+                self._warn_once("could not measure float8 readiness", e)
             self.float8_seconds = time.perf_counter() - t0
             self.float8_measured = True
         return payload
+
+    def _warn_once(self, what: str, error: BaseException) -> None:
+        """One line the first time a part of the probe fails (a Keras message can run to
+        thousands of characters: :func:`.base.one_line`), the traceback at debug level; the
+        probe's record stands without that part."""
+        from mpwatch.record.base import one_line
+
+        said = self.__dict__.setdefault("_said", set())
+        logger.debug("mpwatch: probe: %s", what, exc_info=error)
+        if what not in said:
+            said.add(what)
+            logger.warning("mpwatch: probe: %s (the probe's record stands): %s", what,
+                           one_line(error))  # fmt: skip
 
     def float8_due(self) -> bool:
         """Whether the next probe measures float8 readiness (its first, then every

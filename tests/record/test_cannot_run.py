@@ -28,6 +28,15 @@ from mpwatch.record.probe_monitor import ProbeMonitor  # noqa: E402
 FIX = {"distiller": "loss_fn=", "mirrored": "probe_data="}
 
 
+@pytest.fixture
+def policy():
+    """``policy(name)`` sets Keras' global policy for this test (restored after): conftest's
+    ``policy`` is a context manager, which a bare call never enters."""
+    old = keras.mixed_precision.global_policy()
+    yield keras.mixed_precision.set_global_policy
+    keras.mixed_precision.set_global_policy(old)
+
+
 # --- as a user sees it ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def console(tmp_path_factory):
@@ -214,3 +223,30 @@ def test_a_failing_part_says_one_line_and_keeps_its_traceback_for_debug(policy, 
     assert "\n" not in text and "RuntimeError: boom" in text and len(text) < 500
     (debug,) = [r for r in caplog.records if r.exc_info]
     assert debug.levelno == logging.DEBUG and debug.exc_info[0] is RuntimeError
+
+
+def test_a_probe_part_that_fails_is_said_once_in_one_line(policy, tmp_path, caplog, monkeypatch):
+    """Float8 readiness failing at every probe (a Keras-style multi-line message): one warning
+    line for the run, the traceback at DEBUG, and each probe's record still written."""
+    from mpwatch.record import float8_capture
+
+    def fails(*args, **kwargs):
+        raise ValueError("Exception encountered when calling Dense.call().\n\nsome detail\n" * 20)
+
+    monkeypatch.setattr(float8_capture, "readiness", fails)
+    policy("mixed_float16")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                              keras.layers.Dense(1, dtype="float32")])  # fmt: skip
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    mon = ProbeMonitor(tmp_path, every=1)
+    mon.float8 = True
+    with caplog.at_level(logging.DEBUG, logger="mpwatch"):
+        model.fit(x, x[:, :1], batch_size=4, verbose=0, callbacks=[mon])
+    warned = [r for r in caplog.records
+              if r.levelno == logging.WARNING and "float8" in r.getMessage()]  # fmt: skip
+    assert len(warned) == 1 and "\n" not in warned[0].getMessage()
+    assert warned[0].exc_info is None and len(warned[0].getMessage()) < 400
+    assert [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
+    assert len(mpwatch.load_run(str(tmp_path)).probe_model) >= 4  # every probe still recorded

@@ -13,6 +13,15 @@ keras = pytest.importorskip("keras")
 import mpwatch  # noqa: E402
 
 
+@pytest.fixture
+def policy():
+    """``policy(name)`` sets Keras' global policy for this test (restored after): conftest's
+    ``policy`` is a context manager, which a bare call never enters."""
+    old = keras.mixed_precision.global_policy()
+    yield keras.mixed_precision.set_global_policy
+    keras.mixed_precision.set_global_policy(old)
+
+
 def _fit(callbacks):
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
