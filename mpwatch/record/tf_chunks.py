@@ -101,21 +101,27 @@ def table(columns: list[list[Any]], rows: Any, kinds: tuple[str, ...]) -> Any:
 
 
 def _sliced(flats: list[Any], size: int, rows: Any, kinds: tuple[str, ...]) -> Any:
-    """``[1, len(kinds)]``: one tensor's row, :data:`CHUNK` elements a step of a loop."""
+    """``[1, len(kinds)]``: one tensor's row, :data:`CHUNK` elements a step of a loop, then the
+    rest (fewer than :data:`CHUNK`). Every slice has a static size (XLA, which compiles Keras'
+    train step, takes no dynamic shape), only its start moves."""
     import tensorflow as tf
 
     is_max = tf.constant([k == "max" for k in kinds])
-    steps = -(-size // CHUNK)
+    steps = size // CHUNK
+
+    def combine(acc: Any, row: Any) -> Any:
+        return tf.where(is_max, tf.maximum(acc, row), acc + row)
 
     def body(i: Any, acc: Any) -> tuple[Any, Any]:
-        begin = i * CHUNK
-        length = tf.minimum(CHUNK, size - begin)
-        piece = [[_f64(tf.slice(f, [begin], [length]))] for f in flats]
-        row = rows(*piece)[0]
-        return i + 1, tf.where(is_max, tf.maximum(acc, row), acc + row)
+        piece = [[_f64(tf.slice(f, [i * CHUNK], [CHUNK]))] for f in flats]
+        return i + 1, combine(acc, rows(*piece)[0])
 
     init = (tf.constant(0, tf.int32), tf.zeros([len(kinds)], tf.float64))
     _, acc = tf.while_loop(
         lambda i, _: i < steps, body, init, maximum_iterations=steps, parallel_iterations=1
     )
+    if size > steps * CHUNK:
+        with tf.control_dependencies([acc]):
+            rest = [[_f64(f[steps * CHUNK :])] for f in flats]
+            acc = combine(acc, rows(*rest)[0])
     return tf.expand_dims(acc, 0)

@@ -36,8 +36,15 @@ def _numpy_counts(t):
     return np.array([(a == 0).sum(), sub, (~fin).sum(), a[fin].max() if fin.any() else 0, a.size])
 
 
-def test_tensorflow_counts_equal_numpy():
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_tensorflow_counts_equal_numpy(chunk, monkeypatch):
+    """Also with the pieces (record/tf_chunks.py) at 5 elements: the larger tensors counted a
+    static slice at a time in a loop (and under XLA), the small ones in groups."""
     tf = pytest.importorskip("tensorflow")
+    if chunk is not None:
+        from mpwatch.record import tf_chunks
+
+        monkeypatch.setattr(tf_chunks, "CHUNK", chunk)
     ts = _tensors()
     want = np.array([_numpy_counts(t) for t in ts])
     eager = stats.counts_table([None if t is None else tf.constant(t) for t in ts]).numpy()
