@@ -220,7 +220,8 @@ class Run:
     def batch_size(self) -> int | None:
         """The training batch size: ``run_info``'s where Keras gave it (Keras 2), else the size of
         the first training batch the probe captured (Keras 3 does not tell callbacks the batch
-        size); None when neither was recorded (no probe, or a user-given probe batch).
+        size; where the probe ran on its first examples only, the whole batch's size it
+        recorded); None when neither was recorded (no probe, or a user-given probe batch).
 
         Example:
             >>> Run(name=".", path="").batch_size is None
@@ -233,7 +234,11 @@ class Run:
         if len(pm) and "batch_source" in pm and "batch_size" in pm:
             got = pm[(pm["batch_source"] == "training") & pm["batch_size"].notna()]
             if len(got):
-                return int(got.sort_values("step", kind="stable")["batch_size"].iloc[0])
+                first = got.sort_values("step", kind="stable").iloc[0]
+                whole = pd.to_numeric(first.get("batch_sub_of"), errors="coerce")
+                if pd.notna(whole) and whole > 0:  # a probe on the batch's first examples only
+                    return int(whole)
+                return int(first["batch_size"])
         return None
 
     def skipped_steps(self) -> pd.Series:

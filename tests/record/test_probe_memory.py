@@ -80,6 +80,7 @@ def test_a_batch_that_would_not_fit_is_probed_on_its_first_half(tmp_path, monkey
     from mpwatch.show.memory import memory_view
 
     assert any("first 4 of the batch's 8 examples" in ln for ln in memory_view(run)["lines"])
+    assert run.batch_size == 8  # the training's batch, not the probe's part of it
 
 
 def _ready(probe):
