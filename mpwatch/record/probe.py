@@ -67,12 +67,10 @@ with its layers' outputs tapped, and when the model's class keeps Keras' own ``c
 that same graph, :func:`call_is_graph`) the model's call is the probe's pass and its loss is the
 train step's, so the check's forward pass is not run (it was a fifth of the probe's compile).
 
-**Cost.** One probe runs one forward and backward pass of the model in its own policies, one in the
-other policy, and (for Functional and Sequential models whose class overrides ``call``) one
-forward pass of the model's own call for the loss check, on the probe batch, plus per-tensor
-reductions; all traced once (the first probe pays the trace). ``benchmarks/probe_cost.py``
-measures it in units of one training step. No second copy of the weights is kept. With the
-default ``every=500`` the overhead is well under 1% of training time.
+**Cost.** A forward and backward pass in each policy (and, where the model overrides ``call``,
+its own forward pass for the loss check) on the probe batch, plus per-tensor reductions, traced
+once (``benchmarks/probe_cost.py``). Memory: both passes' gradients and outputs and a bounded
+piece of statistics (:mod:`.probe_memory`, ``benchmarks/memory.py``).
 
 Example:
     >>> import keras, numpy as np, mpwatch  # doctest: +SKIP
@@ -226,6 +224,8 @@ class Probe:
         # the fix checks' gate under a cost budget (mpwatch/record/fix_gate.py), set for one
         # run by the probe's monitor; None: every pass runs
         self.fix_gate: Any = None
+        #: the probe batch's share of the training batch (``run(share=)``): its loss's weight
+        self.share = 1.0
 
     # --- setup ---------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -310,7 +310,8 @@ class Probe:
     # --- the traced computation ------------------------------------------------------------------
     def _loss(self, x: Any, y: Any, y_pred: Any, sw: Any) -> Any:
         """The loss as Keras' train step computes it (``model._compute_loss``, which adds the
-        model's own losses), or ``loss_fn`` plus the model's losses."""
+        model's own losses), or ``loss_fn`` plus the model's losses; times :attr:`share` where
+        the probe runs on the batch's first examples only."""
         from keras import ops
 
         m = self.model
@@ -318,11 +319,12 @@ class Probe:
             loss = ops.cast(self.loss_fn(y, y_pred), "float32")
             for extra in m.losses:
                 loss = loss + ops.cast(extra, "float32")
-            return loss
+            return loss if self.share == 1.0 else loss * self.share
         check_loss(m)  # (after the forward pass: its add_loss losses are known) or CannotRun
         compute = getattr(m, "_compute_loss", None) or m.compute_loss
         loss = compute(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
-        return ops.cast(loss, "float32")
+        loss = ops.cast(loss, "float32")
+        return loss if self.share == 1.0 else loss * self.share
 
     def _forward_backward(self, x: Any, y: Any, sw: Any, scale: Any) -> dict:
         """One training-mode pass on TensorFlow (:func:`mpwatch.record.probe_tf.forward_backward`:
@@ -393,12 +395,12 @@ class Probe:
         """Set up the twin's view, the taps and the backend's function, once."""
         if not self._prepared:
             self._prepare()
+        if self._fn is None:
             self._fn = self._build_fn()
 
     def memory(self, data: Any) -> dict[str, Any]:
-        """What this probe needs beyond the training's state on ``data``'s batch and what the
-        device has free (:mod:`mpwatch.record.probe_memory`): ``need_bytes``, ``need_from``,
-        ``free_bytes``, ``free_from``, ``fits``."""
+        """``need_bytes``, ``need_from``, ``free_bytes``, ``free_from``, ``fits``: this probe's
+        need on ``data``'s batch beside the device's free memory (:mod:`.probe_memory`)."""
         from mpwatch.record import probe_memory
 
         x, y, sw = split_data(first_batch(data))
@@ -447,12 +449,22 @@ class Probe:
         return self.mode == "preflight" or self.view is not None
 
     def run(
-        self, data: Any, scale: float | None = None, batch_source: str = "probe_data"
+        self,
+        data: Any,
+        scale: float | None = None,
+        batch_source: str = "probe_data",
+        share: float = 1.0,
     ) -> dict[str, Any]:
         """Probe on one batch ``(x, y[, sample_weight])`` (or a dataset: its first batch).
         ``batch_source``: ``"training"`` when the batch is one the training loop fed (the
-        record's batch size is then the training batch size)."""
+        record's batch size is then the training batch size). ``share``: the batch is that
+        share of the training's first examples (its memory): the loss is weighted by it, so
+        each example's gradients are the train step's own values for it (keras.io's MNIST
+        convnet probed on 4 of 128 examples overflowed where training never did), the weight
+        gradients these examples' part of the batch's; the losses recorded are unweighted."""
         x, y, sw = split_data(first_batch(data))
+        if float(share) != self.share:  # a constant of the traced passes: traced again
+            self.share, self._fn = float(share), self._build_fn() if self._prepared else None
         self.ready()
         self._probes += 1
         self.float8_measured = False
@@ -466,6 +478,8 @@ class Probe:
 
             out = self._fn(x, y, sw, tf.constant(s, tf.float32))
             out = {k: np.asarray(v) for k, v in out.items()}
+        for key in ("loss", "ref_loss", "own_loss", "train_loss") if self.share != 1.0 else ():
+            out[key] = np.asarray(out[key], np.float64) / self.share
         payload = self._payload(out, s)
         payload["batch"] = {"size": _batch_size(x), "source": batch_source}
         payload["inputs"] = contract.table(INPUT_COLUMNS, input_rows(self.model, x, self.mode))
@@ -516,9 +530,8 @@ class Probe:
         return payload
 
     def _warn_once(self, what: str, error: BaseException) -> None:
-        """One line the first time a part of the probe fails (a Keras message can run to
-        thousands of characters: :func:`.base.one_line`), the traceback at debug level; the
-        probe's record stands without that part."""
+        """One line (:func:`.base.one_line`) the first time a part fails, the traceback at
+        debug level; the record stands without that part."""
         from mpwatch.record.base import one_line
 
         said = self.__dict__.setdefault("_said", set())

@@ -332,7 +332,10 @@ class ProbeMonitor(RecordingCallback):
         source = "probe_data" if self.probe_data is not None else "training"
         gate = self.probe.fix_gate = self._fix_gate(budget, t0)
         try:
-            payload = self.probe.run(batch, batch_source=source)
+            share = 1.0 if memory is None or not memory.get("sub_batch_of") else (
+                _rows(batch) / memory["sub_batch_of"]
+            )
+            payload = self.probe.run(batch, batch_source=source, share=share)
         finally:
             self.probe.fix_gate = None
         if budget is not None:

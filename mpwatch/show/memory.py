@@ -83,8 +83,10 @@ def own_memory_line(own: dict[str, Any] | None, peak: float | None) -> str | Non
     sub = own.get("sub_batch")
     if sub:
         line += (
-            f"; it ran on the first {sub['size']} of the batch's {sub['of']} examples, the whole "
-            "batch would not fit the device's free memory"
+            f"; it ran on the first {sub['size']} of the batch's {sub['of']} examples (the whole "
+            "batch would not fit the device's free memory): each example's gradients are the "
+            "train step's, the weight gradients those examples' part of the batch's, so their "
+            "underflow reads higher"
         )
     return line
 

@@ -142,3 +142,29 @@ def test_mpwatchs_own_memory_is_reported_apart_in_every_format(tmp_path, monkeyp
         out = subprocess.run([sys.executable, "-m", "mpwatch", "diagnose", str(tmp_path),
                               "--format", fmt], capture_output=True, text=True).stdout  # fmt: skip
         assert "mpwatch's own: its probe needs up to" in out.replace("&#x27;", "'"), fmt
+
+
+def test_a_probe_on_part_of_the_batch_gives_each_example_the_train_steps_gradients(policy):
+    """``Probe.run(share=n/N)`` on the batch's first n examples: the reference gradient is that
+    of the training loss's part for those examples, (1/N) sum of their losses, computed here with
+    TensorFlow's own tape; the recorded loss stays their mean."""
+    from mpwatch.record.probe import Probe
+
+    policy("mixed_float16")
+    model = _fit([])
+    x = np.random.default_rng(3).normal(size=(8, 8)).astype("float32")
+    y = x[:, :1] * 3.0
+    payload = Probe(model).run((x[:2], y[:2]), share=2 / 8)
+    twin = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu",
+                             dtype="float32"), keras.layers.Dense(1, dtype="float32")])  # fmt: skip
+    twin.set_weights(model.get_weights())  # a float32 copy built here, not mpwatch's view
+    with tf.GradientTape() as tape:
+        per_example = tf.square(twin(x[:2], training=True) - y[:2])[:, 0]
+        part = tf.reduce_sum(per_example) / 8.0
+    grads = tape.gradient(part, twin.trainable_variables)
+    cols = payload["variables"]["columns"]
+    got = [dict(zip(cols, row)) for row in payload["variables"]["data"]]
+    for row, g in zip(got, grads):
+        assert row["ref_max_abs"] == pytest.approx(float(np.abs(g.numpy()).max()), rel=1e-5)
+    assert payload["model"]["ref_loss"] == pytest.approx(float(np.mean(per_example)), rel=1e-5)
+
