@@ -76,6 +76,17 @@ def _policy(name):
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.fixture
+def set_policy():
+    """``set_policy(name)`` sets Keras' global policy for one test (restored after it); a plain
+    call, where ``policy`` is a context manager (a bare ``policy(name)`` sets nothing)."""
+    import keras
+
+    old = keras.mixed_precision.global_policy()
+    yield keras.mixed_precision.set_global_policy
+    keras.mixed_precision.set_global_policy(old)
+
+
 @pytest.fixture(scope="session")
 def policy():
     return _policy

@@ -156,7 +156,7 @@ def first_batch(data: Any) -> Any:
     return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, batch)
 
 
-def _batch_size(x: Any) -> int | None:
+def batch_size_of(x: Any) -> int | None:
     """The leading dimension of the batch's first tensor."""
     import keras
 
@@ -481,7 +481,7 @@ class Probe:
         for key in ("loss", "ref_loss", "own_loss", "train_loss") if self.share != 1.0 else ():
             out[key] = np.asarray(out[key], np.float64) / self.share
         payload = self._payload(out, s)
-        payload["batch"] = {"size": _batch_size(x), "source": batch_source}
+        payload["batch"] = {"size": batch_size_of(x), "source": batch_source}
         payload["inputs"] = contract.table(INPUT_COLUMNS, input_rows(self.model, x, self.mode))
         head = payload["model"].get("activation_headroom_bits")
         near = isinstance(head, (int, float)) and head < fix_check_headroom()

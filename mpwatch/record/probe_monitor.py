@@ -27,7 +27,7 @@ from mpwatch.record.base import (
     check_positive_int,
 )
 from mpwatch.record.fix_gate import FixGate, first_pass
-from mpwatch.record.probe import Probe, first_batch
+from mpwatch.record.probe import Probe, batch_size_of, first_batch
 from mpwatch.record.tap_common import loss_scale_optimizer
 
 logger = logging.getLogger("mpwatch")
@@ -333,7 +333,7 @@ class ProbeMonitor(RecordingCallback):
         gate = self.probe.fix_gate = self._fix_gate(budget, t0)
         try:
             share = 1.0 if memory is None or not memory.get("sub_batch_of") else (
-                _rows(batch) / memory["sub_batch_of"]
+                batch_size_of(batch) / memory["sub_batch_of"]
             )
             payload = self.probe.run(batch, batch_source=source, share=share)
         finally:
@@ -368,7 +368,7 @@ class ProbeMonitor(RecordingCallback):
 
         data = first_batch(self._data)
         try:
-            full = _rows(data)
+            full = batch_size_of(data)
             size = min(full, self._fits_size or full) if full else None
             batch = data if size in (None, full) else _head(data, size)
             memory = self.probe.memory(batch)
@@ -460,17 +460,6 @@ class ProbeMonitor(RecordingCallback):
         if self.probe.float8_seconds is not None:
             return float(self.probe.float8_seconds)
         return FLOAT8_PASS_STEPS * (budget.step_seconds() or budget.first_step_seconds() or 0.0)
-
-
-def _rows(data: Any) -> int | None:
-    """The batch's leading dimension (its first array's), or None."""
-    import keras
-
-    for t in keras.tree.flatten(data):
-        shape = getattr(t, "shape", None)
-        if shape is not None and len(shape) and shape[0] is not None:
-            return int(shape[0])
-    return None
 
 
 def _head(data: Any, n: int) -> Any:

@@ -28,14 +28,6 @@ from mpwatch.record.probe_monitor import ProbeMonitor  # noqa: E402
 FIX = {"distiller": "loss_fn=", "mirrored": "probe_data="}
 
 
-@pytest.fixture
-def policy():
-    """``policy(name)`` sets Keras' global policy for this test (restored after): conftest's
-    ``policy`` is a context manager, which a bare call never enters."""
-    old = keras.mixed_precision.global_policy()
-    yield keras.mixed_precision.set_global_policy
-    keras.mixed_precision.set_global_policy(old)
-
 
 # --- as a user sees it ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
@@ -173,8 +165,8 @@ X = np.random.default_rng(0).random((12, 6), dtype=np.float32)
 Y = np.arange(12) % 3
 
 
-def test_said_once_a_run_across_fits(policy, tmp_path, caplog, read_events):
-    policy("mixed_float16")
+def test_said_once_a_run_across_fits(set_policy, tmp_path, caplog, read_events):
+    set_policy("mixed_float16")
     model = _distiller(Distiller)
     mon = mpwatch.MixedPrecisionMonitor(str(tmp_path), probe_every=1)
     with caplog.at_level(logging.DEBUG, logger="mpwatch"):
@@ -192,10 +184,10 @@ def test_said_once_a_run_across_fits(policy, tmp_path, caplog, read_events):
     assert "probe" not in records
 
 
-def test_a_model_that_computes_its_own_loss_is_probed(policy, tmp_path, read_events):
+def test_a_model_that_computes_its_own_loss_is_probed(set_policy, tmp_path, read_events):
     """keras.io's Keras 3 Distiller (``compute_loss`` overridden, no compiled loss): the probe has
     the model's loss, and runs."""
-    policy("mixed_float16")
+    set_policy("mixed_float16")
     model = _distiller(Distiller3)
     mon = ProbeMonitor(str(tmp_path), every=1)
     model.fit(X, Y, batch_size=4, epochs=1, verbose=0, callbacks=[mon])
@@ -204,8 +196,10 @@ def test_a_model_that_computes_its_own_loss_is_probed(policy, tmp_path, read_eve
     assert not [p for _, p in records.get("notice", []) if p["part"] == "probe"]
 
 
-def test_a_failing_part_says_one_line_and_keeps_its_traceback_for_debug(policy, tmp_path, caplog):
-    policy("mixed_float16")
+def test_a_failing_part_says_one_line_and_keeps_its_traceback_for_debug(
+    set_policy, tmp_path, caplog
+):
+    set_policy("mixed_float16")
     dump = "\n".join(f"  'layer_{i}': {{'units': {i}}}," for i in range(200))  # a config dump
 
     def broken(y_true, y_pred):
@@ -225,7 +219,9 @@ def test_a_failing_part_says_one_line_and_keeps_its_traceback_for_debug(policy, 
     assert debug.levelno == logging.DEBUG and debug.exc_info[0] is RuntimeError
 
 
-def test_a_probe_part_that_fails_is_said_once_in_one_line(policy, tmp_path, caplog, monkeypatch):
+def test_a_probe_part_that_fails_is_said_once_in_one_line(
+    set_policy, tmp_path, caplog, monkeypatch
+):
     """Float8 readiness failing at every probe (a Keras-style multi-line message): one warning
     line for the run, the traceback at DEBUG, and each probe's record still written."""
     from mpwatch.record import float8_capture
@@ -234,7 +230,7 @@ def test_a_probe_part_that_fails_is_said_once_in_one_line(policy, tmp_path, capl
         raise ValueError("Exception encountered when calling Dense.call().\n\nsome detail\n" * 20)
 
     monkeypatch.setattr(float8_capture, "readiness", fails)
-    policy("mixed_float16")
+    set_policy("mixed_float16")
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
                               keras.layers.Dense(1, dtype="float32")])  # fmt: skip

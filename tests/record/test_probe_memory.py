@@ -13,15 +13,6 @@ keras = pytest.importorskip("keras")
 import mpwatch  # noqa: E402
 
 
-@pytest.fixture
-def policy():
-    """``policy(name)`` sets Keras' global policy for this test (restored after): conftest's
-    ``policy`` is a context manager, which a bare call never enters."""
-    old = keras.mixed_precision.global_policy()
-    yield keras.mixed_precision.set_global_policy
-    keras.mixed_precision.set_global_policy(old)
-
-
 def _fit(callbacks):
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
@@ -33,9 +24,9 @@ def _fit(callbacks):
 
 
 def test_a_probe_that_would_not_fit_is_skipped_said_and_the_fit_is_plain(
-    tmp_path, monkeypatch, policy, caplog
+    tmp_path, monkeypatch, set_policy, caplog
 ):
-    policy("mixed_float16")
+    set_policy("mixed_float16")
     plain = _fit([])
     monkeypatch.setenv("MPWATCH_DEVICE_FREE_BYTES", "1000")  # a device with 1000 bytes free
     with caplog.at_level("WARNING", logger="mpwatch"):
@@ -55,13 +46,15 @@ def test_a_probe_that_would_not_fit_is_skipped_said_and_the_fit_is_plain(
     assert "probe_data=" in found.fix
 
 
-def test_a_batch_that_would_not_fit_is_probed_on_its_first_half(tmp_path, monkeypatch, policy):
+def test_a_batch_that_would_not_fit_is_probed_on_its_first_half(
+    tmp_path, monkeypatch, set_policy
+):
     """A device whose free memory holds the probe of 4 examples and not of 8: the probe runs on
     the batch's first 4 (both passes), says so, and training is a plain fit's."""
     from mpwatch.record import probe_memory
     from mpwatch.record.probe import Probe
 
-    policy("mixed_float16")
+    set_policy("mixed_float16")
     model = _fit([])
     x = np.random.default_rng(0).normal(size=(8, 8)).astype("float32")
     need = {n: probe_memory.need(_ready(Probe(model)), x[:n], x[:n, :1], None)[0] for n in (4, 8)}
@@ -88,8 +81,8 @@ def _ready(probe):
     return probe
 
 
-def test_a_probe_that_fits_runs_and_records_what_it_needs(tmp_path, monkeypatch, policy):
-    policy("mixed_float16")
+def test_a_probe_that_fits_runs_and_records_what_it_needs(tmp_path, monkeypatch, set_policy):
+    set_policy("mixed_float16")
     monkeypatch.setenv("MPWATCH_DEVICE_FREE_BYTES", str(2**30))
     cb = mpwatch.MixedPrecisionMonitor(tmp_path, probe_every=2)
     _fit([cb])
@@ -119,7 +112,7 @@ def test_the_jax_probe_program_needs_at_most_twice_the_weights(tmp_path_factory)
         assert got["need"] >= got["temp"] and got["need_from"].startswith("XLA")
 
 
-def test_mpwatchs_own_memory_is_reported_apart_in_every_format(tmp_path, monkeypatch, policy,
+def test_mpwatchs_own_memory_is_reported_apart_in_every_format(tmp_path, monkeypatch, set_policy,
                                                                 read_events):  # fmt: skip
     """The memory section names what mpwatch's probe needs beside the measured peak: the largest
     need among the probe records, read here from the event files with TensorFlow's own parser."""
@@ -127,7 +120,7 @@ def test_mpwatchs_own_memory_is_reported_apart_in_every_format(tmp_path, monkeyp
     import subprocess
     import sys
 
-    policy("mixed_float16")
+    set_policy("mixed_float16")
     monkeypatch.setenv("MPWATCH_DEVICE_FREE_BYTES", str(2**30))
     _fit([mpwatch.MixedPrecisionMonitor(tmp_path, probe_every=2)])
     _, recs = read_events(str(tmp_path))
@@ -144,13 +137,13 @@ def test_mpwatchs_own_memory_is_reported_apart_in_every_format(tmp_path, monkeyp
         assert "mpwatch's own: its probe needs up to" in out.replace("&#x27;", "'"), fmt
 
 
-def test_a_probe_on_part_of_the_batch_gives_each_example_the_train_steps_gradients(policy):
+def test_a_probe_on_part_of_the_batch_gives_each_example_the_train_steps_gradients(set_policy):
     """``Probe.run(share=n/N)`` on the batch's first n examples: the reference gradient is that
     of the training loss's part for those examples, (1/N) sum of their losses, computed here with
     TensorFlow's own tape; the recorded loss stays their mean."""
     from mpwatch.record.probe import Probe
 
-    policy("mixed_float16")
+    set_policy("mixed_float16")
     model = _fit([])
     x = np.random.default_rng(3).normal(size=(8, 8)).astype("float32")
     y = x[:, :1] * 3.0
