@@ -25,6 +25,7 @@ from typing import Any
 
 from mpwatch.read import FileCheck, ReadProblem, check_runs
 from tensorboard_plugin_mpwatch.data.provider import RunRecords
+from tensorboard_plugin_mpwatch.data.traces import listed
 
 __all__ = ["SCAN_TTL_S", "DamagedRuns", "add_problems", "merge_damage"]
 
@@ -72,9 +73,7 @@ def merge_damage(
     version); a damaged run TensorBoard serves no mpwatch data of is listed with step 0."""
     out = {name: dict(entry) for name, entry in listing.items()}
     for name, (problems, mark) in damaged.items():
-        entry = out.setdefault(
-            name, {"max_step": 0, "max_wall_time": 0.0, "records": 0, "version": "0"}
-        )
+        entry = listed(out, name)
         entry["problems"] = problems
         entry["damage"] = mark
         entry["version"] = f"{entry['version']}:damage:{mark}"

@@ -93,6 +93,14 @@ def add_trace_profile(records: RunRecords, run_dir: str, version: str) -> None:
     records.fingerprint = f"{records.fingerprint}:trace:{version}"
 
 
+def listed(listing: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    """The run's entry in the tab's run listing, made (step 0, no records) where TensorBoard
+    serves no mpwatch data of it (a run holding only a trace, or only damaged files)."""
+    return listing.setdefault(
+        name, {"max_step": 0, "max_wall_time": 0.0, "records": 0, "version": "0"}
+    )
+
+
 def merge_listing(
     listing: dict[str, dict[str, Any]], trace_runs: dict[str, tuple[str, str]]
 ) -> dict[str, dict[str, Any]]:
@@ -101,9 +109,7 @@ def merge_listing(
     holding only a trace is listed with step 0."""
     out = {name: dict(entry) for name, entry in listing.items()}
     for name, (run_dir, version) in trace_runs.items():
-        entry = out.setdefault(
-            name, {"max_step": 0, "max_wall_time": 0.0, "records": 0, "version": "0"}
-        )
+        entry = listed(out, name)
         entry["trace"] = run_dir
         entry["trace_version"] = version
         entry["version"] = f"{entry['version']}:{version[:16]}"
