@@ -120,6 +120,15 @@ def _jax_script(tmp_path_factory, script: str, backend: str = "jax", **env_extra
 
 
 @pytest.fixture(scope="session")
+def script_runs(tmp_path_factory):
+    """``script_runs(script, backend="jax", **env)``: :func:`_jax_script` for a test module of
+    any folder (``from conftest import`` finds the nearest conftest, not this one)."""
+    return lambda script, backend="jax", **env: _jax_script(
+        tmp_path_factory, script, backend, **env
+    )
+
+
+@pytest.fixture(scope="session")
 def jax_runs(tmp_path_factory):
     """tests/jax/jax_fit.py's runs and truth (the JAX backend's cases)."""
     return _jax_script(tmp_path_factory, "jax_fit.py")

@@ -95,13 +95,11 @@ def test_a_probe_that_fits_runs_and_records_what_it_needs(tmp_path, monkeypatch,
     assert memory["free_bytes"] == 2**30 and memory["free_from"] == "MPWATCH_DEVICE_FREE_BYTES"
 
 
-def test_the_jax_probe_program_needs_at_most_twice_the_weights(tmp_path_factory):
+def test_the_jax_probe_program_needs_at_most_twice_the_weights(script_runs):
     """The wide MLP of issue 49: XLA's temporary buffers of the probe's program were 8.6x the
     float32 weights (every gradient copied into a block matrix, the histogram's bins of every
     element); now the gradients of its two passes, reduced where they are."""
-    from conftest import _jax_script
-
-    _, truth = _jax_script(tmp_path_factory, "probe_memory.py")
+    _, truth = script_runs("probe_memory.py")
     # the issue's JAX configuration (mixed_bfloat16): at most 2x. Under mixed_float16 XLA's
     # schedule keeps a little more of the 16-bit pass alive beside the reference gradients
     # (2.01x measured on 2 CPU cores): bounded at 2.1x here, the issue's 2x not yet reached
