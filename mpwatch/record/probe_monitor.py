@@ -372,22 +372,24 @@ class ProbeMonitor(RecordingCallback):
             size = min(full, self._fits_size or full) if full else None
             batch = data if size in (None, full) else _head(data, size)
             memory = self.probe.memory(batch)
+            needs = {size: memory["need_bytes"]}
             while not memory["fits"] and size and size > 1:
-                size = (size + 1) // 2
+                size = _next_size(needs, size, memory["free_bytes"])
                 batch = _head(data, size)
                 memory = self.probe.memory(batch)
+                needs[size] = memory["need_bytes"]
         except Exception:  # noqa: BLE001 - never the reason a fit fails: the probe says why
             logger.debug("mpwatch: probe: could not tell its memory", exc_info=True)
             return None, data
+        self._fits_size = size  # where none fits, later probes try one example only
         if memory["fits"]:
-            self._fits_size = size
             if size and full and size < full:
                 memory["sub_batch_of"] = full
             return memory, batch
+        part = f", on {size} of the batch's {full} examples" if size and size != full else ""
         reason = (
             f"{MEMORY_SKIP} the probe needs {mib(memory['need_bytes'])} ({memory['need_from']}"
-            f"{f', on {size} of the batch' if size and size != full else ''}), "
-            f"{mib(memory['free_bytes'])} free ({memory['free_from']})"
+            f"{part}), {mib(memory['free_bytes'])} free ({memory['free_from']})"
         )
         if self.budget is not None:
             self.budget.overrule("probe", step, reason)
@@ -460,6 +462,22 @@ class ProbeMonitor(RecordingCallback):
         if self.probe.float8_seconds is not None:
             return float(self.probe.float8_seconds)
         return FLOAT8_PASS_STEPS * (budget.step_seconds() or budget.first_step_seconds() or 0.0)
+
+
+def _next_size(needs: dict[int, Any], size: int, free: Any) -> int:
+    """The next probe batch size to try below ``size``: from two sizes' needs, the largest the
+    line through them says fits (a need is a fixed part, the gradients, plus a part per example,
+    the outputs: on JAX each try compiles a program), else half."""
+    from mpwatch.record.probe_memory import SHARE
+
+    known = sorted((n, b) for n, b in needs.items() if b is not None)
+    if len(known) >= 2 and free is not None:
+        (n1, b1), (n2, b2) = known[0], known[-1]
+        per = (b2 - b1) / (n2 - n1) if n2 != n1 else 0.0
+        if per > 0:
+            guess = int((SHARE * free - (b1 - per * n1)) // per)
+            return max(1, min(size - 1, guess))
+    return max(1, (size + 1) // 2) if size > 2 else 1
 
 
 def _head(data: Any, n: int) -> Any:
