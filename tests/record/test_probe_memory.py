@@ -159,3 +159,17 @@ def test_a_probe_on_part_of_the_batch_gives_each_example_the_train_steps_gradien
         assert row["ref_max_abs"] == pytest.approx(float(np.abs(g.numpy()).max()), rel=1e-5)
     assert payload["model"]["ref_loss"] == pytest.approx(float(np.mean(per_example)), rel=1e-5)
 
+
+
+def test_the_next_part_of_the_batch_follows_the_line_through_two_needs():
+    """A need of 100 bytes plus 10 a example and 1000 bytes free (900 usable): from 128 and 64
+    examples the next try is the largest that fits, 80; with one need known, half."""
+    from mpwatch.record.probe_memory import SHARE
+    from mpwatch.record.probe_monitor import _next_size
+
+    need = {128: 100 + 10 * 128, 64: 100 + 10 * 64}
+    assert SHARE == 0.9
+    assert _next_size(need, 64, 1000) == 63  # below the size that did not fit, at most
+    assert _next_size({128: 1380, 200: 2100}, 128, 1000) == 80
+    assert _next_size({128: 1380}, 128, 1000) == 64
+    assert _next_size({2: 50}, 2, 10) == 1
