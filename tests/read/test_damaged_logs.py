@@ -8,9 +8,9 @@ import glob
 import os
 import random
 import shutil
-import struct
 
 import pytest
+from framing import frame  # noqa: E402
 
 from mpwatch import contract
 from mpwatch import read as reader
@@ -19,17 +19,6 @@ from mpwatch.read import problems as p
 STEPS = 40
 SCALE = 32768.0
 
-
-def frame(data: bytes) -> list[tuple[int, int]]:
-    """(start, total size) of each whole record, by the framing alone (not mpwatch's)."""
-    out, pos = [], 0
-    while pos + 12 <= len(data):
-        (n,) = struct.unpack_from("<Q", data, pos)
-        if pos + 16 + n > len(data):
-            break
-        out.append((pos, 16 + n))
-        pos += 16 + n
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import traceback
 import jsonschema
 import pytest
 from builders import event_files
+from framing import frame  # noqa: E402
 
 from mpwatch import contract
 from mpwatch.record.writer import RunWriter
@@ -43,17 +43,6 @@ def write_clean_run(path: str) -> None:
     w.scalar_series(contract.STEP_SKIPPED, list(range(1, 51)), [0.0] * 50)
     w.close()
 
-
-def frame(data: bytes) -> list[tuple[int, int]]:
-    """(start, total size) of each whole record, by the framing alone."""
-    out, pos = [], 0
-    while pos + 12 <= len(data):
-        (n,) = struct.unpack_from("<Q", data, pos)
-        if pos + 16 + n > len(data):
-            break
-        out.append((pos, 16 + n))
-        pos += 16 + n
-    return out
 
 
 def diagnose(*args: str) -> subprocess.CompletedProcess:
