@@ -9,7 +9,7 @@ import sys
 
 import jsonschema
 import pytest
-from builders import write_float32_run, write_mixed_run, write_plain_scalars
+from builders import write_clean_run, write_float32_run, write_mixed_run, write_plain_scalars
 
 from mpwatch import contract
 from mpwatch.record.writer import RunWriter
@@ -29,14 +29,7 @@ def clean_logdir(tmp_path_factory):
     """A run with info-level findings only (a healthy mixed_float16 run on a GPU with Tensor
     Cores: nothing to say but info)."""
     root = tmp_path_factory.mktemp("clean")
-    w = RunWriter(str(root))
-    device = {"type": "GPU", "name": "NVIDIA A100", "compute_capability": "8.0",
-              "tensor_cores": True}  # fmt: skip
-    w.record(contract.KIND_RUN_INFO, 0, {"policy": "mixed_float16", "compute_dtype": "float16",
-                                        "batch_size": 64, "device": device})  # fmt: skip
-    w.scalar_series(contract.LOSS_SCALE, list(range(1, 51)), [32768.0] * 50)
-    w.scalar_series(contract.STEP_SKIPPED, list(range(1, 51)), [0.0] * 50)
-    w.close()
+    write_clean_run(str(root))
     return str(root)
 
 

@@ -24,25 +24,10 @@ import traceback
 
 import jsonschema
 import pytest
-from builders import event_files
+from builders import event_files, write_clean_run
 from framing import frame  # noqa: E402
 
-from mpwatch import contract
-from mpwatch.record.writer import RunWriter
 from mpwatch.show import cli, report
-
-
-def write_clean_run(path: str) -> None:
-    """A healthy mixed_float16 run on an A100 (info findings only: no error, no warning)."""
-    w = RunWriter(path)
-    device = {"type": "GPU", "name": "NVIDIA A100", "compute_capability": "8.0",
-              "tensor_cores": True}  # fmt: skip
-    w.record(contract.KIND_RUN_INFO, 0, {"policy": "mixed_float16", "compute_dtype": "float16",
-                                        "batch_size": 64, "device": device})  # fmt: skip
-    w.scalar_series(contract.LOSS_SCALE, list(range(1, 51)), [32768.0] * 50)
-    w.scalar_series(contract.STEP_SKIPPED, list(range(1, 51)), [0.0] * 50)
-    w.close()
-
 
 
 def diagnose(*args: str) -> subprocess.CompletedProcess:
