@@ -173,3 +173,5 @@ def test_the_next_part_of_the_batch_follows_the_line_through_two_needs():
     assert _next_size({128: 1380, 200: 2100}, 128, 1000) == 80
     assert _next_size({128: 1380}, 128, 1000) == 64
     assert _next_size({2: 50}, 2, 10) == 1
+    # a line that says nothing fits (a need mostly fixed at these sizes): a quarter at most
+    assert _next_size({1024: 4103744, 512: 3954240}, 512, 3 * 2**20) == 128
