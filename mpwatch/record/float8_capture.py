@@ -256,10 +256,13 @@ def readiness(probe: Any, x: Any, y: Any, sw: Any, scale: float) -> list[list[An
     values = values_of(probe.model)
     for (layer, path), (inputs, grad) in zip(found, captured):
         kernel, bias = weights(layer, values)
-        e = float8_blocks.errors(equation(layer), inputs, kernel, bias, grad, cd, scale)
+        # Keras quantizes and multiplies a layer in its own compute dtype: a float32 head
+        # (dtype="float32") computes float8 in float32, and has no 16-bit error of its own
+        own = "float32" if str(getattr(layer, "compute_dtype", "")) == "float32" else cd
+        e = float8_blocks.errors(equation(layer), inputs, kernel, bias, grad, own, scale)
         del kernel, bias  # one layer's kernel copy at a time (the next one is made before the
         # name is rebound: two wide kernels at once were 128 MiB of a wide MLP's probe)
-        ready, why = float8.verdict(e, cd)
+        ready, why = float8.verdict(e, own)
         rows.append(
             [path, type(layer).__name__, getattr(layer, "path", None), e["out_error_16"],
              e["out_error_8"], e["dx_error_16"], e["dx_error_8"], e["dw_error_16"],
