@@ -114,6 +114,24 @@ def test_float8_on_an_h100_says_it_runs_there_and_none_ready_has_no_code():
     assert f.fix.startswith("# nothing to convert")
 
 
+def test_float8_on_a_gpu_as_recorded_with_capability_as_text_and_the_jax_caveat():
+    """The recorder keeps the compute capability as text ("9.0", mpwatch.record.backend):
+    an H200 run said float8 needs 8.9 or more. On Keras' JAX backend the finding says what an
+    H200 measured: XLA drops quantize's float8 roundings unless told not to, and ran no float8
+    matmul (benchmarks/float8_real.py)."""
+    h200 = {"type": "GPU", "name": "NVIDIA H200", "compute_capability": "9.0",
+            "tensor_cores": True}  # fmt: skip
+    run = _float8_run([_f8("q", True), _f8("out", False, "x")], h200)
+    (f,) = findings_of(diagnose(run), "float8-readiness")
+    assert "compute capability 9.0) runs float8" in f.evidence
+    assert "xla_allow_excess_precision" not in f.evidence  # TensorFlow: no JAX caveat
+    run = _float8_run([_f8("q", True), _f8("out", False, "x")], h200)
+    run.info["backend"] = "jax"
+    (f,) = findings_of(diagnose(run), "float8-readiness")
+    assert "--xla_allow_excess_precision=false" in f.evidence
+    assert "ran no float8 matmul" in f.evidence
+
+
 def test_float8_table_absent_says_nothing():
     assert findings_of(diagnose(make_run()), "float8-readiness") == []
 

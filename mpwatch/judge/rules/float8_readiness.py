@@ -16,6 +16,9 @@ On GPUs of compute capability 8.9 and above (H100, L4, RTX 40) float8 matmuls ru
 16-bit Tensor Core rate and halve the bytes those layers read. float8 keeps 3 (E4M3) or 2 (E5M2)
 mantissa bits, so each layer's error grows about ten times over bfloat16's: fine for most
 projections, not for a layer whose inputs hold outliers or whose gradients need the precision.
+On Keras' JAX backend, measured on an H200 (jax 0.11.2), XLA removed ``quantize("float8")``'s
+float8 roundings (unless ``XLA_FLAGS=--xla_allow_excess_precision=false``) and ran no float8
+matmul: the finding says so on a JAX GPU run.
 
 ## Threshold
 Ready: float8 changes the layer's output by at most {READY_OUT:.0%} and both gradients by at most
@@ -53,6 +56,15 @@ from mpwatch.formats import FLOAT8_READY_OUT as READY_OUT
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, pct
 from mpwatch.read.run import Run
+
+#: measured on an H200 (jax 0.11.2, Keras 3.15.1; benchmarks/float8_real.py, issue 54)
+JAX_GPU_CAVEAT = (
+    "; on Keras' JAX backend XLA's GPU compiler removes quantize('float8')'s float8 roundings "
+    "unless XLA_FLAGS has --xla_allow_excess_precision=false (measured on an H200, jax 0.11.2: "
+    "the converted layers computed to bfloat16's error, and with the flag to the errors above), "
+    "and it ran no float8 matmul either way: check the compiled program for f8 dots before "
+    "counting on float8's speed"
+)
 
 RULE = Rule(
     id="float8-readiness",
@@ -129,13 +141,19 @@ def check(run: Run) -> list[Finding]:
             "float8 recipes keep the last layer in higher precision)"
         )
     device = run.info.get("device") or {}
-    cc = device.get("compute_capability")
+    cc = device.get("compute_capability")  # recorded as text ("9.0"; older runs a number)
+    try:
+        capability = float(cc) if cc is not None else None
+    except (TypeError, ValueError):
+        capability = None
     where = (
         f"this GPU (compute capability {cc}) runs float8 matmuls"
-        if isinstance(cc, (int, float)) and cc >= 8.9
+        if capability is not None and capability >= 8.9
         else "float8 matmuls need a GPU of compute capability 8.9 or more (H100, L4, RTX 40); "
         f"this run's device: {device.get('name') or device.get('type') or 'unknown'}"
     )
+    if str(run.info.get("backend") or "") == "jax" and device.get("type") == "GPU":
+        where += JAX_GPU_CAVEAT
     if not len(ready) and not len(not_ready):
         return []  # only the output layer: nothing to convert, nothing float8 fails at
     # quantize's filters match a layer; by name where names are unique, else by Keras' own path
