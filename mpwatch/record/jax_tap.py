@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from mpwatch.record import lost_updates, stats
+from mpwatch.record import lost_updates, stats, step_decision
 from mpwatch.record.backend import host
 from mpwatch.record.tap_common import Collected, TapBase, counts_entries, from_ring, input_health
 
@@ -420,9 +420,12 @@ class JaxTap(TapBase):
         import jax.numpy as jnp
 
         variables = list(self.optimizer.variables)
-        self._it = _index_of(variables, self.optimizer.iterations)
+        self._it = _index_of(variables, step_decision.raw_counter(self.optimizer))
+        self._acc = step_decision.accumulation_steps(self.optimizer)
         self._scale = _index_of(variables, self.lso.dynamic_scale) if self.lso is not None else None
-        pre: dict[str, Any] = {"it": theirs[self._it]}
+        pre: dict[str, Any] = {
+            "it": theirs[self._it], "finite": step_decision.finite(self.lso, grads)
+        }
         seen = getattr(self._local, "pending_input", None)
         self._local.pending_input = None
         nan = jnp.full((), jnp.nan, jnp.float32)
@@ -446,7 +449,9 @@ class JaxTap(TapBase):
 
         count, scale, scale_used, skipped, in_max, in_bad, ccount, cstep, counts = ours
         slot = jnp.mod(count, self.capacity)
-        skip = jnp.equal(new_theirs[self._it], pre["it"]).astype(jnp.float32)
+        skip, applied = step_decision.outcome(
+            pre["finite"], pre["it"], new_theirs[self._it], self._acc
+        )
         after = (
             new_theirs[self._scale].astype(jnp.float32)
             if self._scale is not None
@@ -475,7 +480,7 @@ class JaxTap(TapBase):
             )
 
             def table_of(g: Any, old: Any, new: Any) -> Any:
-                moved = lost_updates.jax_update_counts(g, old, new, which, 1.0 - skip)
+                moved = lost_updates.jax_update_counts(g, old, new, which, applied)
                 return jnp.concatenate([counts_of(g), moved], axis=1)
 
             if "grad_counts" in pre:  # taken before the update (:meth:`_count_first`)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mpwatch.record import lost_updates, stats
+from mpwatch.record import lost_updates, stats, step_decision
 from mpwatch.record.tap_common import Collected, TapBase, counts_entries, from_ring, input_health
 
 logger = logging.getLogger("mpwatch")
@@ -226,7 +226,7 @@ class Tap(TapBase):
     def _iterations(self) -> Any:
         import tensorflow as tf
 
-        it = self.optimizer.iterations
+        it = step_decision.raw_counter(self.optimizer)  # not iterations: see step_decision
         return tf.identity(getattr(it, "value", it))
 
     def _before(self, grads: Any, trainable_variables: Any) -> dict[str, Any]:
@@ -237,7 +237,9 @@ class Tap(TapBase):
         if self._prebuilt_vars is not None and len(grads) != self._prebuilt_vars:
             # the model grew since install (built in its first call): count what the step has
             self._num_vars, self.counts, self._prebuilt_vars = None, None, None
-        pre: dict[str, Any] = {"it": self._iterations()}
+        pre: dict[str, Any] = {
+            "it": self._iterations(), "finite": step_decision.finite(self.lso, grads)
+        }
         seen, self._pending_input = getattr(self, "_pending_input", None), None
         nan = tf.constant(float("nan"), tf.float32)
         pre["in_max"], pre["in_bad"] = seen if seen is not None else (nan, nan)
@@ -275,11 +277,12 @@ class Tap(TapBase):
 
         values = dict(pre)
         it_after = self._iterations()
-        values["skipped"] = tf.cast(tf.equal(it_after, pre["it"]), tf.float32)
-        del values["it"]
+        values["skipped"], applied = step_decision.outcome(
+            pre["finite"], pre["it"], it_after, step_decision.accumulation_steps(self.optimizer)
+        )
+        del values["it"], values["finite"]
         if "updates" in values:
             grads, tvs, which, do, old = values.pop("updates")
-            applied = 1.0 - values["skipped"]
             moved = lost_updates.tf_update_counts(grads, old, tvs, which, applied, do)
             values["counts"] = tf.concat([values["counts"], moved], axis=1)
         if self.lso is not None:
