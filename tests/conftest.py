@@ -33,6 +33,8 @@ os.environ.setdefault("MPWATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mpwatch-test
 # probes and profiles would not fit, and the tests are about what those record. No budget here;
 # tests/record/test_budget.py sets one on its monitors explicitly (an argument wins over this)
 os.environ["MPWATCH_BUDGET"] = "off"
+# a finding whose printed code and applied advice keep different layers float32 fails the test
+os.environ["MPWATCH_STRICT_ADVICE"] = "1"
 
 
 def _read_events(logdir):

@@ -42,6 +42,7 @@ from typing import Any
 
 from mpwatch.formats import is_16bit
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.fix import Fix
 from mpwatch.judge.scale_advice import optimizer_code
 from mpwatch.layers import casts_constants, recast_constants, walk
 
@@ -95,18 +96,14 @@ class Applied:
 
 
 def float32_layers(findings: Iterable[Finding]) -> list[str]:
-    """Names of the layers the findings say to keep in float32 (a finding's ``layer`` with
-    ``action["dtype"] == "float32"``, and every name of ``action["float32_layers"]``), in finding
-    order, unique."""
+    """Names of the layers the findings say to keep in float32 (each finding's
+    :meth:`Fix.of <mpwatch.judge.fix.Fix.of>`: its ``layer`` with ``action["dtype"] ==
+    "float32"``, then ``action["float32_layers"]``), in finding order, unique."""
     out: list[str] = []
     for f in findings:
-        action = f.action or {}
-        names = list(action.get("float32_layers") or [])
-        if f.layer and action.get("dtype") == "float32":
-            names.insert(0, f.layer)
-        for name in names:
+        for name in Fix.of(f).float32_layers:
             if name not in out:
-                out.append(str(name))
+                out.append(name)
     return out
 
 
@@ -115,22 +112,17 @@ def loss_scale_advice(findings: Iterable[Finding]) -> tuple[float | None, int | 
     that give them compute them from one advice, so they agree)."""
     scale = growth = None
     for f in findings:
-        action = f.action or {}
-        if scale is None and action.get("loss_scale"):
-            scale = float(action["loss_scale"])
-        if growth is None and action.get("dynamic_growth_steps"):
-            growth = int(action["dynamic_growth_steps"])
+        fix = Fix.of(f)
+        if scale is None and fix.loss_scale:
+            scale = fix.loss_scale
+        if growth is None and fix.dynamic_growth_steps:
+            growth = fix.dynamic_growth_steps
     return scale, growth
 
 
-def _keeps_mixed(action: dict[str, Any]) -> bool:
-    """Whether an action is advice for mixed precision (layers in float32, a loss scale)."""
-    return bool(
-        action.get("dtype") == "float32"
-        or action.get("float32_layers")
-        or action.get("loss_scale")
-        or action.get("dynamic_growth_steps")
-    )
+def _keeps_mixed(fix: Fix) -> bool:
+    """Whether an advice is for mixed precision (layers in float32, a loss scale)."""
+    return bool(fix.float32_layers or fix.loss_scale or fix.dynamic_growth_steps)
 
 
 def policy_advice(findings: Iterable[Finding]) -> tuple[str | None, list[str]]:
@@ -142,10 +134,9 @@ def policy_advice(findings: Iterable[Finding]) -> tuple[str | None, list[str]]:
     notes: list[str] = []
     mixed_before = False
     for f in findings:
-        action = f.action or {}
-        advised = action.get("policy")
+        fix = Fix.of(f)
+        advised = fix.policy
         if advised:
-            advised = str(advised)
             if chosen is None and (is_16bit(advised) or not mixed_before):
                 chosen = advised
             elif advised != chosen:
@@ -154,7 +145,7 @@ def policy_advice(findings: Iterable[Finding]) -> tuple[str | None, list[str]]:
                     else "the findings before it keep mixed precision (their fixes are applied)"
                 )  # fmt: skip
                 notes.append(f'{f.rule}\'s set_global_policy("{advised}") left out: {why}')
-        mixed_before = mixed_before or _keeps_mixed(action)
+        mixed_before = mixed_before or _keeps_mixed(fix)
     return chosen, notes
 
 

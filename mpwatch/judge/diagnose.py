@@ -239,8 +239,8 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
     few more layers did, the advice (action and fix) grows to those layers; when none did, the
     finding keeps no float32 action (a fix that does not fix is not offered), unless the checks
     stopped before their end (mpwatch's cost budget): then the advice stands, said unchecked."""
+    from mpwatch.judge.fix import Fix, layers_code
     from mpwatch.judge.fix_checks import checked_layers, latest_checks, normalizing_works, stopped
-    from mpwatch.judge.rule import keep_float32_fix, layer_row
 
     latest = latest_checks(run)
     why = stopped(latest[2]) if latest else None  # the checks the advice is judged by stopped
@@ -269,12 +269,9 @@ def checked_fixes(run: Run, findings: list[Finding]) -> list[Finding]:
                 "# keeping this layer (or the next ones) in float32 did not make it finite:\n"
                 "# see the evidence for what the probe tried on the batch that overflowed"
             )
-        elif layers != [f.layer]:
-            f.action = {**f.action, "layers": layers}
-            f.fix = "\n".join(
-                keep_float32_fix(n, (layer_row(run, n) or {}).get("class"), run).split("\n")[0]
-                for n in layers
-            )
+        elif layers != [f.layer]:  # one advice, printed and applied: the same layers
+            f.action = Fix.of(f).with_layers(layers).action()
+            f.fix = layers_code(layers, run)
     return findings
 
 
@@ -386,7 +383,31 @@ def diagnose_run(run: Run) -> list[Finding]:
             )
         )
     )
-    return most_severe_first(fold_skips_into_their_layer(one_per_layer(out)))
+    return one_advice(most_severe_first(fold_skips_into_their_layer(one_per_layer(out))))
+
+
+#: set (the test suite does) to make a finding whose printed code and applied advice disagree
+#: an error instead of a logged warning
+STRICT_ENV = "MPWATCH_STRICT_ADVICE"
+
+
+def one_advice(findings: list[Finding]) -> list[Finding]:
+    """Each finding's printed code keeps the same layers in float32 as its applied advice
+    (:func:`mpwatch.judge.fix.disagreement`); where not, a bug of mpwatch's: said, and kept in
+    the finding's data (``fix_disagrees``), or raised under :data:`STRICT_ENV`."""
+    import logging
+
+    from mpwatch.judge.fix import disagreement
+
+    for f in findings:
+        why = disagreement(f)
+        if why is None:
+            continue
+        if os.environ.get(STRICT_ENV):
+            raise AssertionError(f"finding {f.rule} ({f.layer}): {why}")
+        logging.getLogger("mpwatch").warning("mpwatch: finding %s: %s", f.rule, why)
+        f.data = {**f.data, "fix_disagrees": why}
+    return findings
 
 
 def compare_runs(mixed: Run, fp32: Run) -> list[Finding]:

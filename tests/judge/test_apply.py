@@ -645,3 +645,23 @@ def test_an_adapted_normalization_in_float32_keeps_its_mean_and_variance(policy)
     exec(res.after_build, {"model": again})  # noqa: S102  (the snippet, as written)
     got = np.asarray(again.get_layer("normalization")(x))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_pre_flight_layer_advice_is_applied_with_the_policy_it_is_for(policy):
+    """A float32 model's pre-flight probe saw 'hidden' overflow float16: "when you switch to
+    mixed_float16, keep 'hidden' float32". Applied with try-mixed-precision's switch, the model
+    gets both; applied alone, the model stays float32 (the layer advice is moot there)."""
+    import keras
+
+    with policy("float32"):
+        inp = keras.Input((4,))
+        x = keras.layers.Dense(8, name="hidden")(inp)
+        model = keras.Model(inp, keras.layers.Dense(1, name="head")(x))
+    switch = Finding("try-mixed-precision", "info", "t", "e", action={"policy": "mixed_float16"})
+    pre = Finding("activation-overflow", "info", "t", "e", layer="hidden",
+                  action={"dtype": "float32"})  # fmt: skip
+    both = mpwatch.apply_recommendations(model, [switch, pre])
+    pol = {layer.name: layer.dtype_policy.name for layer in both.model.layers[1:]}
+    assert both.policy == "mixed_float16" and pol == {"hidden": "float32", "head": "mixed_float16"}
+    alone = mpwatch.apply_recommendations(model, [pre])
+    assert {layer.dtype_policy.name for layer in alone.model.layers[1:]} == {"float32"}

@@ -4,12 +4,26 @@ record with the checks the probe ran on its batch, and overflow findings about t
 
 from __future__ import annotations
 
+import contextlib
+
 import pandas as pd
 import pytest
 from builders import findings_of, healthy_run, make_run, model_row, probe_layer
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
+
+
+@contextlib.contextmanager
+def _policy(name):
+    import keras
+
+    old = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(old)
 
 NONE = {"fix": "none", "layers": [], "finite": False, "first_nonfinite_layer": "hidden1",
         "max_abs_activation_16bit": 35040.0, "loss": None}  # fmt: skip
@@ -77,9 +91,26 @@ def test_a_layer_fix_that_needed_the_next_layer_too_grows_to_it():
               _check("float32_layers", ["hidden1"], False, "hidden2"),
               _check("float32_layers", ["hidden1", "hidden2"], True),
               _check("normalize_inputs", [], False, "hidden1")]  # fmt: skip
-    (f,) = _layer_fix(diagnose(_run(checks)), "hidden1")
-    assert f.action["layers"] == ["hidden1", "hidden2"]
+    found = diagnose(_run(checks))
+    (f,) = _layer_fix(found, "hidden1")
     assert 'name="hidden1"' in f.fix and 'name="hidden2"' in f.fix
+    assert "apply_recommendations" in f.fix
+    # what is printed is what is applied: both layers float32 in the model apply gives (it set
+    # hidden1 alone when the checks wrote the grown set under a key applying did not read)
+    import keras
+
+    import mpwatch
+
+    with _policy("mixed_float16"):
+        inp = keras.Input((4,))
+        h = keras.layers.Dense(8, name="hidden1")(inp)
+        h = keras.layers.Dense(8, name="hidden2")(h)
+        h = keras.layers.Dense(8, name="hidden3")(h)
+        model = keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="out")(h))
+    fixed = mpwatch.apply_recommendations(model, found)
+    policies = {ly.name: ly.dtype_policy.name for ly in fixed.model.layers[1:]}
+    assert policies == {"hidden1": "float32", "hidden2": "float32", "hidden3": "mixed_float16",
+                        "out": "float32"}  # fmt: skip
 
 
 def test_a_layer_fix_that_did_not_fix_is_not_offered():
@@ -147,7 +178,7 @@ def test_checks_stopped_before_their_first_pass_do_not_hide_an_earlier_probes():
                 _check("float32_layers", ["hidden1", "hidden2"], True)])  # fmt: skip
     run.records[contract.KIND_PROBE].append((16, {"loss_scale": 256.0, "fix_checks": [STOPPED]}))
     (f,) = _layer_fix(diagnose(run), "hidden1")
-    assert f.action["layers"] == ["hidden1", "hidden2"] and "step 8's batch" in f.evidence
+    assert f.action["float32_layers"] == ["hidden1", "hidden2"] and "step 8's batch" in f.evidence
 
 
 def test_a_gradient_check_the_budget_skipped_is_said_and_the_advice_stands():

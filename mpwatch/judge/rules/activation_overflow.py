@@ -204,7 +204,9 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
         fix = keep_float32_fix(root, cls, run) + _alternative(cls)
         if preflight:
             fix = "# when you switch to mixed_float16:\n" + fix
-        action = {} if preflight or root in effective_float32(run) else {"dtype": "float32"}
+        # a pre-flight's too: moot while the model stays float32, kept when the policy that
+        # try-mixed-precision advises is applied with it
+        action = {} if root in effective_float32(run) else {"dtype": "float32"}
     return RULE.finding(
         "info" if preflight else "error",
         title,
@@ -266,7 +268,7 @@ def check(run: Run) -> list[Finding]:
                 f"|activation| {fmt(mx)} (float16 max {FLOAT16.max:g}), headroom {fmt(head)} bits",
                 fix=fix,
                 layer=name,
-                action={} if preflight or name in inside else {"dtype": "float32"},
+                action={} if name in inside else {"dtype": "float32"},
                 data={
                     "step": probe.step,
                     "max_abs_activation": mx,
