@@ -316,12 +316,25 @@ def _clone(model: Any, float32: set[str], old: str | None, policy: str | None) -
         # a new optimizer of the old values, and failing on an unregistered custom loss. The
         # clone is compiled here instead (_compile_like), with the optimizer the advice says
         model.compiled = False
-        return keras.models.clone_model(model, clone_function=clone_function, recursive=True)
+        # a Lambda's function is this process' own object, cloned in memory, never read from
+        # a file: Keras' safe mode (which refuses to deserialize a Python lambda) is for files
+        from keras.src.saving.serialization_lib import SafeModeScope
+
+        with SafeModeScope(safe_mode=False):
+            return keras.models.clone_model(model, clone_function=clone_function, recursive=True)
     except (ValueError, TypeError, NotImplementedError) as e:
+        graph = isinstance(model, (keras.Sequential, keras.Model)) and type(model).__name__ in (
+            "Functional", "Sequential"
+        )
+        how = (
+            "one of its layers cannot be rebuilt from its config: change the layers in the "
+            "model's code"
+            if graph
+            else "a subclassed model must be changed in its code"
+        )
         raise ValueError(
-            f"mpwatch: cannot clone {type(model).__name__} layer by layer ({e}); a subclassed "
-            "model must be changed in its code: see apply_recommendations(None, findings)"
-            ".snippet"
+            f"mpwatch: cannot clone {type(model).__name__} layer by layer ({e}); {how}: see "
+            "apply_recommendations(None, findings).snippet"
         ) from e
     finally:
         model.compiled = compiled

@@ -665,3 +665,21 @@ def test_a_pre_flight_layer_advice_is_applied_with_the_policy_it_is_for(policy):
     assert both.policy == "mixed_float16" and pol == {"hidden": "float32", "head": "mixed_float16"}
     alone = mpwatch.apply_recommendations(model, [pre])
     assert {layer.dtype_policy.name for layer in alone.model.layers[1:]} == {"float32"}
+
+
+def test_a_functional_model_with_a_lambda_is_cloned_and_keeps_its_function(policy):
+    """Keras' safe mode refuses to rebuild a Lambda's Python function from a config (a file's
+    risk); the clone is made in memory from the user's own objects. It failed, saying the
+    Functional model was subclassed."""
+    import keras
+
+    with policy("mixed_float16"):
+        inp = keras.Input((4,))
+        x = keras.layers.Dense(8, name="d1")(inp)
+        x = keras.layers.Lambda(lambda t: t * 2.0, name="double")(x)
+        model = keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="out")(x))
+    got = mpwatch.apply_recommendations(model, [_keep("d1")])
+    assert got.model.get_layer("d1").dtype_policy.name == "float32"
+    x = np.ones((2, 4), "float32")
+    np.testing.assert_allclose(np.asarray(got.model(x)), np.asarray(model(x), "float32"),
+                               rtol=1e-2, atol=1e-2)  # fmt: skip
