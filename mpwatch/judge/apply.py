@@ -126,26 +126,27 @@ def _keeps_mixed(fix: Fix) -> bool:
 
 
 def policy_advice(findings: Iterable[Finding]) -> tuple[str | None, list[str]]:
-    """(the policy to use, notes): the first finding's ``action["policy"]``, in the findings'
-    order (most severe first), unless it leaves mixed precision (float32) after a finding whose
-    advice keeps it (layers in float32, a loss scale): that one comes first, and the policy is
-    left out with a note. Later, different policies are left out with a note too."""
-    chosen: str | None = None
+    """(the policy to use, notes), whatever the findings' order: the first 16-bit policy advised
+    (most severe first); else a policy that leaves mixed precision (float32) where no finding's
+    advice keeps it (layers in float32, a loss scale: that advice is about the model, and is
+    applied; the device's "float32 here" is then left out with a note). Other policies are left
+    out with a note. (It depended on the order: one model was turned float32 whole by a CPU
+    finding that came first, another kept its layer fixes.)"""
+    fixes = [(f, Fix.of(f)) for f in findings]
+    mixed = [f.rule for f, fix in fixes if _keeps_mixed(fix)]
+    advised = [(f, fix.policy) for f, fix in fixes if fix.policy]
+    chosen = next((p for _, p in advised if is_16bit(p)), None)
+    if chosen is None and not mixed:
+        chosen = next((p for _, p in advised), None)
     notes: list[str] = []
-    mixed_before = False
-    for f in findings:
-        fix = Fix.of(f)
-        advised = fix.policy
-        if advised:
-            if chosen is None and (is_16bit(advised) or not mixed_before):
-                chosen = advised
-            elif advised != chosen:
-                why = (
-                    f"{chosen} comes first" if chosen is not None
-                    else "the findings before it keep mixed precision (their fixes are applied)"
-                )  # fmt: skip
-                notes.append(f'{f.rule}\'s set_global_policy("{advised}") left out: {why}')
-        mixed_before = mixed_before or _keeps_mixed(fix)
+    for f, p in advised:
+        if p == chosen:
+            continue
+        why = (
+            f"{chosen} comes first" if chosen is not None
+            else f"{', '.join(dict.fromkeys(mixed))} keep mixed precision (their fixes are applied)"
+        )  # fmt: skip
+        notes.append(f'{f.rule}\'s set_global_policy("{p}") left out: {why}')
     return chosen, notes
 
 

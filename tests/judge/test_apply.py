@@ -593,10 +593,11 @@ def test_a_custom_loss_and_metric_instances_are_compiled_again(policy):
     assert res.model.optimizer.initial_scale == 4096.0
 
 
-def test_the_first_findings_direction_wins(policy):
-    """Findings come most severe first. A fix that keeps mixed precision (layers in float32)
-    before a policy that leaves it (float32 on this device): the fix is applied, the policy
-    left out with a note. The other way round: float32, and the layer advice moot."""
+def test_the_order_of_the_findings_does_not_decide(policy):
+    """A fix that keeps mixed precision (a layer in float32: about the model) and a policy that
+    leaves it (float32 on this device): in either order the fix is applied and the policy left
+    out with a note (it depended on the order: one model turned float32 whole, another kept its
+    layer fixes). Alone, the device's policy is applied."""
     import keras
 
     on_cpu = Finding("no-tensor-cores", "warning", "t", "e", action={"policy": "float32"})
@@ -604,17 +605,19 @@ def test_the_first_findings_direction_wins(policy):
         model = _build(keras)
         keep_first = mpwatch.apply_recommendations(model, [_keep("probs"), on_cpu])
         policy_first = mpwatch.apply_recommendations(model, [on_cpu, _keep("probs")])
-    assert keep_first.policy == "mixed_float16" and keep_first.layers == ["probs"]
-    assert keep_first.before_build == "" and "set_global_policy" not in "\n".join(
-        ln for ln in keep_first.snippet.splitlines() if not ln.startswith("#")
-    )
-    assert keep_first.notes == [
-        'no-tensor-cores\'s set_global_policy("float32") left out: the findings before it '
-        "keep mixed precision (their fixes are applied)"
-    ]
-    assert policy_first.policy == "float32" and policy_first.layers == []
-    assert {p for _, _, p in _policies(policy_first.model)} == {"float32"}
-    assert len(policy_first.notes) == 1 and "moot" in policy_first.notes[0]
+        alone = mpwatch.apply_recommendations(model, [on_cpu])
+    for res in (keep_first, policy_first):
+        assert res.policy == "mixed_float16" and res.layers == ["probs"]
+        assert res.before_build == "" and "set_global_policy" not in "\n".join(
+            ln for ln in res.snippet.splitlines() if not ln.startswith("#")
+        )
+        assert res.notes == [
+            'no-tensor-cores\'s set_global_policy("float32") left out: output-16bit keep mixed '
+            "precision (their fixes are applied)"
+        ]
+        assert _policies(res.model) == _policies(keep_first.model)
+    assert alone.policy == "float32"
+    assert {p for _, _, p in _policies(alone.model)} == {"float32"}
 
 
 def test_an_adapted_normalization_in_float32_keeps_its_mean_and_variance(policy):
