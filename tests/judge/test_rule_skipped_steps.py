@@ -159,3 +159,29 @@ def test_skips_where_the_twin_fits_are_no_descent_and_say_so():
     assert "11 at scales the float32 reference's gradients fit" in f.evidence
     assert "after it" not in f.evidence  # there is no descent for it to follow
     assert "initial_scale" not in f.fix and "probe_data" in f.fix
+
+
+@pytest.mark.parametrize(
+    "loss_at, says",
+    [
+        ("finite", "the loss was finite on these\n# batches: the backward pass overflows"),
+        ("inf at step 3", "the loss itself is not finite"),
+        (None, "the forward or the backward pass"),
+    ],
+    ids=["loss-finite-backward", "loss-inf-forward", "no-loss-recorded"],
+)
+def test_a_descent_past_a_scale_of_one_names_the_pass_the_loss_shows(loss_at, says):
+    """16 skips from 2^15: even scales of 1 and below overflowed. Which pass did is read from the
+    loss Keras reported at those steps (its running mean keeps a non-finite batch's loss), not
+    guessed: "the forward pass itself is not finite" was said of a run whose loss was finite on
+    every batch (a float16 softmax's backward pass overflowed)."""
+    sk = {s: 1.0 if s <= 16 else 0.0 for s in range(1, 301)}
+    scalars = {contract.STEP_SKIPPED: sk}
+    if loss_at is not None:
+        loss = {s: 0.7 for s in range(1, 301)}
+        if loss_at.startswith("inf"):
+            loss.update({s: float("inf") for s in range(3, 301)})
+        scalars[contract.TRAIN_LOSS] = loss
+    (f,) = findings_of(diagnose(make_run(scalars=scalars)), RULE)
+    assert says in f.fix, f.fix
+    assert ("stayed finite at every one" in f.evidence) == (loss_at == "finite")

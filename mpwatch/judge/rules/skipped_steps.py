@@ -50,6 +50,8 @@ keras.layers.Dense(..., dtype="float32")
 
 from __future__ import annotations
 
+import math
+
 from mpwatch import contract
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge import scale_facts as sf
@@ -100,6 +102,18 @@ def check(run: Run) -> list[Finding]:
     if len(run.scalar(contract.STEP_SKIPPED).dropna()):
         return _by_cause(run)
     return _from_totals(run)
+
+
+def _which_pass(run: Run, steps: list[int]) -> str | None:
+    """Where a descent past a scale of 1 overflowed, measured: "forward" where the loss Keras
+    reported is not finite at one of ``steps``, "backward" where it is finite at all of them
+    (Keras reports the epoch's running mean: a non-finite batch loss would stay in it), None
+    where the loss was not recorded at those steps."""
+    losses = run.scalar(contract.TRAIN_LOSS).dropna()
+    seen = [float(losses[s]) for s in steps if s in losses.index]
+    if not seen or len(seen) < len(steps):
+        return None
+    return "backward" if all(math.isfinite(v) for v in seen) else "forward"
 
 
 def _by_cause(run: Run) -> list[Finding]:
@@ -193,11 +207,19 @@ def _by_cause(run: Run) -> list[Finding]:
             "mpwatch.MixedPrecisionMonitor(log_dir, probe_data=(x_batch, y_batch))"
         )
     elif len(descent) > WARMUP_SKIP_ERROR:
-        fix = (
-            "# even a scale of 1 or less overflowed: the forward pass itself is not finite on\n"
-            "# these batches, no scale helps; probe the first batch to find the layer\n"
+        where = _which_pass(run, [c.step for c in descent])
+        if where == "backward":
+            parts.append("the loss Keras reported stayed finite at every one of these steps")
+        fix = {
+            "backward": "# even a scale of 1 or less overflowed, and the loss was finite on these\n"
+            "# batches: the backward pass overflows (a gradient beyond 65504 at any scale);\n",
+            "forward": "# even a scale of 1 or less overflowed: the loss itself is not finite on\n"
+            "# these batches (the forward pass), no scale helps;\n",
+        }.get(where, "# even a scale of 1 or less overflowed: the forward or the backward pass is\n"
+                     "# not finite on these batches, no scale helps;\n") + (
+            "# probe the first batch to find the layer\n"
             "mpwatch.MixedPrecisionMonitor(log_dir, probe_every=1)"
-        )
+        )  # fmt: skip
     else:
         start = se.scale_text(initial / 2.0 ** len(descent)).split(" ")[0].replace("^", "**")
         fix = (
