@@ -166,14 +166,17 @@ def test_a_layer_fed_rounded_ids_is_not_underflow():
     probe["layers"][0][1] = 5000
     probe["model"].update(underflow_fraction=moved / 15000, underflow_count=moved)
     run = scale_run([probe], scales, skipped)
-    found = findings_of(diagnose(run), RULE)
-    assert found and found[0].layer == "emb"  # without the inputs table: taken for underflow
-    # a real-valued float input that the cast rounds is precision, not ids: still underflow
+    # without the inputs table: zeros where float16 holds the values (none of the reference's
+    # lie below 2^-24 at this scale): said, as not underflow, with the layer they are in
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.severity == "info" and "not underflow" in f.title and f.data["layers"] == ["emb"]
+    assert f.data["below_range_fraction"] == 0.0 and f.action == {}
+    # a real-valued float input that the cast rounds is precision, not ids: still those zeros
     run.probe_inputs = pd.DataFrame(
         [[30, "x", "float32", 6400, False, 3.9, ["emb"], "float16", 6400]],
         columns=["step", *contract.PROBE_INPUT_COLUMNS],
     )
-    assert findings_of(diagnose(run), RULE)[0].layer == "emb"
+    assert findings_of(diagnose(run), RULE)[0].data["layers"] == ["emb"]
     run.probe_inputs = pd.DataFrame(
         [[30, "ids", "float32", 6400, True, 19990.0, ["emb"], "float16", 4679]],
         columns=["step", *contract.PROBE_INPUT_COLUMNS],
@@ -205,3 +208,23 @@ def test_a_layer_that_holds_layers_is_switched_whole_in_the_code():
     want = 'for sub in model.get_layer("conv2d")._flatten_layers(): sub.dtype_policy = "float32"'
     assert want in f.fix
     assert 'get_layer("dense")._flatten' not in f.fix  # a plain layer: dtype="float32" does it
+
+
+def test_zeros_of_values_float16_holds_are_not_underflow_and_get_no_scale_advice():
+    """An LSTM's gradients whose reference times the scale lies far above 2^-24 (saturated gates,
+    cancellation: zero in float16 all the same) were called underflow, with a larger scale as
+    the fix. Measured: 30% zero, none below float16's range at that scale (the probe's own
+    histogram, checked here with numpy's float16): not underflow, and no scale helps."""
+    scales, skipped = keras_scale_history(30, lambda s, S: False)
+    g = log_uniform(-12, -4, 10000, seed=3)
+    assert f16_lost(g, scales[30]) == 0.0  # numpy: float16 holds every g * S
+    probe = grad_probe(30, {"lstm": g}, scales[30])
+    probe["layers"][0] = probe_layer("lstm", uf=0.3)
+    probe["layers"][0][1] = 10000
+    probe["model"].update(underflow_fraction=0.3, underflow_count=3000)
+    found = diagnose(scale_run([probe], scales, skipped))
+    (f,) = findings_of(found, RULE)
+    assert f.severity == "info" and f.title.endswith("not underflow")
+    assert f.data["below_range_fraction"] == 0.0 and f.data["layers"] == ["lstm"]
+    assert "initial_scale" not in f.fix and f.action == {}
+    assert not [x for x in findings_of(found, "loss-scale") if "initial_scale" in x.fix]

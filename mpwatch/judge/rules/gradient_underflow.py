@@ -6,7 +6,11 @@ under `mixed_bfloat16`), which runs the same batch in 16 bits and against a floa
 share of the reference's nonzero gradient values that are zero in 16 bits (at the loss scale used,
 under float16), model-wide, and the layers that lose most, in one finding. A layer fed integer ids
 that a 16-bit cast rounds (the `id-rounding` rule) is left out: its mixed gradient lands on other
-embedding rows than the reference's, and those zeros are not underflow. Under float16 the fix is
+embedding rows than the reference's, and those zeros are not underflow. Nor are zeros of values
+float16 holds: where the probe's sweep puts less than half of the measured zeros below float16's
+smallest subnormal at the scale used (``|g_ref| * S < 2^-24``), the rest are the 16-bit backward
+pass computing zero (cancellation, a saturated activation): said as info, with no scale advice,
+since no loss scale brings them back. Under float16 the fix is
 the `loss-scale` rule's advice, computed from the same evidence (never a scale that the sweep
 predicts to lose more). A float16 run without a usable probe: the share of the training gradients,
 scaled, in float16's subnormal range (precision lost, not yet underflow). Nothing about float16 is
@@ -63,6 +67,7 @@ mpwatch.MixedPrecisionMonitor(log_dir=..., probe_every=...)
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mpwatch import contract
@@ -201,6 +206,9 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
         return _bfloat16_zeros(run, probe, model, uf, layers_table, note)
     scale = finite(model.get("loss_scale")) if mode == "float16" else None
     at = f" at loss scale {se.scale_text(scale)}" if scale else ""
+    in_range = _below_range(run, step, scale)
+    if uf is not None and uf > UNDERFLOW_WARN and in_range is not None and in_range < uf / 2:
+        return _zeros_in_range(probe, model, uf, in_range, layers_table, run, note, at)
     if uf is not None and uf > UNDERFLOW_WARN:
         # the layers that lose most: above LAYER_UNDERFLOW_WARN, else above UNDERFLOW_WARN
         layers = se.underflowing_layers(run, layers_table, LAYER_UNDERFLOW_WARN, UNDERFLOW_WARN)
@@ -295,6 +303,51 @@ def _from_probe(run: Run, probe: ProbeResult, mode: str) -> list[Finding]:
             layer=layers[0][0] if n == 1 else None,
             action={"float32_layers": [name for name, _ in layers]},
             data=data,
+        )
+    ]
+
+
+def _below_range(run: Run, step: int, scale: float | None) -> float | None:
+    """The share of the probe's reference-nonzero gradient values below float16's range at its
+    loss scale (``|g_ref| * S < 2^-24``: what can underflow; the sweep or the histogram), or
+    None where the probe measured neither."""
+    if not scale:
+        return None
+    view = next((v for v in sf.float16_probes(run) if v.step == step), None)
+    return None if view is None else view.under(math.log2(scale))
+
+
+def _zeros_in_range(
+    probe: ProbeResult, model: dict[str, Any], uf: float, below: float, layers_table: Any,
+    run: Run, note: str, at: str,
+) -> list[Finding]:  # fmt: skip
+    """Most of the zeros are values float16 holds at this scale (the reference times the scale
+    above 2^-24): the 16-bit backward pass computed them as zero (terms cancelling at float16's
+    precision, an activation saturated or a ReLU off where float32's is not), not underflow. No
+    loss scale brings them back; the gradient-error findings measure what they cost."""
+    layers = se.underflowing_layers(run, layers_table, LAYER_UNDERFLOW_WARN, UNDERFLOW_WARN)
+    where = f"; most in {sa.names_text(layers)}" if layers else ""
+    return [
+        RULE.finding(
+            "info",
+            f"{pct(uf)} of gradient values are zero in float16 where float32's are not, but only "
+            f"{pct(below)} lie below its range{at}: not underflow",
+            f"probe at step {probe.step}: {fmt(finite(model.get('underflow_count')))} of "
+            f"{fmt(finite(model.get('ref_nonzero')))} reference-nonzero gradient elements are "
+            f"zero in float16{at.replace(' loss scale', ' scale')}{note}{where}; at that scale "
+            f"{pct(below)} of the reference's values fall below float16's smallest subnormal "
+            "(2^-24), so the rest are values float16 can hold: the 16-bit backward pass computed "
+            "them as zero (terms that cancel at float16's precision, an activation saturated, a "
+            "ReLU off where float32's is on), and no loss scale brings them back",
+            fix="# nothing to change for underflow (a larger loss scale does not help): the "
+            "gradient-error and output-error findings say where the 16-bit pass departs",
+            data={
+                "step": probe.step,
+                "mode": "float16",
+                "underflow_fraction": uf,
+                "below_range_fraction": below,
+                "layers": [n for n, _ in layers],
+            },  # fmt: skip
         )
     ]
 
