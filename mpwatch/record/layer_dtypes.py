@@ -55,8 +55,11 @@ def _symbolic_output_dtype(layer: Any) -> str | None:
 def output_layers(model: Any) -> set[int]:
     """ids of the layers producing the model's outputs: a Functional or Sequential model's own;
     a subclassed model's last layer; for a model without a forward pass of its own (a GAN or a
-    VAE whose ``train_step`` runs its sub-models), every sub-model it holds, each of whose
-    outputs its train step computes (a critic's score, an encoder's codes, a generated image)."""
+    VAE whose ``train_step`` runs its sub-models) or holding several models (keras.io's
+    ``Distiller``: a teacher and a student, its ``call`` the student's), every sub-model it
+    holds, each of whose outputs its train step computes (a critic's score, an encoder's codes,
+    a generated image, a teacher's classes: tensor-core-alignment asked to pad a teacher's
+    10-class head)."""
     ids: set[int] = set()
     outs = getattr(model, "_outputs", None) or []
     try:
@@ -70,7 +73,11 @@ def output_layers(model: Any) -> set[int]:
         pass
     if not ids:
         subs = sublayers(model)
-        models = [s for s in subs if _is_model(s)] if not _has_forward_pass(model) else []
+        models = [s for s in subs if _is_model(s)]
+        # a model that holds several models (a distiller's teacher and student, a GAN's two)
+        # computes each one's outputs, a forward pass of its own or not: each is the task's
+        if _has_forward_pass(model) and len(models) < 2:
+            models = []
         ids |= {id(s) for s in models} or ({id(subs[-1])} if subs else set())
     # an output produced by a nested model: its own output layers are outputs too
     for layer in list(sublayers(model)):

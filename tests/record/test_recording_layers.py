@@ -136,3 +136,37 @@ def test_a_float16_normalization_that_lost_features_in_its_cast_is_recorded(
         _, records = read_events(out)
         (_, payload), *_ = records["layers"]
         assert payload.get("cast_constants", {}).get("norm") == want
+
+
+def test_a_distillers_teacher_and_student_heads_are_both_outputs(tmp_path, policy, read_events):
+    """keras.io's Distiller: a subclassed model holding a teacher and a student, its ``call``
+    the student's. The teacher's 10-class head is the task's width too (tensor-core-alignment
+    asked to pad it); the teacher's hidden layer is not an output."""
+    import keras
+
+    import mpwatch
+
+    def classifier(name):
+        inp = keras.Input((8,))
+        h = keras.layers.Dense(20, activation="relu", name=f"{name}_hidden")(inp)
+        return keras.Model(inp, keras.layers.Dense(10, name=f"{name}_head")(h), name=name)
+
+    class Distiller(keras.Model):
+        def __init__(self, student, teacher):
+            super().__init__(name="distiller")
+            self.teacher, self.student = teacher, student
+
+        def call(self, x):
+            return self.student(x)
+
+    with policy("mixed_float16"):
+        model = Distiller(classifier("student"), classifier("teacher"))
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(np.random.rand(16, 8).astype("float32"), np.random.randint(0, 10, 16),
+                  batch_size=8, verbose=0, callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)])  # fmt: skip
+    _, records = read_events(tmp_path)
+    rows = {r["name"]: r for r in _rows({"layers": [records["layers"][-1]]}).values()}
+    assert rows["teacher_head"]["is_output"] is True and rows["student_head"]["is_output"] is True
+    assert rows["teacher_hidden"]["is_output"] is False
+    found = [f for f in mpwatch.diagnose(str(tmp_path)) if f.rule == "tensor-core-alignment"]
+    assert {f.layer for f in found} == {"student_hidden", "teacher_hidden"}  # 20 units, not 10
