@@ -162,8 +162,8 @@ def test_a_distillers_teacher_and_student_heads_are_both_outputs(tmp_path, polic
     with policy("mixed_float16"):
         model = Distiller(classifier("student"), classifier("teacher"))
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        model.fit(np.random.rand(16, 8).astype("float32"), np.random.randint(0, 10, 16),
-                  batch_size=8, verbose=0, callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)])  # fmt: skip
+        x, y = np.random.rand(16, 8).astype("float32"), np.random.randint(0, 10, 16)
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[mpwatch.LayerDtypeMonitor(tmp_path)])
     _, records = read_events(tmp_path)
     rows = {r["name"]: r for r in _rows({"layers": [records["layers"][-1]]}).values()}
     assert rows["teacher_head"]["is_output"] is True and rows["student_head"]["is_output"] is True
