@@ -71,7 +71,16 @@ def test_quickstart_diagnosis_names_the_float16_softmax_and_the_fix_trains(
     run = mpwatch.load_run(quickstart_logdir)
     last = run.layers[run.layers["is_output"].astype(bool)].iloc[-1]
     assert f.layer == last["name"] and last["class"] == "Dense"
-    assert f.severity == "error" and "float16" in f.title
+    assert "float16" in f.title
+    # severity from the measured effect: the quick start's probe finds the 16-bit model's loss
+    # within 0.1% of float32's and no step skipped for the model's own overflow (yet): info,
+    # said with the measurement; the fix stays, and is applied below
+    probe = run.latest_probe(modes=("float16",))
+    change = abs(probe.model["loss"] - probe.model["ref_loss"]) / abs(probe.model["ref_loss"])
+    assert (f.severity == "info") == (change <= 0.001), (change, f.severity)
+    assert f.severity in ("info", "error")
+    if f.severity == "info":
+        assert f"within {change:.2%} of float32's" in f.evidence
     assert 'dtype="float32"' in f.fix
 
     import keras

@@ -532,3 +532,32 @@ def test_the_pass_through_fix_applied_to_a_real_model_keeps_the_probabilities_fl
         tiny = (ref > 1e-30) & (ref < 2.0**-25)  # what float16 flushes to 0 (not one float16)
         assert tiny.any() and np.all(got[tiny] > 0)
         assert f"{verb} the softmax of 'probs', computed in float16" in f.title
+
+
+@pytest.mark.parametrize(
+    "loss, skips, severity",
+    [
+        (0.6932, {}, "info"),  # 0.03% from float32's 0.6930: no measurable effect
+        (0.7277, {}, "error"),  # 5%: harm measured
+        (0.6932, {s: 1.0 if s in (120, 180) else 0.0 for s in range(1, 201)}, "error"),
+    ],
+    ids=["loss-within-0.1%-info", "loss-5%-off-error", "skips-of-its-own-error"],
+)
+def test_severity_follows_the_measured_effect(loss, skips, severity):
+    """A float16 sigmoid output where float32 changed the probe's loss by 0.03% was an ERROR.
+    An error is measured harm: the whole 16-bit model's probe loss off float32's by more than
+    0.1%, or steps skipped for the model's own overflow after the scale's descent."""
+    from builders import model_row, probe_layer
+
+    from mpwatch.judge.rules.output_16bit import LOSS_EFFECT_INFO
+
+    model = {**model_row(), "loss": loss, "ref_loss": 0.6930}
+    scalars = {contract.STEP_SKIPPED: skips} if skips else None
+    run = make_run(layers=layer_rows("mixed_float16"), probes={100: (model, [probe_layer("d")])},
+                   scalars=scalars)  # fmt: skip
+    run.probe_model["reliable"] = True
+    (f,) = findings_of(diagnose(run), RULE)
+    assert f.severity == severity
+    change = abs(loss - 0.6930) / 0.6930
+    said = f"within {change:.2%} of float32's" in f.evidence
+    assert said == (severity == "info") and (change <= LOSS_EFFECT_INFO or not said)
