@@ -340,7 +340,8 @@ def no_forward_pass(run: Run, findings: list[Finding]) -> list[Finding]:
         if f.rule == "output-16bit":
             f.severity = "info"
             f.title = f"Sub-model output {f.layer!r} is computed in float16"
-            f.action = {}
+            # the printed code, applied as printed (by name: not "the model's output")
+            f.action = {k: v for k, v in f.action.items() if k != "output"}
             owner = paths.get(str(f.layer), "").split("/")[-2:-1]  # the sub-model holding it
             if owner:
                 f.evidence = f.evidence.replace(
