@@ -4,26 +4,12 @@ record with the checks the probe ran on its batch, and overflow findings about t
 
 from __future__ import annotations
 
-import contextlib
-
 import pandas as pd
 import pytest
 from builders import findings_of, healthy_run, make_run, model_row, probe_layer
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
-
-
-@contextlib.contextmanager
-def _policy(name):
-    import keras
-
-    old = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(old)
 
 NONE = {"fix": "none", "layers": [], "finite": False, "first_nonfinite_layer": "hidden1",
         "max_abs_activation_16bit": 35040.0, "loss": None}  # fmt: skip
@@ -86,7 +72,7 @@ def test_a_layer_fix_the_probe_saw_work_is_offered_with_what_was_checked():
     assert f.data["checked_layers"] == ["hidden1"]
 
 
-def test_a_layer_fix_that_needed_the_next_layer_too_grows_to_it():
+def test_a_layer_fix_that_needed_the_next_layer_too_grows_to_it(policy):
     checks = [NONE,
               _check("float32_layers", ["hidden1"], False, "hidden2"),
               _check("float32_layers", ["hidden1", "hidden2"], True),
@@ -101,7 +87,7 @@ def test_a_layer_fix_that_needed_the_next_layer_too_grows_to_it():
 
     import mpwatch
 
-    with _policy("mixed_float16"):
+    with policy("mixed_float16"):
         inp = keras.Input((4,))
         h = keras.layers.Dense(8, name="hidden1")(inp)
         h = keras.layers.Dense(8, name="hidden2")(h)
