@@ -77,10 +77,6 @@ class Fix:
         """The same advice keeping exactly ``names`` in float32."""
         return replace(self, float32_layers=tuple(dict.fromkeys(str(n) for n in names)))
 
-    def changes_model(self) -> bool:
-        return bool(self.float32_layers or self.policy or self.loss_scale
-                    or self.dynamic_growth_steps)  # fmt: skip
-
     def action(self) -> dict[str, Any]:
         """The advice as a finding's ``action`` dict (what :meth:`of` reads back)."""
         out: dict[str, Any] = dict(self.extra)
