@@ -215,10 +215,14 @@ SCHEMA = s._record_schema(
             items=s._obj(
                 {
                     "fix": s._enum(
-                        ["none", "float32_layers", "normalize_inputs", "stopped"],
-                        "none: the pass as it is (the first entry); stopped: the last entry "
-                        "when mpwatch's cost budget stopped the checks before their end (what "
-                        "follows in the order was not checked)",
+                        [
+                            "none", "float32_layers", "normalize_inputs", "normalize_target",
+                            "stopped",
+                        ],
+                        "none: the pass as it is (the first entry); normalize_target: the "
+                        "batch's regression target standardised, the inputs as they are; "
+                        "stopped: the last entry when mpwatch's cost budget stopped the checks "
+                        "before their end (what follows in the order was not checked)",
                     ),
                     "reason": s._str("why the checks stopped (the stopped entry only)"),
                     "layers": s._t("array", "the layers kept float32", items=s._str()),
@@ -232,6 +236,15 @@ SCHEMA = s._record_schema(
                     ),
                     "max_abs_activation_16bit": s._num("max finite |activation| of 16-bit layers"),
                     "loss": s._num("the loss with the fix (None: not finite)", nullable=True),
+                    "target": s._obj(
+                        {
+                            "mean": s._num("the target's mean over the batch"),
+                            "std": s._num("its standard deviation over the batch"),
+                            "max_abs": s._num("its largest |y|"),
+                        },
+                        "normalize_target only: the target as it was (its column farthest from "
+                        "zero)",
+                    ),
                 },
                 "one candidate fix and what it did (the stopped entry: fix, layers, reason)",
                 required=["fix", "layers"],

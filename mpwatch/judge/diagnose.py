@@ -81,6 +81,33 @@ def one_per_layer(findings: list[Finding]) -> list[Finding]:
     for f in findings:
         if id(f) not in merged:
             out.append(f)
+    return _into_grown_sets(out, rank)
+
+
+def _into_grown_sets(findings: list[Finding], rank: dict[str, int]) -> list[Finding]:
+    """A layer finding whose layer another finding of the run keeps float32 too (its checked,
+    grown set: "keep 'd3', 'd2' float32"), no less severe, becomes that one's evidence: one
+    change, one finding."""
+    from mpwatch.judge.fix import Fix
+
+    grown = [
+        (f, set(Fix.of(f).float32_layers)) for f in findings
+        if f.rule in rank and len(Fix.of(f).float32_layers) > 1
+    ]  # fmt: skip
+    out = []
+    for f in findings:
+        head = next(
+            (
+                g for g, names in grown
+                if g is not f and g.run == f.run and f.layer in names
+                and severity_rank(g.severity) >= severity_rank(f.severity)
+            ),
+            None,
+        )  # fmt: skip
+        if head is not None and f.rule in rank and f.action.get("dtype") == "float32":
+            _absorb(head, f)
+        else:
+            out.append(f)
     return out
 
 
@@ -222,13 +249,20 @@ def fold_train_step(findings: list[Finding]) -> list[Finding]:
 
 
 def fold_input_range(findings: list[Finding]) -> list[Finding]:
-    """Where ``input-range`` found (by the probe's fix checks) that the inputs' range makes the
-    model overflow, the same run's overflow findings and their consequences
-    (:data:`~mpwatch.judge.rules.input_range.CONSEQUENCES`) become its evidence."""
-    from mpwatch.judge.rules.input_range import CONSEQUENCES
+    """Where ``target-range`` found (by the probe's fix checks) that a regression target's range
+    makes the backward pass overflow, the same run's overflow findings, their consequences and
+    an ``input-range`` finding (:data:`~mpwatch.judge.rules.target_range.CONSEQUENCES`) become
+    its evidence; else, where ``input-range`` found that the inputs' range makes the model
+    overflow, those of :data:`~mpwatch.judge.rules.input_range.CONSEQUENCES`."""
+    from mpwatch.judge.rules import input_range, target_range
 
+    findings = fold_into_root(
+        findings,
+        lambda f: f.rule == "target-range",
+        lambda f: f.rule in target_range.CONSEQUENCES,
+    )
     return fold_into_root(
-        findings, lambda f: f.rule == "input-range", lambda f: f.rule in CONSEQUENCES
+        findings, lambda f: f.rule == "input-range", lambda f: f.rule in input_range.CONSEQUENCES
     )
 
 
@@ -332,10 +366,21 @@ def no_forward_pass(run: Run, findings: list[Finding]) -> list[Finding]:
     the ``train_step`` record's ``has_call`` False) has no output of its own: an
     ``output-16bit`` finding about a sub-model's output becomes info, saying so (which output
     reaches a loss in float16 is that train step's business)."""
-    if run.train_step.get("has_call") is not False:
-        return findings
     lt = run.layers
     paths = dict(zip(lt["name"].astype(str), lt["path"].astype(str))) if "path" in lt else {}
+    if run.train_step.get("has_call") is not False:
+        # a model holding several models (a Distiller's teacher and student): each output said
+        # with the sub-model it is the output of
+        outs = [f for f in findings if f.rule == "output-16bit"]
+        owners = {f.layer: paths.get(str(f.layer), "").split("/")[-2:-1] for f in outs}
+        if len({tuple(o) for o in owners.values() if o}) > 1:
+            for f in outs:
+                if owners[f.layer]:
+                    f.evidence = f.evidence.replace(
+                        "it is the model's output",
+                        f"it is the output of sub-model {owners[f.layer][0]!r}",
+                    )
+        return findings
     for f in findings:
         if f.rule == "output-16bit":
             f.severity = "info"
@@ -384,7 +429,36 @@ def diagnose_run(run: Run) -> list[Finding]:
             )
         )
     )
-    return one_advice(most_severe_first(fold_skips_into_their_layer(one_per_layer(out))))
+    out = most_severe_first(fold_skips_into_their_layer(one_per_layer(out)))
+    return one_advice(in_place_for_subclassed(run, out))
+
+
+def in_place_for_subclassed(run: Run, findings: list[Finding]) -> list[Finding]:
+    """On a subclassed model (``run_info``'s model kind), which ``apply_recommendations`` cannot
+    clone layer by layer (it says so and raises), a fix's "without editing the model code" way
+    is the layers' policies set on the model itself before it trains, the same layers as the
+    advice (:class:`~mpwatch.judge.fix.Fix`), never a call that fails."""
+    from mpwatch.judge.fix import Fix
+    from mpwatch.judge.graph import APPLY_TAIL
+
+    if ((run.info.get("model") or {}).get("kind")) != "subclassed":
+        return findings
+    tail = "\n".join(APPLY_TAIL)
+    for f in findings:
+        names = Fix.of(f).float32_layers
+        if tail not in (f.fix or "") or not names:
+            continue
+        listed = ", ".join(f'"{n}"' for n in names) + ("," if len(names) == 1 else "")
+        f.fix = f.fix.replace(
+            tail,
+            "# or, on this model before it trains (a subclassed model: apply_recommendations\n"
+            "# cannot clone it), each of these layers and the layers under it:\n"
+            "for layer in model._flatten_layers():\n"
+            f"    if layer.name in ({listed}):\n"
+            "        for sub in layer._flatten_layers():\n"
+            '            sub.dtype_policy = "float32"',
+        )
+    return findings
 
 
 #: set (the test suite does) to make a finding whose printed code and applied advice disagree

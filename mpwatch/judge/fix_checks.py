@@ -97,6 +97,8 @@ def describe(checks: list[dict[str, Any]]) -> list[str]:
                 if base is not None:
                     text += f" ({fmt(base.get('max_abs_activation_16bit'))} as it is)"
             out.append(text)
+        elif fix == "normalize_target":
+            out.append("standardising the target: " + _result(c))
         elif fix == "stopped":
             out.append(f"the checks stopped here ({c.get('reason') or 'not run'})")
     return out

@@ -76,6 +76,9 @@ PUBLIC_REFERENCES = {
     "https://keras.io/api/mixed_precision/": "Keras mixed precision API",
     "https://keras.io/api/optimizers/loss_scale_optimizer/": "Keras LossScaleOptimizer",
     "https://arxiv.org/abs/1710.03740": "Micikevicius et al. 2017, Mixed Precision Training",
+    "https://keras.io/examples/timeseries/timeseries_weather_forecasting/": (
+        "keras.io, Timeseries forecasting for weather prediction"
+    ),
     "https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html": (
         "NVIDIA, Train With Mixed Precision"
     ),

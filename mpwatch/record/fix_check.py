@@ -6,7 +6,9 @@ under each candidate fix, and records what each did (the ``fix_checks`` of the `
 The candidates, in order:
 
 - **keep layers float32**: the first layer whose output is non-finite, then, while the pass is
-  still not finite, the next layer it now fails at (up to :data:`MAX_LAYERS` layers): exactly what
+  still not finite, the next layer it now fails at (once finite, while a 16-bit layer still
+  comes near the maximum, the next of the layers the probe blames: those near the maximum), up
+  to :data:`MAX_LAYERS` layers: exactly what
   ``dtype="float32"`` on those layers does (:class:`mpwatch.record.twin.PolicyView` on just
   them, each with every layer under it: a container is kept in float32 whole); when only the
   gradients are not finite, the layer the probe blames, then every layer
@@ -16,7 +18,13 @@ The candidates, in order:
   normalizes its inputs itself (:func:`mpwatch.record.inputs.normalized_by`: keras.applications'
   ``Rescaling`` first, a ``Normalization`` layer): the range its layers compute in does not
   depend on the inputs' scale there, and standardized inputs would reach its own rescaling as a
-  nearly constant image (finite, and no fix).
+  nearly constant image (finite, and no fix);
+- **normalize the target**: a regression target (floating, not whole numbers, some
+  ``|y| >= 16``: amounts, prices, a series near 1000) standardised per column over the batch, the
+  inputs as they are: the loss's gradient at the model's output, ``2 (y_pred - y) / n`` for a
+  mean squared error, grows with the target's distance from zero, and every layer's gradient
+  below it with it (:func:`target_to_check`; the check keeps the target's mean, spread and
+  largest ``|y|``).
 
 Each check is one forward and backward pass at the probe's loss scale, in training mode with random
 layers off (the probe's own passes: ``Probe._forward_backward`` on TensorFlow,
@@ -38,11 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from mpwatch.formats import FLOAT16, FLOAT32_INSIDE
+from mpwatch.formats import FLOAT16, FLOAT32_INSIDE, RAW_TARGET
 from mpwatch.record import inputs
 from mpwatch.record.twin import PolicyView, backend_value, random_layers_off, state_variables
 
-__all__ = ["check_fixes", "MAX_LAYERS", "normalized"]
+__all__ = ["check_fixes", "MAX_LAYERS", "normalized", "target_to_check"]
 
 MAX_LAYERS = 4  # layers kept float32 before the candidate is given up
 HEADROOM_BITS = 3  # a pass is in range when its 16-bit activations stay 2**3 below the maximum
@@ -64,6 +72,37 @@ def normalized(x: Any) -> Any:
         return ((a64 - mean) / np.where(std > 0, std, 1.0)).astype(a.dtype)
 
     return keras.tree.map_structure(one, x)
+
+
+def target_to_check(y: Any) -> tuple[Any, dict[str, float]] | None:
+    """``(standardised y, its facts)`` for a single regression target worth checking (one
+    floating array, not all whole numbers, some ``|y| >= RAW_TARGET``), else None (class
+    labels, one-hot rows, a target already near unit scale, several targets). The facts, of
+    the column farthest from zero: ``mean``, ``std`` and ``max_abs`` of the target."""
+    import keras
+
+    flat = keras.tree.flatten(y) if y is not None else []
+    if len(flat) != 1:
+        return None
+    a = np.asarray(flat[0])
+    if not np.issubdtype(a.dtype, np.floating) or a.size == 0:
+        return None
+    a64 = a.astype(np.float64).reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
+    finite = a64[np.isfinite(a64)]
+    if not finite.size or np.all(finite == np.round(finite)):
+        return None
+    if float(np.abs(finite).max()) < RAW_TARGET:
+        return None
+    clean = np.where(np.isfinite(a64), a64, 0.0)
+    mean, std = clean.mean(axis=0), clean.std(axis=0)
+    col = int(np.argmax(np.abs(mean)))
+    z = ((clean - mean) / np.where(std > 0, std, 1.0)).reshape(a.shape).astype(a.dtype)
+    facts = {
+        "mean": float(mean[col]),
+        "std": float(std[col]),
+        "max_abs": float(np.abs(finite).max()),
+    }
+    return z, facts
 
 
 def jax_pass(probe: Any, x: Any, y: Any, sw: Any, scale: float, key: tuple = ()) -> dict[str, Any]:
@@ -165,11 +204,15 @@ def check_fixes(
     saved = [np.array(backend_value(v).numpy()) for v in state]
     passes = _Passes(probe)
 
-    def attempt(fix: str, names: list[str], inputs_: Any) -> dict[str, Any] | None:
+    def attempt(
+        fix: str, names: list[str], inputs_: Any, target: Any = y, facts: dict | None = None
+    ) -> dict[str, Any] | None:
         """One candidate's pass, kept in ``out``; None when the budget stopped the checks."""
-        got = passes.run(_program(names), lambda _: _forward(probe, inputs_, y, sw, names, scale))
+        got = passes.run(
+            _program(names), lambda _: _forward(probe, inputs_, target, sw, names, scale)
+        )
         if got is not None:
-            out.append({"fix": fix, "layers": list(names), **got})
+            out.append({"fix": fix, "layers": list(names), **got, **(facts or {})})
         return got
 
     try:
@@ -190,14 +233,20 @@ def check_fixes(
                     break
         for _ in range(MAX_LAYERS if layers else 0):
             got = attempt("float32_layers", layers, x)
-            if got is None:
+            if got is None or got["in_range"]:
                 break
             nxt = got["first_nonfinite_layer"]
-            if got["in_range"] or nxt in (None, "loss", "gradients") or nxt in layers:
+            if nxt is None and got["finite"]:
+                # finite, a layer still near the maximum: the blamed layers not yet kept
+                nxt = next((h for h in hints or [] if h not in layers), None)
+            if nxt in (None, "loss", "gradients") or nxt in layers:
                 break
             layers = layers + [str(nxt)]
         if inputs.normalized_by(model) is None:  # else the model normalizes them itself
             attempt("normalize_inputs", [], normalized(x))
+        raw = target_to_check(y)
+        if raw is not None:
+            attempt("normalize_target", [], x, raw[0], {"target": raw[1]})
         stopped = passes.stopped()
         return out + ([{"fix": "stopped", "layers": [], "reason": stopped}] if stopped else [])
     finally:

@@ -22,6 +22,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
     for name in (
         "train_step",
         "input_range",
+        "target_range",
         "output_16bit",
         "activation_overflow",
         "id_rounding",

@@ -1,0 +1,135 @@
+"""Rule `target-range`: a regression target far from zero makes the backward pass overflow.
+
+## What it finds
+A probe whose pass went non-finite (or came within 2^3 of float16's maximum) re-ran it on the
+same batch and weights under each candidate fix (``fix_checks``); for a regression target (one
+floating target, not whole numbers, some |y| of {RAW_TARGET:g} or more: prices, amounts, a series
+near 1000) one candidate is the batch's target standardised per column, the inputs as they are.
+When that pass is finite and in range where the pass as it is was not, the target's range is the
+cause: the loss's gradient at the model's output (``2 (y_pred - y) / n`` for a mean squared
+error) grows with the target's distance from the predictions, and every gradient below the
+output with it, times the loss scale. The dynamic scale falls to where nothing is protected
+(an LSTM forecaster on a raw series near 1000: 16 steps skipped, the scale at 0.5), and a
+float16 output holds values near 1000 only to steps of 0.5.
+
+Keeping a layer in float32 may bring the same batch in range at the probe's scale; it moves
+the overflow, it does not remove the gradient's size: the target is named first, and the other
+checks are kept as its evidence.
+
+## Why it matters
+Standardising the target costs nothing: the model learns ``(y - mean) / std`` and its predictions
+are turned back with ``* std + mean``. The gradients stay near unit scale, the loss scale stays
+high (small gradients kept), and the output needs only float16's precision near 1.
+
+## Threshold
+From the latest probe with fix checks: the standardised target in range, the pass as it is not.
+Error when the pass as it is was not finite, warning when it only came near the maximum.
+
+## Example evidence
+```text
+checked on step 10's batch at loss scale 2^5 (32): as it is, the scaled gradients are not
+finite; keeping 'lstm' float32: finite, in range; standardising the target: finite, in range;
+the target: mean 1000, standard deviation 21.3, |y| up to 1041; a float16 output holds values
+near 1041 only to steps of 1
+```
+
+## Fix
+```python
+y_mean, y_std = y_train.mean(axis=0), y_train.std(axis=0)  # the training target, once
+model.fit(x_train, (y_train - y_mean) / y_std, ...)       # train on the standardised target
+y_pred = model.predict(x) * y_std + y_mean                # predictions in the target's units
+```
+
+## References
+- NVIDIA, Train With Mixed Precision: keep activations and gradients within float16's range
+  <https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html>
+- keras.io, Timeseries forecasting for weather prediction: the features (the target among them)
+  normalized before training <https://keras.io/examples/timeseries/timeseries_weather_forecasting/>
+"""
+
+from __future__ import annotations
+
+import math
+
+from mpwatch.formats import RAW_TARGET
+from mpwatch.judge import scale_evidence as se
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.fix_checks import describe, latest_checks, works
+from mpwatch.judge.rule import Rule, fmt
+from mpwatch.read.run import Run
+
+RULE = Rule(
+    id="target-range",
+    title="A regression target far from zero makes the backward pass overflow float16",
+    severities=("warning", "error"),
+    doc=__doc__,
+    thresholds={"RAW_TARGET": RAW_TARGET},
+)
+
+#: what a target-range finding takes in as its evidence (same run): the overflow and what it
+#: drives, and the inputs' normalization where that brings the same batch in range too
+CONSEQUENCES = (
+    "activation-overflow",
+    "skipped-steps",
+    "loss-scale",
+    "gradient-underflow",
+    "gradient-error",
+    "input-range",
+)
+
+FIX = (
+    "y_mean, y_std = y_train.mean(axis=0), y_train.std(axis=0)  # the training target, once\n"
+    "model.fit(x_train, (y_train - y_mean) / y_std, ...)       # train on the standardised "
+    "target\n"
+    "y_pred = model.predict(x) * y_std + y_mean                # predictions in the target's "
+    "units"
+)
+
+
+def float16_step(value: float) -> float:
+    """The spacing of float16's values near ``|value|`` (its normal range)."""
+    v = abs(float(value))
+    if not math.isfinite(v) or v < 2.0**-14:
+        return 2.0**-24
+    return 2.0 ** (math.floor(math.log2(v)) - 10)
+
+
+def check(run: Run) -> list[Finding]:
+    """Findings of this rule on one run."""
+    got = latest_checks(run)
+    if got is None:
+        return []
+    step, scale, checks = got
+    tried = next((c for c in checks if c.get("fix") == "normalize_target"), None)
+    base = next((c for c in checks if c.get("fix") == "none"), {})
+    if tried is None or not works(tried) or works(base):
+        return []
+    target = tried.get("target") or {}
+    at_scale = f" at loss scale {se.scale_text(float(scale))}" if scale else ""
+    evidence = f"checked on step {step}'s batch{at_scale}: " + "; ".join(describe(checks))
+    top = target.get("max_abs")
+    if top is not None:
+        evidence += (
+            f"; the target: mean {fmt(target.get('mean'))}, standard deviation "
+            f"{fmt(target.get('std'))}, |y| up to {fmt(top)}; a float16 output holds values "
+            f"near {fmt(top)} only to steps of {fmt(float16_step(top))}"
+        )
+    overflow = not base.get("finite", False)
+    what = "makes the backward pass overflow float16" if overflow else (
+        "brings the backward pass within 2^3 of float16's maximum"
+    )
+    return [
+        RULE.finding(
+            "error" if overflow else "warning",
+            f"Standardise the regression target: its range {what} (checked on step {step}'s "
+            "batch)",
+            evidence,
+            fix=FIX,
+            data={
+                "cause": "target_range",
+                "step": step,
+                "fix_checks": checks,
+                "target": target,
+            },  # fmt: skip
+        )
+    ]
