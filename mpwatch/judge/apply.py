@@ -342,6 +342,22 @@ def _clone(model: Any, float32: set[str], old: str | None, policy: str | None) -
         keras.mixed_precision.set_global_policy(global_before)
 
 
+def _clonable(model: Any) -> None:
+    """Raise the clear error for a model Keras cannot clone layer by layer (subclassed: its
+    layers are made by its own code) before anything is built from it."""
+    import keras
+    from keras.src.models.functional import Functional
+
+    if isinstance(model, (keras.Sequential, Functional)) or not isinstance(model, keras.Model):
+        return
+    raise ValueError(
+        f"mpwatch: cannot clone {type(model).__name__} layer by layer (a subclassed model: its "
+        "layers are made by its own code); a subclassed model must be changed in its code, or "
+        "its layers' policies set before it trains: see the findings' fix and "
+        "apply_recommendations(None, findings).snippet"
+    )
+
+
 def apply_recommendations(model: Any, findings: Iterable[Finding],
                           optimizer: Any = None) -> Applied:  # fmt: skip
     """A clone of ``model`` that trains as the findings say: under their policy, the layers they
@@ -385,6 +401,7 @@ def apply_recommendations(model: Any, findings: Iterable[Finding],
     found: list[str] = []
     chains: dict[str, list[str]] = {}
     if model is not None:
+        _clonable(model)
         by_name = {layer.name: layer for layer in _all_layers(model)}
         chains = _layer_chains(model)
         outputs = {f.layer for f in findings if (f.action or {}).get("output")}

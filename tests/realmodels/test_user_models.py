@@ -1,0 +1,252 @@
+"""Models of issue 50, one per class of problem, as their users write them
+(``examples/user_models.py``): each trained with mpwatch's monitor beside an observer of the
+optimizer's own state, diagnosed, then trained again with the fix. Every finding is checked
+against truth computed here (the optimizer's raw step counter, numpy on the checkpoint's weights,
+gradient tapes of the model and its float32 twin), and every fix must make its problem go away.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from repo_scripts import load_script
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+import mpwatch  # noqa: E402
+from mpwatch import contract  # noqa: E402
+from mpwatch.judge.fix import Fix  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def um():
+    return load_script("examples/user_models.py")
+
+
+@pytest.fixture(scope="module")
+def trained(um, tmp_path_factory):
+    """(name, fixed) -> (model, observer, findings, logdir), each trained once."""
+    cache = {}
+
+    def get(name, fixed=False):
+        key = (name, fixed)
+        if key not in cache:
+            logdir = str(tmp_path_factory.mktemp(f"{name}{'_fixed' if fixed else ''}"))
+            model, _, observer = um.train(name, logdir, fixed=fixed)
+            cache[key] = (model, observer, mpwatch.diagnose(logdir), logdir)
+        return cache[key]
+
+    return get
+
+
+def _of(findings, rule):
+    return [f for f in findings if f.rule == rule]
+
+
+def skipped(raw):
+    """The 1-based batches the optimizer did not take: its raw step counter did not advance."""
+    before = [0, *raw]
+    return [i + 1 for i in range(len(raw)) if before[i + 1] == before[i]]
+
+
+def recorded_skips(logdir):
+    return [int(s) for s in mpwatch.load_run(logdir).skipped_steps().index]
+
+
+def gradients(model, x, y, scale):
+    """The model's weight gradients of its loss times ``scale`` on one batch (a tape)."""
+    with tf.GradientTape() as tape:
+        pred = model(x, training=True)
+        loss = tf.cast(model.compute_loss(x=x, y=y, y_pred=pred), tf.float32) * scale
+    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def all_finite(grads):
+    return all(np.isfinite(g).all() for g in grads)
+
+
+# --- gradient accumulation: one step accounting ------------------------------------------------
+def test_accumulation_skips_are_the_optimizers_own(um, trained):
+    model, observer, findings, logdir = trained("accumulation")
+    truth = skipped(observer.raw)  # the inner optimizer's raw counter, read after each batch
+    assert truth == [b + 1 for b in um.BAD_BATCHES]
+    assert recorded_skips(logdir) == truth
+    # under accumulation Keras' public iterations advance once per 4 batches: never a skip
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) < len(observer.raw) / 2
+    (bad,) = _of(findings, "bad-batches")
+    x, _ = um.accumulation_data()
+    peaks = [float(np.abs(x[b * 16 : (b + 1) * 16]).max()) for b in um.BAD_BATCHES]
+    assert all(p > 65504 for p in peaks)  # truth: those batches hold values float16 cannot
+    assert bad.severity == "error"
+    assert f"steps {', '.join(map(str, truth[:-1]))}, {truth[-1]}" in bad.title
+    # no descent that never happened, no failed doubling, no scale advice
+    assert _of(findings, "loss-scale") == [] and _of(findings, "skipped-steps") == []
+    assert not any(Fix.of(f).loss_scale for f in findings)
+    _, fixed_observer, fixed_findings, fixed_logdir = trained("accumulation", fixed=True)
+    assert skipped(fixed_observer.raw) == [] == recorded_skips(fixed_logdir)
+    assert _of(fixed_findings, "bad-batches") == []
+
+
+# --- a float32 checkpoint fine-tuned: an overflow chain, printed and applied alike --------------
+def _printed_float32(code):
+    """The layers a printed fix keeps float32, read here with the test's own pattern."""
+    code = "\n".join(line.split("#", 1)[0] for line in code.splitlines())
+    return sorted(set(re.findall(r'dtype="float32",\s*name="([^"]+)"', code)))
+
+
+def test_finetune_overflow_chain_printed_and_applied_alike(um, trained):
+    _, observer, findings, logdir = trained("finetune")
+    assert len(skipped(observer.raw)) == len(observer.raw)  # every step skipped: NaN fit
+    # truth: the checkpoint's float32 activations on the training data (numpy)
+    x, y = um.finetune_data()
+    w = um.finetune_checkpoint()
+    acts, h = {}, x.astype(np.float64)
+    for i, name in enumerate(("d1", "d2", "d3")):
+        h = np.maximum(h @ w[2 * i] + w[2 * i + 1], 0)
+        acts[name] = float(np.abs(h).max())
+    assert acts["d1"] < 65504 / 8 and acts["d2"] > 65504 / 8 and acts["d3"] > 65504
+    (f,) = [f for f in findings if f.severity == "error"]
+    assert f.rule == "activation-overflow" and f.layer == "d3"
+    assert sorted(Fix.of(f).float32_layers) == ["d2", "d3"] == _printed_float32(f.fix)
+    assert "keeping 'd3', 'd2' float32: finite, in range" in f.evidence
+    assert not [g for g in findings if g is not f and g.layer in ("d2", "d3")]  # one finding
+    # applied: the same layer policies as the printed code on a fresh model
+    fresh, _, _ = um.build("finetune")
+    applied = mpwatch.apply_recommendations(fresh, findings)
+    printed, _, _ = um.build("finetune", fixed=True)  # d2 and d3 built with dtype="float32"
+    def policies(model):
+        return {ly.name: ly.compute_dtype for ly in model.layers if ly.name.startswith(("d", "h"))}
+
+    assert policies(applied.model) == policies(printed)
+    assert policies(printed) == {"d1": "float16", "d2": "float32", "d3": "float32",
+                                 "head": "float32"}  # fmt: skip
+    assert type(applied.model.optimizer.inner_optimizer) is type(printed.optimizer.inner_optimizer)
+    # both retrain with the problem gone
+    for model in (applied.model, None):
+        logdir2 = str(logdir) + ("_applied" if model is not None else "_printed")
+        trained_model, history, obs = um.train("finetune", logdir2, model=model, fixed=True)
+        assert skipped(obs.raw) == [] and np.isfinite(history.history["loss"]).all()
+        assert not [g for g in mpwatch.diagnose(logdir2) if g.severity == "error"]
+
+
+# --- an LSTM on a raw target: the cause named --------------------------------------------------
+def test_lstm_raw_target_named_as_the_cause(um, trained):
+    model, observer, findings, logdir = trained("lstm_raw")
+    truth = skipped(observer.raw)
+    assert recorded_skips(logdir) == truth and len(truth) >= 10
+    assert min(s for s in observer.scale if s is not None) <= 1.0  # the scale fell below 1
+    (f,) = _of(findings, "target-range")
+    assert f.severity == "error"
+    # truth: the target (numpy) and what standardising it does to the backward pass (tapes on
+    # the initial weights, at the scale of the probe that checked it)
+    x, y = um.lstm_raw_data()
+    target = f.data["target"]
+    batch = slice(0, um.BATCH["lstm_raw"])
+    assert target["mean"] == pytest.approx(float(y[batch].mean()), rel=0.05)
+    assert target["max_abs"] > 900
+    fresh, _, _ = um.build("lstm_raw")
+    step_scale = next(
+        rec["loss_scale"] for step, rec in mpwatch.load_run(logdir).records[contract.KIND_PROBE]
+        if step == f.data["step"]
+    )  # fmt: skip
+    yb = y[batch]
+    z = (yb - yb.mean()) / yb.std()
+    assert not all_finite(gradients(fresh, x[batch], yb, step_scale))
+    assert all_finite(gradients(fresh, x[batch], z, step_scale))
+    # its consequences are its evidence, not findings of their own
+    assert {"skipped-steps", "loss-scale"} <= set(f.data.get("also", []))
+    assert _of(findings, "skipped-steps") == _of(findings, "loss-scale") == []
+    # the fix, applied: the scale stays high, the descent is Keras' usual few halvings
+    _, fixed_obs, fixed_findings, _ = trained("lstm_raw", fixed=True)
+    assert _of(fixed_findings, "target-range") == []
+    assert len(skipped(fixed_obs.raw)) <= 5 and min(fixed_obs.scale) >= 2.0**10
+
+
+# --- keras.io's Distiller: a subclassed model holding two models ------------------------------
+def _heads(distiller):
+    return {distiller.student.layers[-1].name: "student",
+            distiller.teacher.layers[-1].name: "teacher"}  # fmt: skip
+
+
+def _loss(model, x, y):
+    pred = model(x, training=False)
+    return float(keras.ops.convert_to_numpy(model.compute_loss(x=x, y=y, y_pred=pred)))
+
+
+def test_distiller_float16_logits_named_measured_and_fixed_in_place(um, trained):
+    # Keras numbers layer names per session: each build here starts a session, so the fresh
+    # model the printed code runs on has the names the diagnosis printed
+    keras.backend.clear_session()
+    model, _, findings, _ = trained("distiller")
+    heads = _heads(model)
+    outs = {f.layer: f for f in _of(findings, "output-16bit")}
+    assert set(outs) == set(heads)
+    for name, owner in heads.items():
+        layer = next(ly for ly in model._flatten_layers() if ly.name == name)
+        assert layer.compute_dtype == "float16"  # truth: the layer computes in float16
+        assert f"output of sub-model {owner!r}" in outs[name].evidence
+    # the effect, measured here: the trained weights' loss on the first batches in float16,
+    # float32, and with both heads in float32 (the fix)
+    x, y = um.distiller_data()
+    ref, _, _ = um.build("distiller", policy="float32")
+    ref.set_weights(model.get_weights())
+    fixed, _, _ = um.build("distiller", fixed=True)
+    fixed.set_weights(model.get_weights())
+    errs, fixed_errs = [], []
+    for b in range(3):
+        xb, yb = x[b * 32 : (b + 1) * 32], y[b * 32 : (b + 1) * 32]
+        l32 = _loss(ref, xb, yb)
+        errs.append(abs(_loss(model, xb, yb) - l32) / l32)
+        fixed_errs.append(abs(_loss(fixed, xb, yb) - l32) / l32)
+    assert max(errs) > 0.001 and max(fixed_errs) < 0.001  # harm measured, the fix removes it
+    assert {f.severity for f in outs.values()} == {"error"}
+    # the Distiller is subclassed: apply_recommendations cannot clone it, and no fix says it
+    with pytest.raises(ValueError, match="subclassed"):
+        mpwatch.apply_recommendations(um.build("distiller")[0], findings)
+    for f in outs.values():
+        assert "apply_recommendations(model" not in f.fix
+    # the printed in-place code, run on a fresh Distiller, gives the fix's layer policies
+    keras.backend.clear_session()
+    fresh, _, _ = um.build("distiller")
+    code = "\n".join(f.fix.split("\n", 1)[1] for f in outs.values())
+    exec(code, {"model": fresh})  # noqa: S102 - the diagnosis' own printed fix
+    assert {ly.name: ly.compute_dtype for ly in fresh._flatten_layers() if ly.name in heads} == {
+        name: "float32" for name in heads
+    }
+    # the task's 10-class heads are never asked to be padded
+    assert not {f.layer for f in _of(findings, "tensor-core-alignment")} & set(heads)
+    # retrained with the printed fix: the 16-bit outputs are gone and the probe's loss is
+    # float32's
+    logdir2 = str(trained("distiller")[3]) + "_in_place"
+    um.train("distiller", logdir2, model=fresh)
+    assert _of(mpwatch.diagnose(logdir2), "output-16bit") == []
+    pm = mpwatch.load_run(logdir2).probe_model
+    assert ((pm["loss"] - pm["ref_loss"]).abs() / pm["ref_loss"]).max() < 0.001
+
+
+# --- keras.io's Siamese network: a float16 distance ----------------------------------------------
+def test_siamese_skip_is_the_float16_pass_where_float32_fits(um, trained):
+    model, observer, findings, logdir = trained("siamese")
+    truth = skipped(observer.raw)
+    assert truth == recorded_skips(logdir) == [2]
+    (f,) = _of(findings, "skipped-steps")
+    assert "the float16 pass overflowed where its float32 twin would not" in f.evidence
+    # truth: the model after its first batch (the same step, replayed), on the batch that
+    # skipped: float16's gradients at 2^15 not finite, the float32 twin's times 2^15 in range
+    replay, x, y = um.build("siamese")
+    b = um.BATCH["siamese"]
+    replay.train_on_batch([x[0][:b], x[1][:b]], y[:b])
+    twin, _, _ = um.build("siamese", policy="float32")
+    twin.set_weights(replay.get_weights())
+    xb, yb = [x[0][b : 2 * b], x[1][b : 2 * b]], y[b : 2 * b]
+    assert not all_finite(gradients(replay, xb, yb, 2.0**15))
+    ref = gradients(twin, xb, yb, 1.0)
+    assert max(float(np.abs(g).max()) for g in ref) * 2.0**15 < 65504
+    # the distance in float32 (the fix): no step skipped
+    _, fixed_obs, fixed_findings, _ = trained("siamese", fixed=True)
+    assert skipped(fixed_obs.raw) == [] and _of(fixed_findings, "skipped-steps") == []
