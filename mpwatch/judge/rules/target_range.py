@@ -56,6 +56,7 @@ from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.fix_checks import describe, latest_checks, works
 from mpwatch.judge.rule import Rule, fmt
+from mpwatch.judge.rules import input_range
 from mpwatch.read.run import Run
 
 RULE = Rule(
@@ -66,16 +67,11 @@ RULE = Rule(
     thresholds={"RAW_TARGET": RAW_TARGET},
 )
 
-#: what a target-range finding takes in as its evidence (same run): the overflow and what it
-#: drives, and the inputs' normalization where that brings the same batch in range too
-CONSEQUENCES = (
-    "activation-overflow",
-    "skipped-steps",
-    "loss-scale",
-    "gradient-underflow",
-    "gradient-error",
-    "input-range",
-)
+#: what a target-range finding takes in as its evidence (same run): what an input-range finding
+#: takes in (the overflow and what it drives), and the inputs' normalization where that brings
+#: the same batch in range too
+CONSEQUENCES = (*input_range.CONSEQUENCES, "input-range")
+
 
 FIX = (
     "y_mean, y_std = y_train.mean(axis=0), y_train.std(axis=0)  # the training target, once\n"
