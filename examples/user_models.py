@@ -60,7 +60,7 @@ def _value(v: Any) -> Any:
     return keras.ops.convert_to_numpy(v.value if hasattr(v, "value") else v)
 
 
-def _optimizer_class() -> Any:
+def _observer_class() -> Any:
     import keras
 
     class Observer(keras.callbacks.Callback):
@@ -311,7 +311,7 @@ def train(
 
     built, x, y = build(name, fixed)
     model = built if model is None else model
-    observer = _optimizer_class()()
+    observer = _observer_class()()
     kwargs = {"probe_every": 8, "log_every": 1, **monitor}
     history = model.fit(
         x, y, batch_size=BATCH[name], epochs=EPOCHS[name], shuffle=False, verbose=0,
