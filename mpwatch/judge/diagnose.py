@@ -251,15 +251,14 @@ def fold_train_step(findings: list[Finding]) -> list[Finding]:
 def fold_input_range(findings: list[Finding]) -> list[Finding]:
     """Where ``target-range`` found (by the probe's fix checks) that a regression target's range
     makes the backward pass overflow, the same run's overflow findings, their consequences and
-    an ``input-range`` finding (:data:`~mpwatch.judge.rules.target_range.CONSEQUENCES`) become
-    its evidence; else, where ``input-range`` found that the inputs' range makes the model
-    overflow, those of :data:`~mpwatch.judge.rules.input_range.CONSEQUENCES`."""
+    an ``input-range`` finding about the inputs' range
+    (:func:`~mpwatch.judge.rules.target_range.rests_on_it`) become its evidence; else, where
+    ``input-range`` found that the inputs' range makes the model overflow, those of
+    :data:`~mpwatch.judge.rules.input_range.CONSEQUENCES`."""
     from mpwatch.judge.rules import input_range, target_range
 
     findings = fold_into_root(
-        findings,
-        lambda f: f.rule == "target-range",
-        lambda f: f.rule in target_range.CONSEQUENCES,
+        findings, lambda f: f.rule == "target-range", target_range.rests_on_it
     )
     return fold_into_root(
         findings, lambda f: f.rule == "input-range", lambda f: f.rule in input_range.CONSEQUENCES

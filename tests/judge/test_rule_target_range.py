@@ -3,9 +3,12 @@ whose fix checks tried the batch's regression target standardised, numbers chose
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from test_rule_input_range import NONE, _check, _run
 
+from mpwatch import contract
 from mpwatch.judge import diagnose
 from mpwatch.judge.rules.target_range import float16_step
 
@@ -46,3 +49,26 @@ def test_float16_step_is_the_spacing_of_float16_values():
     for v in (0.7, 3.0, 1000.0, 1035.0, 40000.0):
         here = np.float16(v)
         assert float16_step(v) == float(np.nextafter(here, np.float16(np.inf)) - here)
+
+
+def test_a_target_past_float16s_maximum_is_said_to_be_out_of_its_range():
+    checks = [NONE, {**_target(True), "target": {"mean": 2.95e5, "std": 81591.0,
+                                                  "max_abs": 4.7e5}}]  # fmt: skip
+    (f,) = [f for f in diagnose(_run(checks)) if f.rule == "target-range"]
+    assert re.search(r"a float16 output cannot hold (470000|4\.70e\+05) at all \(its maximum is "
+                     r"65504\)", f.evidence), f.evidence
+    assert "steps of" not in f.evidence
+
+
+def test_a_float16_normalizations_lost_features_stay_a_finding_of_their_own():
+    """The input-range finding about a float16 Normalization's cast constants is another cause
+    (features lost at any scale), never the target's evidence; its "normalize the inputs" one
+    is."""
+    run = _run([NONE, _check("float32_layers", ["hidden1"], True), _target(True)])
+    run.records[contract.KIND_LAYERS] = [(0, {"layers": {}, "cast_constants": {
+        "norm": {"dtype": "float16", "features": 4, "lost": 1}}})]  # fmt: skip
+    found = diagnose(run)
+    (lost,) = [f for f in found if f.rule == "input-range"]
+    assert lost.layer == "norm" and lost.severity == "error"
+    (f,) = [f for f in found if f.rule == "target-range"]
+    assert "input-range" not in f.data.get("also", [])

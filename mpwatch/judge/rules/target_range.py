@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 
-from mpwatch.formats import RAW_TARGET
+from mpwatch.formats import FLOAT16, RAW_TARGET
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.fix_checks import describe, latest_checks, works
@@ -68,9 +68,17 @@ RULE = Rule(
 )
 
 #: what a target-range finding takes in as its evidence (same run): what an input-range finding
-#: takes in (the overflow and what it drives), and the inputs' normalization where that brings
-#: the same batch in range too
+#: takes in (the overflow and what it drives), and input-range's "normalize the inputs" where
+#: that brings the same batch in range too (:func:`rests_on_it`: not its float16
+#: Normalization's lost features, a cause of their own)
 CONSEQUENCES = (*input_range.CONSEQUENCES, "input-range")
+
+
+def rests_on_it(finding: Finding) -> bool:
+    """Whether ``finding`` is evidence of a target-range finding of the same run."""
+    if finding.rule == "input-range":
+        return finding.data.get("cause") == "input_range"
+    return finding.rule in CONSEQUENCES
 
 
 FIX = (
@@ -83,11 +91,22 @@ FIX = (
 
 
 def float16_step(value: float) -> float:
-    """The spacing of float16's values near ``|value|`` (its normal range)."""
+    """The spacing of float16's values near ``|value|`` (its normal range; inf past its
+    maximum, where float16 holds no value at all)."""
     v = abs(float(value))
-    if not math.isfinite(v) or v < 2.0**-14:
+    if not math.isfinite(v) or v > FLOAT16.max:
+        return math.inf
+    if v < 2.0**-14:
         return 2.0**-24
     return 2.0 ** (math.floor(math.log2(v)) - 10)
+
+
+def _held(top: float) -> str:
+    """How a float16 output holds the target's largest |y|."""
+    step = float16_step(top)
+    if math.isinf(step):
+        return f"a float16 output cannot hold {fmt(top)} at all (its maximum is {FLOAT16.max:g})"
+    return f"a float16 output holds values near {fmt(top)} only to steps of {fmt(step)}"
 
 
 def check(run: Run) -> list[Finding]:
@@ -107,8 +126,7 @@ def check(run: Run) -> list[Finding]:
     if top is not None:
         evidence += (
             f"; the target: mean {fmt(target.get('mean'))}, standard deviation "
-            f"{fmt(target.get('std'))}, |y| up to {fmt(top)}; a float16 output holds values "
-            f"near {fmt(top)} only to steps of {fmt(float16_step(top))}"
+            f"{fmt(target.get('std'))}, |y| up to {fmt(top)}; {_held(top)}"
         )
     overflow = not base.get("finite", False)
     what = "makes the backward pass overflow float16" if overflow else (
