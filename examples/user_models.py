@@ -21,6 +21,11 @@ the fix that removes it: small enough for a CPU, synthetic data made here with a
   ``loss``). Its logits, divided by the temperature and put through a softmax in float16, move
   the loss by 0.5-10% from float32's. Fixed: both heads' Dense in float32.
 
+- ``rmsnorm``: a user-written RMSNorm (LLaMA-style ``x * rsqrt(mean(square(x)) + eps)``) in a
+  residual MLP on features up to a few hundred: ``square(x)`` overflows float16 once the
+  residual stream passes 256, ``rsqrt(inf)`` is 0, and every norm's output is 0: finite, and
+  the model trains at chance. Fixed: the norms in float32 (as LLaMA's code computes them).
+
 ``train(name, logdir, fixed=False)`` trains one with mpwatch's monitor and returns
 ``(model, history, observer)``: the observer read the optimizer's own state after each batch
 (its raw step counter and loss scale), the truth the tests compare the records with.
@@ -37,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-NAMES = ("accumulation", "finetune", "siamese", "lstm_raw", "distiller")
+NAMES = ("accumulation", "finetune", "siamese", "lstm_raw", "distiller", "rmsnorm")
 ACCUMULATE = 4
 BAD_BATCHES = (3, 9, 14)  # accumulation: 0-based batches holding a corrupted record
 
@@ -284,9 +289,48 @@ def distiller_model(fixed: bool = False) -> Any:
     return distiller
 
 
+# --- a user-written RMSNorm in a residual MLP --------------------------------------------------
+def rmsnorm_data(fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(1024, 32)) * 400).astype("float32")
+    return x, (x[:, :1] > 0).astype("float32")
+
+
+def rmsnorm_model(fixed: bool = False) -> Any:
+    import keras
+    from keras import ops
+
+    class RMSNorm(keras.layers.Layer):
+        def __init__(self, eps: float = 1e-6, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.eps = eps
+
+        def build(self, shape: Any) -> None:
+            self.gamma = self.add_weight(shape=(shape[-1],), initializer="ones", name="gamma")
+
+        def call(self, x: Any) -> Any:
+            ms = ops.mean(ops.square(x), axis=-1, keepdims=True)
+            return x * ops.rsqrt(ms + self.eps) * self.gamma
+
+    kept = "float32" if fixed else None
+    inp = keras.Input((32,))
+    h = keras.layers.Dense(64, name="embed")(inp)
+    for i in range(2):
+        n = RMSNorm(dtype=kept, name=f"norm{i}")(h)
+        h = keras.layers.Add(name=f"res{i}")([h, keras.layers.Dense(64, activation="relu",
+                                                                   name=f"ff{i}")(n)])  # fmt: skip
+    h = RMSNorm(dtype=kept, name="norm_out")(h)
+    out = keras.layers.Dense(1, activation="sigmoid", dtype="float32", name="head")(h)
+    model = keras.Model(inp, out)
+    model.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
 # --- training ----------------------------------------------------------------------------------
-EPOCHS = {"accumulation": 1, "finetune": 1, "siamese": 1, "lstm_raw": 2, "distiller": 1}
-BATCH = {"accumulation": 16, "finetune": 32, "siamese": 32, "lstm_raw": 64, "distiller": 32}
+EPOCHS = {"accumulation": 1, "finetune": 1, "siamese": 1, "lstm_raw": 2, "distiller": 1,
+          "rmsnorm": 1}  # fmt: skip
+BATCH = {"accumulation": 16, "finetune": 32, "siamese": 32, "lstm_raw": 64, "distiller": 32,
+         "rmsnorm": 64}  # fmt: skip
 POLICY = "mixed_float16"
 
 

@@ -82,6 +82,9 @@ KERAS_INITIAL_SCALE = 2.0**15
 #: a regression target reaching this |y| is a raw one: the probe tries it standardised
 #: (record/fix_check.py), the target-range rule reads that check
 RAW_TARGET = 16.0
+#: a layer whose 16-bit output is this far off float32 is run op by op to find the op that
+#: overflows inside it (record/op_overflow.py); the output-rel-error rule reads what it found
+SCANNED_ERROR = 0.5
 KERAS_GROWTH_INTERVAL = 2000
 
 

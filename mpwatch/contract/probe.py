@@ -208,6 +208,22 @@ SCHEMA = s._record_schema(
             "what the mixed gradients are compared to: float32_twin is the same model and "
             "weights with its mixed layers switched to float32 (record/twin.py)",
         ),
+        "op_overflows": s._t(
+            "array",
+            "float16 probes: the op that overflows inside each layer whose output is far off "
+            "float32 (record/op_overflow.py), each layer once a fit",
+            items=s._obj(
+                {
+                    "layer": s._str("the layer"),
+                    "op": s._str("the op (TensorFlow's op type, JAX's primitive)"),
+                    "source": s._str("the user's file:line that made it", nullable=True),
+                    "dtype": s._str("its output's dtype", nullable=True),
+                    "input_max_abs": s._num("the largest |value| going into it", nullable=True),
+                    "layer_output_finite": s._bool("the layer's output is finite all the same"),
+                },
+                "the first op whose output is not finite while its inputs are",
+            ),
+        ),
         "fix_checks": s._t(
             "array",
             "written when the forward pass went non-finite (TensorFlow): each candidate fix "

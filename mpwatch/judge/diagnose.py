@@ -120,7 +120,8 @@ def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
     """Where ``activation-overflow`` found what no loss scale changes (an error with
     ``data["any_scale"]``: an activation out of float16's range, or gradients non-finite at a
     scale of 1 or less), or ``bad-batches`` found the features' own scale beyond float16's
-    range taken in float16 (``cause`` ``input_scale``, with the layers: inf at any scale), the
+    range taken in float16 (``cause`` ``input_scale``, with the layers: inf at any scale), or
+    ``output-rel-error`` found an op inside a layer that overflows (run op by op), the
     findings of :data:`OVERFLOW_CONSEQUENCES` of the same run become its evidence (``"; also:
     ..."``, ``data["also"]``) instead of findings of their own."""
     return fold_into_root(
@@ -134,6 +135,7 @@ def fold_overflow_consequences(findings: list[Finding]) -> list[Finding]:
                     and f.data.get("cause") == "input_scale"
                     and bool(f.data.get("layers"))
                 )
+                or (f.rule == "output-rel-error" and bool(f.data.get("op_overflow")))
             )
         ),
         lambda f: f.rule in OVERFLOW_CONSEQUENCES,

@@ -338,6 +338,7 @@ class ProbeMonitor(RecordingCallback):
             payload = self.probe.run(batch, batch_source=source, share=share)
         finally:
             self.probe.fix_gate = None
+        self._op_overflows(payload, batch)
         if budget is not None:
             kept = gate.decision()
             if kept is not None:
@@ -355,6 +356,23 @@ class ProbeMonitor(RecordingCallback):
                 payload["batch"]["sub_batch_of"] = memory["sub_batch_of"]
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+    def _op_overflows(self, payload: dict[str, Any], batch: Any) -> None:
+        """The op that overflows inside each layer far off float32 (:mod:`op_overflow`), kept
+        in the record (``op_overflows``); a scan that cannot run says so once."""
+        from mpwatch.record import op_overflow
+        from mpwatch.record.probe import split_data
+
+        if payload.get("mode") != "float16":
+            return
+        try:
+            x = split_data(first_batch(batch))[0]
+            found = op_overflow.scan(self.probe, x, payload.get("layers") or {})
+        except Exception as e:  # noqa: BLE001 - the probe's record stands without it
+            self.probe._warn_once("could not run the layers far off float32 op by op", e)
+            return
+        if found:
+            payload["op_overflows"] = found
 
     def _memory(self, step: int) -> tuple[dict[str, Any] | None, Any]:
         """(what the probe needs and what the device has free, :meth:`Probe.memory`; the batch

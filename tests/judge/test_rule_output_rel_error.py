@@ -281,3 +281,44 @@ def test_a_real_squeeze_excite_multiply_is_not_blamed_and_the_fix_works(tmp_path
     assert se_error([f]) < 1e-3  # the cause kept in float32: the error is gone
     blamed = findings_of(diagnose(run), RULE)[1]
     assert blamed.layer == "se_mul" and se_error([blamed]) > 0.01  # the old advice changes nothing
+
+
+def _op_run(skips=True):
+    """dense far off float32 (its RMS square overflowed inside it, said by the probe's op
+    scan), and five steps skipped after the first 100."""
+    layers = [probe_layer("d0", rel=0.0003), probe_layer("dense", rel=1.0)]
+    scalars = {}
+    if skips:  # skips after the start, each halving the scale: no descent of Keras'
+        hit, scale, scales = (120, 150, 180, 210, 240), 2.0**15, {0: 2.0**15}
+        for s in range(1, 301):
+            scale = scale / 2 if s in hit else scale
+            scales[s] = scale
+        scalars = {contract.STEP_SKIPPED: {s: float(s in hit) for s in range(1, 301)},
+                   contract.LOSS_SCALE: scales}  # fmt: skip
+    run = make_run(probes={10: (model_row(), layers)}, scalars=scalars)
+    run.records[contract.KIND_PROBE] = [(10, {"op_overflows": [
+        {"layer": "dense", "op": "Square", "source": "model.py:12", "dtype": "float16",
+         "input_max_abs": 1497.0, "layer_output_finite": True}]})]  # fmt: skip
+    return run
+
+
+def test_an_op_overflowing_inside_the_layer_is_named_and_an_error():
+    found = diagnose(_op_run())
+    (f,) = findings_of(found, RULE)
+    assert f.severity == "error" and f.layer == "dense"
+    assert "Square overflows float16" in f.title
+    assert "Square (model.py:12) is the first op" in f.evidence
+    assert "(its input reaches 1497)" in f.evidence
+    assert "makes the layer's output finite again" in f.evidence
+    assert f.action == {"dtype": "float32"}
+    # what follows from it is its evidence: no skipped-steps finding of its own
+    assert findings_of(found, "skipped-steps") == []
+
+
+def test_without_an_op_scan_the_same_error_stays_a_warning():
+    run = _op_run()
+    run.records[contract.KIND_PROBE] = [(10, {})]
+    found = diagnose(run)
+    (f,) = findings_of(found, RULE)
+    assert f.severity == "warning" and "op" not in f.title.split(":")[0]
+    assert findings_of(found, "skipped-steps")  # the skips, a finding of their own here

@@ -250,3 +250,50 @@ def test_siamese_skip_is_the_float16_pass_where_float32_fits(um, trained):
     # the distance in float32 (the fix): no step skipped
     _, fixed_obs, fixed_findings, _ = trained("siamese", fixed=True)
     assert skipped(fixed_obs.raw) == [] and _of(fixed_findings, "skipped-steps") == []
+
+
+# --- a user-written RMSNorm: the overflow named at its op --------------------------------------
+def test_rmsnorm_square_overflow_named_at_the_op_and_fixed(um, trained):
+    model, observer, findings, logdir = trained("rmsnorm")
+    norms = ["norm0", "norm1", "norm_out"]
+    errors = {f.layer: f for f in findings if f.severity == "error"}
+    assert set(errors) == set(norms)
+    x, y = um.rmsnorm_data()
+    for name in norms:
+        f = errors[name]
+        assert f.rule == "output-rel-error" and "Square overflows float16" in f.title
+        assert "(user_models.py:" in f.evidence  # the user's own line: ops.square(x)
+        # truth (numpy): the norm's float16 input on the first batch, squared in float16, is
+        # inf in some row; its mean is inf, rsqrt(inf) 0: the output rows are all 0
+        layer = model.get_layer(name)
+        xin = np.asarray(keras.Model(model.inputs, layer.input)(x[:64]))
+        assert xin.dtype == np.float16
+        with np.errstate(over="ignore"):
+            sq = np.square(xin)
+        assert np.isinf(sq).any() and np.isfinite(xin).all()
+        out = np.asarray(layer(xin))
+        rows = np.isinf(sq).any(axis=1)
+        assert np.isfinite(out).all() and (out[rows] == 0).all()
+        assert f.data["op_overflow"]["input_max_abs"] == pytest.approx(
+            float(np.abs(xin).max()), rel=0.5
+        )  # the probe's batch, a later step's weights
+    # the model trains at chance, and the mechanisms that follow are its evidence
+    assert _of(findings, "gradient-underflow") == _of(findings, "loss-scale") == []
+    # printed and applied alike: the three norms in float32
+    fix = [Fix.of(f).float32_layers for f in errors.values()]
+    assert sorted(n for names in fix for n in names) == norms
+    fresh, _, _ = um.build("rmsnorm")
+    applied = mpwatch.apply_recommendations(fresh, findings).model
+    printed, _, _ = um.build("rmsnorm", fixed=True)
+
+    def norm_dtypes(m):
+        return sorted(ly.compute_dtype for ly in m.layers if type(ly).__name__ == "RMSNorm")
+
+    assert norm_dtypes(applied) == norm_dtypes(printed) == ["float32"] * 3
+    # both retrain with the problem gone: no skip, no error, the loss below chance
+    for m, label in ((applied, "_applied"), (None, "_printed")):
+        logdir2 = str(logdir) + label
+        _, history, obs = um.train("rmsnorm", logdir2, model=m, fixed=True)
+        assert skipped(obs.raw) == []
+        assert history.history["loss"][-1] < 0.68  # chance is log(2) = 0.693
+        assert not [g for g in mpwatch.diagnose(logdir2) if g.severity == "error"]

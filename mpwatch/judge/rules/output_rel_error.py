@@ -17,6 +17,11 @@ are never advised to; nor is a 16-bit model output (`output-16bit` names it). Wh
 forward pass went non-finite, the first such layer and every layer after it are left to
 `activation-overflow` (their errors are its consequences).
 
+A layer far off float32 (at least {SCANNED_ERROR:g}) is run op by op once a fit on its own
+16-bit input (``record/op_overflow.py``): where an op inside it overflows (a user's RMSNorm's
+``square(x)`` past |x| = 256, whose ``rsqrt(inf)`` turns into 0: a finite output, every value
+lost), the finding names that op and its source line, and is an error.
+
 ## Why it matters
 A layer whose 16-bit output differs from its float32 reference by more than a few units of
 rounding loses information the next layers cannot recover; keep it float32. The layers after it
@@ -28,7 +33,7 @@ Latest probe's output relative error above float16: {REL_ERROR_WARN[float16]:g},
 the largest error its inputs bring (without the graph: the previous measured layer's): warning,
 one per cause, the layers that carry its error on as evidence. (Measured on keras.applications'
 MobileNetV2 under mixed_float16: 35 layers between 1% and 1.7%, each at most 1.5x the one before
-it: no cause.)
+it: no cause.) Error where an op inside the layer overflows float16 (run op by op).
 
 ## Example evidence
 ```text
@@ -58,6 +63,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpwatch import contract
+from mpwatch.formats import SCANNED_ERROR
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.graph import inputs_of
 from mpwatch.judge.rule import (
@@ -82,9 +89,10 @@ GROWTH = 2.0  # a cause: more than GROWTH x the error of the layer before it
 RULE = Rule(
     id="output-rel-error",
     title="Layer output differs from float32",
-    severities=("warning",),
+    severities=("warning", "error"),
     doc=__doc__,
-    thresholds={"REL_ERROR_WARN": REL_ERROR_WARN, "GROWTH": GROWTH},
+    thresholds={"REL_ERROR_WARN": REL_ERROR_WARN, "GROWTH": GROWTH,
+                "SCANNED_ERROR": SCANNED_ERROR},  # fmt: skip
 )
 
 
@@ -181,6 +189,7 @@ def check(run: Run) -> list[Finding]:
         order.append(name)
         errs[name] = finite(r.get("output_rel_error"))
     graph = {n: inputs_of(run, n) for n in ({*order} | set(_table_names(run)))}
+    ops = op_overflows(run)
     found = []
     for block, came in _causes(order, errs, thr, graph):
         name = block[0]
@@ -198,10 +207,16 @@ def check(run: Run) -> list[Finding]:
                 f"; the error carries on into {names_list(rest, 4)} (up to "
                 f"{pct(max(errs[n] or 0.0 for n in rest))})"
             )
+        severity = "warning"
+        title = f"Output of layer {name!r} differs from float32 by {pct(err)}: keep it float32"
+        op = ops.get(name)
+        if op is not None:
+            severity, title = "error", _op_title(name, row.get("class"), op, err)
+            evidence += "; " + _op_evidence(op)
         found.append(
             RULE.finding(
-                "warning",
-                f"Output of layer {name!r} differs from float32 by {pct(err)}: keep it float32",
+                severity,
+                title,
                 evidence,
                 fix=keep_float32_fix(name, row.get("class"), run),
                 layer=name,
@@ -213,10 +228,46 @@ def check(run: Run) -> list[Finding]:
                     "downstream": rest,
                     "input_error": came["input_error"],
                     "inputs": came["inputs"],
+                    "op_overflow": op,
                 },  # fmt: skip
             )
         )
     return found
+
+
+def op_overflows(run: Run) -> dict[str, dict[str, Any]]:
+    """Layer -> the op that overflows inside it (the probes' ``op_overflows``: each layer is run
+    op by op once a fit; the latest said of a layer)."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, payload in run.records.get(contract.KIND_PROBE) or []:
+        for rec in payload.get("op_overflows") or []:
+            out[str(rec.get("layer"))] = dict(rec)
+    return out
+
+
+def _op_title(name: str, cls: Any, op: dict[str, Any], err: float) -> str:
+    what = f"{name!r} ({cls})" if cls else repr(name)
+    return (
+        f"Inside layer {what}, {op.get('op')} overflows float16: its output is {pct(err)} off "
+        "float32's; keep it float32"
+    )
+
+
+def _op_evidence(op: dict[str, Any]) -> str:
+    """What running the layer op by op showed."""
+    where = f" ({op['source']})" if op.get("source") else ""
+    peak = op.get("input_max_abs")
+    text = (
+        f"run op by op on its own input from the probe's batch: {op.get('op')}{where} is the "
+        f"first op whose output is not finite while its inputs are"
+        + (f" (its input reaches {fmt(peak)})" if peak is not None else "")
+    )
+    if op.get("layer_output_finite"):
+        text += (
+            "; what follows it makes the layer's output finite again (an inf turned into 0 or a "
+            "constant): no overflow shows at the layer's output, only this error"
+        )
+    return text
 
 
 def _table_names(run: Run) -> list[str]:
