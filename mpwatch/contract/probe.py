@@ -208,6 +208,23 @@ SCHEMA = s._record_schema(
             "what the mixed gradients are compared to: float32_twin is the same model and "
             "weights with its mixed layers switched to float32 (record/twin.py)",
         ),
+        "training_mode": s._obj(
+            {
+                "scale": s._num("the loss scale of the pass: the largest a step skipped at"),
+                "finite": s._bool("the pass, Dropout on, is finite"),
+                "first_nonfinite_layer": s._str(
+                    'where it is not (a layer, "loss", "gradients")', nullable=True
+                ),
+                "float32_layers": s._t("array", "the layer tried in float32", items=s._str()),
+                "fixed": s._bool(
+                    "that layer in float32 made the same draw finite (None: none tried)",
+                    nullable=True,
+                ),
+            },
+            "float16 probes whose own pass was finite while steps skipped since the last probe: "
+            "the pass as the train step runs it, Dropout and other random layers on, one draw "
+            "(record/fix_check.py: check_training_mode)",
+        ),
         "op_overflows": s._t(
             "array",
             "float16 probes: the op that overflows inside each layer whose output is far off "

@@ -23,7 +23,11 @@ after ``dynamic_growth_steps`` finite steps it doubles it. So a skip is one of:
   descent's end all the same. A probe whose forward pass itself was not finite outranks the
   descent (no scale helps an activation overflow), and so does one whose gradients were not
   finite where there is no sweep to bound the descent; a sweep's prediction comes after the
-  descent and a failed doubling;
+  descent and a failed doubling; a probe whose pass as the train step runs it (Dropout on, at
+  the largest scale a step skipped at since the probe before) overflowed where its own did not,
+  and was finite with one layer in float32 (a float16 softmax output), ties to that layer the
+  skips nearest it at that scale or more, and those at scales the float32 reference fits (not
+  a sound model's descent), the descent's too;
 - ``unexplained``: a step that overflowed at a scale that had worked before, on a batch whose
   input looks sound, where no probe saw an overflow at that scale.
 
@@ -58,6 +62,7 @@ __all__ = [
     "reference_overflow_scale",
     "skip_causes",
     "steps_text",
+    "training_mode_overflows",
 ]
 
 #: within so many steps, a skip at a new lowest scale is the scale's descent (Keras' scale starts
@@ -177,6 +182,7 @@ def skip_causes(run: Run) -> list[SkipCause]:
     left: float | None = None  # the scale the previous skip left (half the scale it ran at)
     low = math.inf  # the lowest scale a skip that was not a bad batch's ran at
     seen_probes = [p for p in probes if p[3]]
+    trained = training_mode_overflows(run)
     forward = _forward_overflows(run)
     ref = reference_overflow_scale(run)
     floor = ref / 2.0**REFERENCE_MARGIN_BITS if ref is not None else None
@@ -191,6 +197,18 @@ def skip_causes(run: Run) -> list[SkipCause]:
             cause, detail = "bad_input", bad[o.step]
         elif seen is not None and seen[0] in forward:  # no scale helps a forward overflow
             cause, detail = "model_overflow", _saw(seen, "saw")
+        elif (
+            scale is not None
+            and (tm := _nearest(trained, o.step)) is not None
+            and (scale >= tm[1] or below)
+        ):
+            cause = "model_overflow"  # measured as training runs, and fixed by one layer
+            detail = (
+                f"the probe at step {tm[0]} saw the pass overflow at {_scale(tm[1])} as the "
+                f"train step runs it (Dropout on; finite with {tm[2]!r} in float32)"
+                + ("" if scale >= tm[1] else "; the float32 reference fits at this scale")
+                + f", first in {tm[2]!r}"
+            )
         elif shaped and floor is not None and not below:
             cause, detail = "descent", _descent(o.step in descent, scale)
         elif seen is not None:  # a probe saw the model's own pass overflow at this scale or less
@@ -214,6 +232,20 @@ def skip_causes(run: Run) -> list[SkipCause]:
             low = min(low, scale)
         if scale is not None and math.isfinite(scale):
             left = scale / 2.0
+    return out
+
+
+def training_mode_overflows(run: Run) -> list[tuple[int, float, str | None, bool]]:
+    """``(probe step, scale, layer, True)`` for every float16 probe whose pass as the train step
+    runs it (Dropout on: the record's ``training_mode``) overflowed at that scale where its own
+    pass, random layers off, did not, and was finite with that one layer in float32: the layer
+    the training's skips at that scale or more come from."""
+    out: list[tuple[int, float, str | None, bool]] = []
+    for step, payload in run.records.get(contract.KIND_PROBE) or []:
+        tm = payload.get("training_mode") or {}
+        layers = tm.get("float32_layers") or []
+        if tm.get("finite") is False and tm.get("fixed") and len(layers) == 1 and tm.get("scale"):
+            out.append((int(step), float(tm["scale"]), str(layers[0]), True))
     return out
 
 
@@ -246,6 +278,13 @@ def _probe_saw(
     """The probe nearest to ``step`` that saw an overflow at ``scale`` or less."""
     fits = [p for p in probes if p[1] <= scale]
     return min(fits, key=lambda p: abs(p[0] - step)) if fits else None
+
+
+def _nearest(
+    probes: list[tuple[int, float, str | None, bool]], step: int
+) -> tuple[int, float, str | None, bool] | None:
+    """The probe nearest to ``step``, the later of two as near."""
+    return min(probes, key=lambda p: (abs(p[0] - step), -p[0])) if probes else None
 
 
 def _scale(s: float) -> str:

@@ -50,7 +50,9 @@ from mpwatch.formats import FLOAT16, FLOAT32_INSIDE, RAW_TARGET
 from mpwatch.record import inputs
 from mpwatch.record.twin import PolicyView, backend_value, random_layers_off, state_variables
 
-__all__ = ["check_fixes", "MAX_LAYERS", "normalized", "target_to_check"]
+__all__ = [
+    "check_fixes", "check_training_mode", "MAX_LAYERS", "normalized", "target_to_check",
+]  # fmt: skip
 
 MAX_LAYERS = 4  # layers kept float32 before the candidate is given up
 HEADROOM_BITS = 3  # a pass is in range when its 16-bit activations stay 2**3 below the maximum
@@ -133,24 +135,36 @@ def jax_pass(probe: Any, x: Any, y: Any, sw: Any, scale: float, key: tuple = ())
 
 
 def _forward(
-    probe: Any, x: Any, y: Any, sw: Any, float32_layers: list[str], scale: float
+    probe: Any,
+    x: Any,
+    y: Any,
+    sw: Any,
+    float32_layers: list[str],
+    scale: float,
+    random_on: bool = False,
 ) -> dict[str, Any]:
     """One training-mode pass, forward and backward at loss scale ``scale``, with
-    ``float32_layers`` computing in float32: whether it is finite, the first layer (forward
-    order) whose output is not (``"loss"``, or ``"gradients"`` when only the scaled gradients
-    are not), and the largest finite |activation| of a 16-bit layer output."""
+    ``float32_layers`` computing in float32 (``random_on``: Dropout and the other random layers
+    active, as the train step runs them; else off, the probe's own passes): whether it is
+    finite, the first layer (forward order) whose output is not (``"loss"``, or ``"gradients"``
+    when only the scaled gradients are not), and the largest finite |activation| of a 16-bit
+    layer output."""
+    import contextlib
+
     from keras import ops
 
     from mpwatch.record import backend
 
     model = probe.model
     view = PolicyView(model, "float32", only=set(float32_layers)) if float32_layers else None
-    with random_layers_off(probe.random_off):
+    key = _program(float32_layers) + (("random_on",) if random_on else ())
+    off = contextlib.nullcontext() if random_on else random_layers_off(probe.random_off)
+    with off:
         if view is not None:
             view.__enter__()
         try:
             if backend.name() == backend.JAX:
-                out = jax_pass(probe, x, y, sw, scale, _program(float32_layers))
+                out = jax_pass(probe, x, y, sw, scale, key)
             else:
                 out = probe._forward_backward(x, y, sw, scale)
             loss_t, acts, grads = out["loss"], out["acts"], out["grads"]
@@ -252,6 +266,65 @@ def check_fixes(
     finally:
         for v, value in zip(state, saved):
             backend_value(v).assign(value)
+
+
+def check_training_mode(
+    probe: Any, x: Any, y: Any, sw: Any, scale: float, candidates: list[str]
+) -> dict[str, Any] | None:
+    """Where the probe's own pass (random layers off) is finite but the training skipped steps:
+    the pass as the train step runs it, Dropout and the other random layers on (one draw), at
+    ``scale`` (the largest scale a step skipped at since the last probe), and, where it is not
+    finite, the same draw with each of ``candidates`` (the layer the pass fails at, else the
+    model's 16-bit outputs) in float32: ``{"scale", "finite", "first_nonfinite_layer",
+    "float32_layers", "fixed"}`` (``fixed``: that layer in float32 made the same draw finite;
+    None where no candidate was tried), or None where the model has no random layer or the
+    budget refused the pass. The model's state (seed states too: each candidate sees the same
+    masks) is restored afterwards on TensorFlow, never written on JAX."""
+    from mpwatch.record import backend
+
+    if probe.mode != "float16" or not probe.random_off:
+        return None
+    model = probe.model
+    state = state_variables(model) if backend.name() == backend.TENSORFLOW else []
+    saved = [np.array(backend_value(v).numpy()) for v in state]
+
+    def restore() -> None:
+        for v, value in zip(state, saved):
+            backend_value(v).assign(value)
+
+    passes = _Passes(probe)
+    try:
+        base = passes.run(
+            _program([]) + ("random_on",),
+            lambda _: _forward(probe, x, y, sw, [], scale, random_on=True),
+        )
+        if base is None:
+            return None
+        out: dict[str, Any] = {
+            "scale": float(scale),
+            "finite": base["finite"],
+            "first_nonfinite_layer": base["first_nonfinite_layer"],
+            "float32_layers": [],
+            "fixed": None,
+        }
+        if base["finite"]:
+            return out
+        first = base["first_nonfinite_layer"]
+        tries = [first] if first not in (None, "loss", "gradients") else list(candidates)
+        for name in tries[:MAX_LAYERS]:
+            restore()  # the same masks
+            got = passes.run(
+                _program([name]) + ("random_on",),
+                lambda _, n=name: _forward(probe, x, y, sw, [n], scale, random_on=True),
+            )
+            if got is None:
+                break
+            out["float32_layers"], out["fixed"] = [name], bool(got["finite"])
+            if got["finite"]:
+                break
+        return out
+    finally:
+        restore()
 
 
 def _program(float32_layers: list[str]) -> tuple:

@@ -336,6 +336,7 @@ class ProbeMonitor(RecordingCallback):
                 batch_size_of(batch) / memory["sub_batch_of"]
             )
             payload = self.probe.run(batch, batch_source=source, share=share)
+            self._training_mode(payload, batch)
         finally:
             self.probe.fix_gate = None
         self._op_overflows(payload, batch)
@@ -356,6 +357,41 @@ class ProbeMonitor(RecordingCallback):
                 payload["batch"]["sub_batch_of"] = memory["sub_batch_of"]
         Probe.write(self.writer, step, payload)
         self.payloads = (self.payloads + [(step, payload)])[-self.keep :]
+
+    def _training_mode(self, payload: dict[str, Any], batch: Any) -> None:
+        """Where the probe's pass (random layers off) is finite but the scale fell since the
+        last probe (steps skipped): the pass as training runs it, Dropout on, at the scale the
+        first of them skipped at, the largest (:func:`fix_check.check_training_mode`), kept in
+        the record
+        (``training_mode``); a check that cannot run says so once."""
+        from mpwatch.record.fix_check import check_training_mode
+        from mpwatch.record.probe import split_data
+
+        scale = payload.get("loss_scale")
+        if payload.get("mode") != "float16" or not scale:
+            return
+        if payload["model"].get("first_nonfinite_layer"):
+            return  # the probe's own pass names the overflow
+        before = self.payloads[-1][1].get("loss_scale") if self.payloads else None
+        if before is None:
+            opt = getattr(self.probe.model, "optimizer", None)
+            before = float(getattr(opt, "initial_scale", 0.0) or 0.0)
+        if not float(scale) < float(before):
+            return  # no step skipped since the last probe
+        model = self.probe.model
+        outputs = [
+            t._keras_history[0] for t in getattr(model, "outputs", None) or []
+            if hasattr(t, "_keras_history")
+        ]  # fmt: skip
+        sixteen = [ly.name for ly in outputs if ly.compute_dtype in ("float16", "bfloat16")]
+        try:
+            x, y, sw = split_data(first_batch(batch))
+            got = check_training_mode(self.probe, x, y, sw, float(before), sixteen)
+        except Exception as e:  # noqa: BLE001 - the probe's record stands without it
+            self.probe._warn_once("could not run the training-mode pass (Dropout on)", e)
+            return
+        if got is not None:
+            payload["training_mode"] = got
 
     def _op_overflows(self, payload: dict[str, Any], batch: Any) -> None:
         """The op that overflows inside each layer far off float32 (:mod:`op_overflow`), kept
