@@ -145,13 +145,11 @@ def scan(probe: Any, x: Any, layers_table: dict[str, Any]) -> list[dict[str, Any
     overflows inside each (:func:`first_overflow` on the layer's input from the batch ``x``),
     with the layer's name; ``[]`` for a subclassed model (no layer input to take)."""
     import keras
+    from keras.src.models.functional import Functional
 
     model = probe.model
-    if not isinstance(model, keras.Sequential) and type(model).__name__ != "Functional":
-        from keras.src.models.functional import Functional
-
-        if not isinstance(model, Functional):
-            return []
+    if not isinstance(model, (keras.Sequential, Functional)):
+        return []
     cols = list(layers_table.get("columns") or [])
     if "layer" not in cols or "output_rel_error" not in cols:
         return []

@@ -361,9 +361,9 @@ class ProbeMonitor(RecordingCallback):
     def _training_mode(self, payload: dict[str, Any], batch: Any) -> None:
         """Where the probe's pass (random layers off) is finite but the scale fell since the
         last probe (steps skipped): the pass as training runs it, Dropout on, at the scale the
-        first of them skipped at, the largest (:func:`fix_check.check_training_mode`), kept in
-        the record
-        (``training_mode``); a check that cannot run says so once."""
+        first of them skipped at, the largest (:func:`fix_check.check_training_mode`), with the
+        model's 16-bit outputs (:func:`layer_dtypes.output_layers`) as the layers to try in
+        float32, kept in the record (``training_mode``); a check that cannot run says so once."""
         from mpwatch.record.fix_check import check_training_mode
         from mpwatch.record.probe import split_data
 
@@ -378,12 +378,14 @@ class ProbeMonitor(RecordingCallback):
             before = float(getattr(opt, "initial_scale", 0.0) or 0.0)
         if not float(scale) < float(before):
             return  # no step skipped since the last probe
+        from mpwatch.record.layer_dtypes import output_layers
+
         model = self.probe.model
-        outputs = [
-            t._keras_history[0] for t in getattr(model, "outputs", None) or []
-            if hasattr(t, "_keras_history")
+        outs = output_layers(model)
+        sixteen = [
+            ly.name for ly in model._flatten_layers(include_self=False)
+            if id(ly) in outs and ly.compute_dtype in ("float16", "bfloat16")
         ]  # fmt: skip
-        sixteen = [ly.name for ly in outputs if ly.compute_dtype in ("float16", "bfloat16")]
         try:
             x, y, sw = split_data(first_batch(batch))
             got = check_training_mode(self.probe, x, y, sw, float(before), sixteen)
