@@ -236,6 +236,11 @@ def test_siamese_skip_is_the_float16_pass_where_float32_fits(um, trained):
     assert truth == recorded_skips(logdir) == [2]
     (f,) = _of(findings, "skipped-steps")
     assert "the float16 pass overflowed where its float32 twin would not" in f.evidence
+    # its output computes in float32 already (truth: the model's own head): no advice to keep
+    # it float32, which would change nothing
+    assert model.get_layer("head").compute_dtype == "float32"
+    assert "Keep the model's output float32" not in f.fix
+    assert "outputs compute\n# in float32 already" in f.fix
     # truth: the model after its first batch (the same step, replayed), on the batch that
     # skipped: float16's gradients at 2^15 not finite, the float32 twin's times 2^15 in range
     replay, x, y = um.build("siamese")

@@ -198,6 +198,14 @@ def _by_cause(run: Run) -> list[Finding]:
             "layer\n"
             "mpwatch.MixedPrecisionMonitor(log_dir, probe_data=(x_batch, y_batch))"
         )
+    elif twin_fits and not roots and _outputs_float32(run):
+        fix = (
+            "# the float16 pass overflows on training batches where its float32 twin fits, and\n"
+            "# the probe's batch (Dropout off) did not show where; the model's outputs compute\n"
+            "# in float32 already: a layer inside overflows (a 16-bit division, square root or\n"
+            "# exp of small or large values). Probe a training batch that skipped to find it\n"
+            "mpwatch.MixedPrecisionMonitor(log_dir, probe_data=(x_batch, y_batch))"
+        )
     elif twin_fits and not roots:
         fix = (
             "# the float16 pass overflows on training batches where its float32 twin fits, and\n"
@@ -295,6 +303,16 @@ def _from_totals(run: Run) -> list[Finding]:
             },
         )
     ]
+
+
+def _outputs_float32(run: Run) -> bool:
+    """Whether the layer table marks the model's outputs and every one computes in float32
+    (advice to keep them float32 would change nothing)."""
+    lt = run.layers
+    if not len(lt) or not {"is_output", "compute_dtype"} <= set(lt):
+        return False
+    outs = lt[lt["is_output"].fillna(False).astype(bool)]
+    return bool(len(outs)) and bool((outs["compute_dtype"].astype(str) == "float32").all())
 
 
 def _scales(run: Run) -> dict:
