@@ -21,7 +21,7 @@ from mpwatch.read.run import Run
 
 __all__ = [
     "latest_checks", "describe", "checked_layers", "works", "checked_gradient",
-    "normalizing_works", "stopped",
+    "normalizing_works", "stopped", "checked_on",
 ]  # fmt: skip
 
 
@@ -102,6 +102,15 @@ def describe(checks: list[dict[str, Any]]) -> list[str]:
         elif fix == "stopped":
             out.append(f"the checks stopped here ({c.get('reason') or 'not run'})")
     return out
+
+
+def checked_on(step: int, scale: float | None, checks: list[dict[str, Any]]) -> str:
+    """The evidence of a rule reading the checks of step ``step``'s probe: where, at which
+    scale, and what each candidate did (:func:`describe`)."""
+    from mpwatch.judge import scale_evidence as se
+
+    at_scale = f" at loss scale {se.scale_text(float(scale))}" if scale else ""
+    return f"checked on step {step}'s batch{at_scale}: " + "; ".join(describe(checks))
 
 
 def stopped(checks: list[dict[str, Any]]) -> str | None:

@@ -62,9 +62,8 @@ from __future__ import annotations
 
 from mpwatch import contract
 from mpwatch.formats import FLOAT16
-from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix_checks import describe, latest_checks, works
+from mpwatch.judge.fix_checks import checked_on, latest_checks, works
 from mpwatch.judge.graph import APPLY_TAIL, NORMALIZE_FIX
 from mpwatch.judge.rule import Rule, fmt
 from mpwatch.read.run import Run
@@ -147,8 +146,7 @@ def _range(run: Run) -> list[Finding]:
     if len(inputs) and {"input", "max_abs", "step"} <= set(inputs.columns):
         at = inputs[inputs["step"] == step]
         peaks = [(str(r["input"]), r["max_abs"]) for _, r in at.iterrows()]
-    at_scale = f" at loss scale {se.scale_text(float(scale))}" if scale else ""
-    evidence = f"checked on step {step}'s batch{at_scale}: " + "; ".join(describe(checks))
+    evidence = checked_on(step, scale, checks)
     if peaks:
         evidence += "; " + ", ".join(f"input {n!r} reaches {fmt(v)}" for n, v in peaks)
     base = next((c for c in checks if c.get("fix") == "none"), {})

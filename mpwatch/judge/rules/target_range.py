@@ -52,9 +52,8 @@ from __future__ import annotations
 import math
 
 from mpwatch.formats import FLOAT16, RAW_TARGET
-from mpwatch.judge import scale_evidence as se
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix_checks import describe, latest_checks, works
+from mpwatch.judge.fix_checks import checked_on, latest_checks, works
 from mpwatch.judge.rule import Rule, fmt
 from mpwatch.judge.rules import input_range
 from mpwatch.read.run import Run
@@ -120,8 +119,7 @@ def check(run: Run) -> list[Finding]:
     if tried is None or not works(tried) or works(base):
         return []
     target = tried.get("target") or {}
-    at_scale = f" at loss scale {se.scale_text(float(scale))}" if scale else ""
-    evidence = f"checked on step {step}'s batch{at_scale}: " + "; ".join(describe(checks))
+    evidence = checked_on(step, scale, checks)
     top = target.get("max_abs")
     if top is not None:
         evidence += (
