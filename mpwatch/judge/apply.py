@@ -285,6 +285,39 @@ def _output_layer(model: Any) -> Any:
     return layers[-1] if layers else None
 
 
+def _from_config(layer: Any, config: dict[str, Any]) -> Any:
+    """A new layer like ``layer`` from ``config``. A ``Lambda`` keeps its function, mask and
+    arguments as the objects they are (its config names a function by name only, which Keras
+    cannot find again for a function defined in a script: keras.io's Siamese network's
+    ``euclidean_distance``)."""
+    import keras
+
+    if type(layer) is keras.layers.Lambda:
+        return keras.layers.Lambda(
+            layer.function, output_shape=layer._output_shape, mask=layer.mask,
+            arguments=layer.arguments, name=config["name"], dtype=config.get("dtype"),
+        )  # fmt: skip
+    return layer.__class__.from_config(config)
+
+
+def _inputs_named(model: Any) -> Any:
+    """A Functional model's inputs made anew with its input layers' names (Keras' clone names
+    each after its tensor, ``keras_tensor``: the clone's calls then warn that their inputs do not
+    match ``['keras_tensor']``), or None (a Sequential model keeps its names)."""
+    import keras
+
+    if type(model).__name__ != "Functional":
+        return None
+
+    def named(x: Any) -> Any:
+        history = getattr(x, "_keras_history", None)
+        layer = getattr(history, "operation", None) or (history[0] if history else None)
+        name = getattr(layer, "name", None) or x.name
+        return keras.Input(batch_shape=x.shape, dtype=x.dtype, name=name)
+
+    return keras.tree.map_structure(named, model.input)
+
+
 def _clone(model: Any, float32: set[str], old: str | None, policy: str | None) -> Any:
     """``model`` cloned layer by layer under ``policy``: the ``float32`` layers in float32, the
     layers that had the model's policy ``old`` in ``policy`` (as building the model under the
@@ -301,12 +334,12 @@ def _clone(model: Any, float32: set[str], old: str | None, policy: str | None) -
                 before = keras.mixed_precision.global_policy()
                 keras.mixed_precision.set_global_policy("float32")
                 try:
-                    return layer.__class__.from_config(config)
+                    return _from_config(layer, config)
                 finally:
                     keras.mixed_precision.set_global_policy(before)
         elif switch and _policy_name(layer) == old:
             config["dtype"] = policy
-        return layer.__class__.from_config(config)
+        return _from_config(layer, config)
 
     global_before = keras.mixed_precision.global_policy()
     compiled = getattr(model, "compiled", False)
@@ -322,7 +355,10 @@ def _clone(model: Any, float32: set[str], old: str | None, policy: str | None) -
         from keras.src.saving.serialization_lib import SafeModeScope
 
         with SafeModeScope(safe_mode=False):
-            return keras.models.clone_model(model, clone_function=clone_function, recursive=True)
+            return keras.models.clone_model(
+                model, clone_function=clone_function, input_tensors=_inputs_named(model),
+                recursive=True,
+            )  # fmt: skip
     except (ValueError, TypeError, NotImplementedError) as e:
         graph = isinstance(model, (keras.Sequential, keras.Model)) and type(model).__name__ in (
             "Functional", "Sequential"

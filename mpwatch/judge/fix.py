@@ -97,7 +97,7 @@ class Fix:
 #: ``get_layer("d1")...dtype_policy = "float32"``
 _PRINTED = re.compile(
     r'dtype="float32",\s*name="(?P<a>[^"]+)"'
-    r'|get_layer\("(?P<b>[^"]+)"\)(?:[^\n]*float32|\._flatten_layers\(\))'
+    r'|get_layer\("(?P<b>[^"]+)"\)(?![^\n]*get_layer)(?:[^\n]*float32|\._flatten_layers\(\))'
 )
 
 
@@ -115,8 +115,8 @@ def layers_code(names: Iterable[str], run: Any) -> str:
         if any(ln.startswith("for sub in model.get_layer(") for ln in body):  # a container
             at = next(i for i, ln in enumerate(body) if ln.startswith("for sub in"))
             lines += body[at : at + 2]
-        elif body[0].startswith("model = keras.applications."):  # a classifier head: whole
-            lines += body
+        elif ".dtype_policy = " in code.split("\n# or")[0]:  # a classifier head, set in place
+            lines += [ln for ln in code.split("\n# or")[0].split("\n") if ".dtype_policy" in ln]
         else:
             lines.append(body[0])
     lines += ["# or, without editing the model code:",

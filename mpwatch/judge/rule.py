@@ -404,11 +404,20 @@ def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
         act = (layer_row(run, name) or {}).get("activation") if run is not None else None
         apply = "model = mpwatch.apply_recommendations(model, findings).model"
         tail = "# or, without editing the model code:\n" + apply
+        path = str((layer_row(run, name) or {}).get("path") or name).split("/")
+        getter = "model" + "".join(f'.get_layer("{p}")' for p in path[1:])
+        built = (f"model = keras.applications.{app}(...)  # as you build it, then before compile:"
+                 if len(path) <= 2 else
+                 f"# your model, built as it is ({app} inside it), then before compile:")
+        whole = f'{built}\n{getter}.dtype_policy = "float32"'
         if act == "linear":  # classifier_activation=None already: only its Dense can change
-            return f"{apply}  # its {name!r} Dense (logits) in float32"
+            return f"{whole}  # its {name!r} Dense (logits) in float32\n{tail}"
         code = f'"{act}"' if isinstance(act, str) and act.isidentifier() else '"softmax"'
         note = "" if isinstance(act, str) else "  # the builder's default: yours if you passed one"
+        fn = code.strip('"')
         return (
+            f"{whole}  # its matmul and {fn} in float32\n"
+            f"# or keep its matmul in 16 bits and apply {fn} in float32:\n"
             f"model = keras.applications.{app}(..., classifier_activation=None)\n"
             f'outputs = keras.layers.Activation({code}, dtype="float32")(model.output){note}\n'
             "model = keras.Model(model.input, outputs)\n" + tail

@@ -74,8 +74,8 @@ class Advice:
         probes: every reliable float16 probe.
         overflows: every skipped step with its scale.
         layers: ``(layer, underflow fraction)`` to keep in float32 (range problem), forward order.
-        container_lines: the code that switches those of them that hold layers, all of each
-            (:func:`mpwatch.judge.rule.containers_fix_lines`).
+        keep_code: the code that keeps those layers in float32, one line each (a layer that
+            holds layers: all of it), then how to apply it (:func:`mpwatch.judge.fix.layers_code`).
         layers_leave: the model-wide underflow predicted with them in float32
             (:func:`mpwatch.judge.scale_facts.underflow_without`: an estimate).
         bfloat16: where the device has bfloat16: a phrase saying so.
@@ -92,7 +92,7 @@ class Advice:
     probes: list[ProbeView] = field(default_factory=list)
     overflows: list[Overflow] = field(default_factory=list)
     layers: list[tuple[str, float]] = field(default_factory=list)
-    container_lines: list[str] = field(default_factory=list)
+    keep_code: str = ""
     layers_leave: float | None = None
     bfloat16: str | None = None
     span: tuple[int, int] | None = None
@@ -185,13 +185,7 @@ class Advice:
                     f"underflow {_pct(r['underflow'])}, overflow {_pct(r['overflow'])}"
                 )
         if self.layers:
-            named = names_text(self.layers, with_fraction=False)
-            lines.append(
-                f'# keep {named} in float32 (dtype="float32" where each is built), or, '
-                "without editing the model code:"
-            )
-            lines.append("model = mpwatch.apply_recommendations(model, findings).model")
-            lines += self.container_lines
+            lines.append(self.keep_code)
         if self.bfloat16 and self.kind in ("range", "unpredicted"):
             lines.append(
                 f"# or, as {self.bfloat16} (float32's exponent range: no loss scale needed):"

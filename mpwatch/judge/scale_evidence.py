@@ -58,7 +58,7 @@ import pandas as pd
 
 from mpwatch import words
 from mpwatch.contract import finite_float
-from mpwatch.judge.containers import containers_fix_lines
+from mpwatch.judge.fix import layers_code
 from mpwatch.judge.scale_advice import Advice, names_text, number_code
 from mpwatch.judge.scale_facts import (
     START_STEPS,
@@ -257,7 +257,7 @@ def _advise(run: Run) -> Advice:
         adv.kind = "stays"
     if adv.kind in ("range", "unpredicted"):
         adv.layers = underflowing_layers(run, lt.layers)
-        adv.container_lines = containers_fix_lines(run, [n for n, _ in adv.layers])
+        adv.keep_code = layers_code([n for n, _ in adv.layers], run)
         adv.layers_leave = underflow_without(lt.layers, [n for n, _ in adv.layers])
         adv.bfloat16 = bfloat16_device(run)
     _evidence(adv, pred_used, best_k, later_cap)

@@ -205,8 +205,10 @@ def test_a_layer_that_holds_layers_is_switched_whole_in_the_code():
     run.layers = pd.concat([lt, pd.DataFrame([inner])], ignore_index=True)
     (f,) = findings_of(diagnose(run), RULE)
     assert f.action == {"float32_layers": ["conv2d", "dense"]}
-    want = 'for sub in model.get_layer("conv2d")._flatten_layers(): sub.dtype_policy = "float32"'
-    assert want in f.fix
+    code = [ln.split("#")[0].rstrip() for ln in f.fix.split("\n")]
+    at = code.index('for sub in model.get_layer("conv2d")._flatten_layers():')
+    assert code[at + 1] == '    sub.dtype_policy = "float32"'  # the container, all of it
+    assert 'keras.layers.Dense(..., dtype="float32", name="dense")' in code  # a plain layer
     assert 'get_layer("dense")._flatten' not in f.fix  # a plain layer: dtype="float32" does it
 
 

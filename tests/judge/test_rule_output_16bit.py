@@ -130,6 +130,11 @@ def test_a_keras_applications_classifier_is_fixed_through_the_builder(run, app):
         assert part.format(app=app) in f.fix, (part, f.fix)
     assert f"it is the classifier of keras.applications.{app}" in f.evidence
     assert "keras.layers.Dense(" not in f.fix
+    # its first form sets the classifier in place, through the models its path names: what
+    # apply_recommendations does (the whole layer in float32)
+    path = run.layers.set_index("name")["path"][f.layer].split("/")
+    getter = "model" + "".join(f'.get_layer("{p}")' for p in path[1:])
+    assert f.fix.split("\n")[1].startswith(f'{getter}.dtype_policy = "float32"'), f.fix
 
 
 @pytest.mark.parametrize(
@@ -329,7 +334,8 @@ def test_a_softmax_over_one_unit_is_named_in_the_evidence():
     ("act", "wanted", "absent"),
     [
         ("sigmoid", 'keras.layers.Activation("sigmoid", dtype="float32")(model.output)', "softmax"),
-        ("linear", "findings).model  # its 'predictions' Dense (logits)", "Activation("),
+        ("linear", '''get_layer("predictions").dtype_policy = "float32"  # its 'predictions' Dense''',
+         "Activation("),
         ("softmax", 'keras.layers.Activation("softmax", dtype="float32")(model.output)', "default"),
     ],
 )

@@ -16,6 +16,8 @@ from repo_scripts import load_script
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
+from printed_fix import model_changing, printed_and_applied, same_problem  # noqa: E402
+
 import mpwatch  # noqa: E402
 from mpwatch import contract  # noqa: E402
 from mpwatch.judge.fix import Fix  # noqa: E402
@@ -37,6 +39,7 @@ def trained(um, tmp_path_factory):
         key = (name, fixed)
         if key not in cache:
             logdir = str(tmp_path_factory.mktemp(f"{name}{'_fixed' if fixed else ''}"))
+            keras.backend.clear_session()  # names as in a fresh process: a fresh build's
             model, _, observer = um.train(name, logdir, fixed=fixed)
             cache[key] = (model, observer, mpwatch.diagnose(logdir), logdir)
         return cache[key]
@@ -93,6 +96,11 @@ def test_accumulation_skips_are_the_optimizers_own(um, trained):
 
 
 # --- a float32 checkpoint fine-tuned: an overflow chain, printed and applied alike --------------
+def _builder(um, name):
+    """build(policy) -> a fresh compiled model of ``name`` (for printed_fix)."""
+    return lambda policy: um.build(name, policy=policy or um.POLICY)[0]
+
+
 def _printed_float32(code):
     """The layers a printed fix keeps float32, read here with the test's own pattern."""
     code = "\n".join(line.split("#", 1)[0] for line in code.splitlines())
@@ -115,20 +123,13 @@ def test_finetune_overflow_chain_printed_and_applied_alike(um, trained):
     assert sorted(Fix.of(f).float32_layers) == ["d2", "d3"] == _printed_float32(f.fix)
     assert "keeping 'd3', 'd2' float32: finite, in range" in f.evidence
     assert not [g for g in findings if g is not f and g.layer in ("d2", "d3")]  # one finding
-    # applied: the same layer policies as the printed code on a fresh model
-    fresh, _, _ = um.build("finetune")
-    applied = mpwatch.apply_recommendations(fresh, findings)
-    printed, _, _ = um.build("finetune", fixed=True)  # d2 and d3 built with dtype="float32"
-    def policies(model):
-        return {ly.name: ly.compute_dtype for ly in model.layers if ly.name.startswith(("d", "h"))}
-
-    assert policies(applied.model) == policies(printed)
-    assert policies(printed) == {"d1": "float16", "d2": "float32", "d3": "float32",
-                                 "head": "float32"}  # fmt: skip
-    assert type(applied.model.optimizer.inner_optimizer) is type(printed.optimizer.inner_optimizer)
+    # the printed code done on a fresh model, and applied: the same layer policies
+    printed, applied = printed_and_applied([f], _builder(um, "finetune"))
+    assert {ly.name: ly.compute_dtype for ly in printed.layers if ly.name[0] in "dh"} == {
+        "d1": "float16", "d2": "float32", "d3": "float32", "head": "float32"}  # fmt: skip
     # both retrain with the problem gone
-    for model in (applied.model, None):
-        logdir2 = str(logdir) + ("_applied" if model is not None else "_printed")
+    for model, label in ((applied, "_applied"), (printed, "_printed")):
+        logdir2 = str(logdir) + label
         trained_model, history, obs = um.train("finetune", logdir2, model=model, fixed=True)
         assert skipped(obs.raw) == [] and np.isfinite(history.history["loss"]).all()
         assert not [g for g in mpwatch.diagnose(logdir2) if g.severity == "error"]
@@ -287,18 +288,40 @@ def test_rmsnorm_square_overflow_named_at_the_op_and_fixed(um, trained):
     # printed and applied alike: the three norms in float32
     fix = [Fix.of(f).float32_layers for f in errors.values()]
     assert sorted(n for names in fix for n in names) == norms
-    fresh, _, _ = um.build("rmsnorm")
-    applied = mpwatch.apply_recommendations(fresh, findings).model
-    printed, _, _ = um.build("rmsnorm", fixed=True)
+    printed, applied = printed_and_applied(list(errors.values()), _builder(um, "rmsnorm"))
 
     def norm_dtypes(m):
         return sorted(ly.compute_dtype for ly in m.layers if type(ly).__name__ == "RMSNorm")
 
     assert norm_dtypes(applied) == norm_dtypes(printed) == ["float32"] * 3
     # both retrain with the problem gone: no skip, no error, the loss below chance
-    for m, label in ((applied, "_applied"), (None, "_printed")):
+    for m, label in ((applied, "_applied"), (printed, "_printed")):
         logdir2 = str(logdir) + label
         _, history, obs = um.train("rmsnorm", logdir2, model=m, fixed=True)
         assert skipped(obs.raw) == []
         assert history.history["loss"][-1] < 0.68  # chance is log(2) = 0.693
         assert not [g for g in mpwatch.diagnose(logdir2) if g.severity == "error"]
+
+
+# --- every fix: printed and applied alike, both retrained with the problem gone ----------------
+@pytest.mark.parametrize("name", ["accumulation", "finetune", "siamese", "lstm_raw", "distiller",
+                                  "rmsnorm"])  # fmt: skip
+def test_every_fix_printed_and_applied_alike(um, trained, name):
+    """Each model-changing finding: its printed code done on a fresh model (printed_fix, which
+    reads only the text) and apply_recommendations give the same layer policies and optimizer;
+    both retrain (the model's own data, as fixed) without the finding. The fine-tune's and the
+    RMSNorm's layer fixes retrain in their own tests, with their own measures of harm."""
+    _, _, findings, logdir = trained(name)
+    changing = model_changing(findings)
+    assert changing, [(f.rule, f.layer) for f in findings]
+    retrained = {"finetune": {"activation-overflow"}, "rmsnorm": {"output-rel-error"}}
+    for i, f in enumerate(changing):
+        printed, applied = printed_and_applied([f], _builder(um, name))
+        if f.rule in retrained.get(name, ()):
+            continue
+        for model, label in ((printed, "printed"), (applied, "applied")):
+            if model is None:  # a subclassed model's policy: the printed code is the one way
+                continue
+            logdir2 = f"{logdir}_{i}_{label}"
+            um.train(name, logdir2, model=model)
+            assert same_problem(f, mpwatch.diagnose(logdir2)) == [], (f.rule, f.layer, label)

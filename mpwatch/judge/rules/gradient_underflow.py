@@ -74,8 +74,8 @@ from mpwatch import contract
 from mpwatch.judge import scale_advice as sa
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge import scale_facts as sf
-from mpwatch.judge.containers import containers_fix_lines
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.fix import layers_code
 from mpwatch.judge.rule import (
     UNDERFLOW_WARN,
     Rule,
@@ -104,15 +104,10 @@ RULE = Rule(
     },
 )
 
-_KEEP_FIX = "# keep {names} in float32 (dtype=\"float32\" where each is built), or:\n" \
-    "model = mpwatch.apply_recommendations(model, findings).model"  # fmt: skip
-
-
 def _keep_fix(run: Run, layers: list[tuple[str, Any]]) -> str:
-    """Keep these layers in float32, as code (a layer that holds layers: all of it)."""
-    fix = _KEEP_FIX.format(names=sa.names_text(layers, with_fraction=False))
-    extra = containers_fix_lines(run, [n for n, _ in layers])
-    return "\n".join([fix, *extra]) if extra else fix
+    """Keep these layers in float32, as code: one line each (a layer that holds layers: all of
+    it), then how to apply it (:func:`mpwatch.judge.fix.layers_code`)."""
+    return layers_code([n for n, _ in layers], run)
 
 
 def check(run: Run) -> list[Finding]:

@@ -39,13 +39,17 @@ output with an activation can also keep its matmul in 16 bits and apply *its own
 (sigmoid for a sigmoid output) as a float32 `Activation` named as the output was; a linear
 (regression, logits) output is the layer itself in float32, with no activation added. The
 classifier of a `keras.applications` model (its `predictions` layer inside a model the builder
-named, e.g. `resnet50`) through the builder's `classifier_activation`:
+named, e.g. `resnet50`), whose constructor you do not write: set in place on the built model
+(what `apply_recommendations` does), or through the builder's `classifier_activation`:
 ```python
 keras.layers.Dense(10, ..., activation="softmax", dtype="float32", name="predictions")
 # or keep its matmul in 16 bits and apply softmax in float32:
 x = keras.layers.Dense(10, ..., activation=None, name="predictions_logits")(x)
 outputs = keras.layers.Activation("softmax", dtype="float32", name="predictions")(x)
 # a keras.applications classifier:
+model = keras.applications.ResNet50(...)  # as you build it, then before compile:
+model.get_layer("predictions").dtype_policy = "float32"  # its matmul and softmax in float32
+# or keep its matmul in 16 bits and apply softmax in float32:
 model = keras.applications.ResNet50(..., classifier_activation=None)
 outputs = keras.layers.Activation("softmax", dtype="float32")(model.output)
 model = keras.Model(model.input, outputs)
