@@ -305,8 +305,9 @@ def _inputs_named(model: Any) -> Any:
     each after its tensor, ``keras_tensor``: the clone's calls then warn that their inputs do not
     match ``['keras_tensor']``), or None (a Sequential model keeps its names)."""
     import keras
+    from keras.src.models.functional import Functional
 
-    if type(model).__name__ != "Functional":
+    if not isinstance(model, Functional) or isinstance(model, keras.Sequential):
         return None
 
     def named(x: Any) -> Any:

@@ -160,7 +160,7 @@ def _inner(optimizer: Any) -> Any:
 def state(model: Any) -> dict[str, Any]:
     """What the model trains as: every layer's dtype policy (by name) and its optimizer's class,
     its inner optimizer's class and learning rate, and the loss scale's settings."""
-    opt = model.optimizer
+    opt = getattr(model, "optimizer", None)
     policies = {ly.name: ly.dtype_policy.name for ly in model._flatten_layers()}
     if opt is None:  # a model whose train step holds its own optimizers (a GAN)
         return {"policies": policies}

@@ -17,6 +17,8 @@ from repo_scripts import load_script
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
+from printed_fix import model_changing, printed_and_applied, same_problem  # noqa: E402
+
 import mpwatch  # noqa: E402
 from mpwatch.judge.skip_causes import skip_causes  # noqa: E402
 from mpwatch.show.summary import run_summary  # noqa: E402
@@ -38,6 +40,7 @@ def trained(cm, tmp_path_factory):
         key = (name, fixed)
         if key not in cache:
             logdir = str(tmp_path_factory.mktemp(f"{name}{'_fixed' if fixed else ''}"))
+            keras.backend.clear_session()  # names as in a fresh process: a fresh build's
             model, history = cm.train(name, logdir, fixed=fixed)
             cache[key] = (model, history, mpwatch.diagnose(logdir), logdir)
         return cache[key]
@@ -234,3 +237,26 @@ def test_unnormalized_inputs_the_checked_fix_is_normalization(cm, trained):
     x64 = x.astype(np.float64)
     want = (x64[:64] - x64.mean(axis=0)) / x64.std(axis=0)
     np.testing.assert_allclose(np.asarray(norm(x[:64]), np.float64), want, rtol=1e-3, atol=1e-3)
+
+
+# --- every fix: printed and applied alike, both retrained with the problem gone ----------------
+@pytest.mark.parametrize("name", ["custom_step", "gan", "float16_policy", "bad_batches",
+                                  "unnormalized"])  # fmt: skip
+def test_every_fix_printed_and_applied_alike(cm, trained, name):
+    """Each model-changing finding: its printed code done on a fresh model (printed_fix, which
+    reads only the text) and apply_recommendations (for a subclassed model: the fix's in-place
+    form) give the same layer policies and optimizer; both retrain without the finding."""
+    _, _, findings, logdir = trained(name)
+    changing = model_changing(findings)
+    assert changing, [(f.rule, f.layer) for f in findings]
+
+    def build(policy):
+        return cm.build(name, policy=policy)[0]
+
+    for i, f in enumerate(changing):
+        for model, label in zip(printed_and_applied([f], build), ("printed", "applied")):
+            if model is None:  # a subclassed model's policy: the printed code is the one way
+                continue
+            logdir2 = f"{logdir}_{i}_{label}"
+            cm.train(name, logdir2, model=model)
+            assert same_problem(f, mpwatch.diagnose(logdir2)) == [], (f.rule, f.layer, label)
