@@ -321,17 +321,21 @@ def train(
     seed: int = 0,
     callbacks: Sequence[Any] = (),
     verbose: int = 0,
+    model: Any = None,
     **monitor_kwargs: Any,
 ) -> tuple[Any, Any]:
     """Build model ``name`` (:func:`build`), fit it for exactly ``steps`` batches (one epoch,
     unshuffled) under its policy with ``mpwatch.MixedPrecisionMonitor(logdir, log_every=...,
     probe_every=PROBE_EVERY[name], profile=False, **monitor_kwargs)`` first and ``callbacks``
-    after it; return ``(model, history)``. The global policy is restored afterwards."""
+    after it; return ``(model, history)``. The global policy is restored afterwards.
+    ``model``: train this one instead of building it (a model the diagnosis' fix was applied
+    to)."""
     import keras
 
     import mpwatch
 
-    model, x, y = build(name, fixed, seed)
+    built, x, y = build(name, fixed, seed)
+    model = built if model is None else model
     bs = batch_size or BATCH_SIZES[name]
     n = (steps or STEPS[name]) * bs
     idx = np.arange(n) % len(x)

@@ -370,6 +370,7 @@ def train(
     policy: str | None = None,
     seed: int = 0,
     verbose: int = 0,
+    model: Any = None,
     **monitor_kwargs: Any,
 ) -> Any:
     """Build scenario ``name`` under its policy (or ``policy``: ``"float32"`` gives the baseline
@@ -377,7 +378,8 @@ def train(
     as needed, unshuffled) with ``mpwatch.MixedPrecisionMonitor(log_dir=logdir, **monitor_kwargs)``
     and return the model. The monitor's defaults here: ``log_every=10`` and ``probe_every=10`` (so
     a 30-step fit records 3 probes and interval scalars); anything in ``monitor_kwargs`` wins.
-    The global policy is float32 again afterwards, also when training fails."""
+    The global policy is float32 again afterwards, also when training fails. ``model``: train
+    this one instead of building it (a model the diagnosis' fix was applied to)."""
     import keras
 
     import mpwatch
@@ -387,7 +389,8 @@ def train(
     kwargs = {"log_every": 10, "probe_every": 10} | monitor_kwargs
     keras.mixed_precision.set_global_policy(policy or POLICIES[name])
     try:
-        model, x, y = SCENARIOS[name](seed=seed)
+        built, x, y = SCENARIOS[name](seed=seed)
+        model = built if model is None else model
         idx = np.arange(steps * bs) % len(x)
         keras.utils.set_random_seed(seed)
         model.fit(

@@ -41,6 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpwatch.formats import is_16bit
+from mpwatch.judge.clone import clonable as _clonable
+from mpwatch.judge.clone import clone as _clone
+from mpwatch.judge.clone import policy_name as _policy_name
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.fix import Fix
 from mpwatch.judge.scale_advice import optimizer_code
@@ -148,11 +151,6 @@ def policy_advice(findings: Iterable[Finding]) -> tuple[str | None, list[str]]:
         )  # fmt: skip
         notes.append(f'{f.rule}\'s set_global_policy("{p}") left out: {why}')
     return chosen, notes
-
-
-def _policy_name(obj: Any) -> str | None:
-    name = getattr(getattr(obj, "dtype_policy", None), "name", None)
-    return name if isinstance(name, str) else None
 
 
 def _inner(optimizer: Any) -> Any:
@@ -285,116 +283,6 @@ def _output_layer(model: Any) -> Any:
     return layers[-1] if layers else None
 
 
-def _from_config(layer: Any, config: dict[str, Any]) -> Any:
-    """A new layer like ``layer`` from ``config``. A ``Lambda`` keeps its function, mask and
-    arguments as the objects they are (its config names a function by name only, which Keras
-    cannot find again for a function defined in a script: keras.io's Siamese network's
-    ``euclidean_distance``)."""
-    import keras
-
-    if type(layer) is keras.layers.Lambda:
-        return keras.layers.Lambda(
-            layer.function, output_shape=layer._output_shape, mask=layer.mask,
-            arguments=layer.arguments, name=config["name"], dtype=config.get("dtype"),
-        )  # fmt: skip
-    return layer.__class__.from_config(config)
-
-
-def _inputs_named(model: Any) -> Any:
-    """A Functional model's inputs made anew with its input layers' names (Keras' clone names
-    each after its tensor, ``keras_tensor``: the clone's calls then warn that their inputs do not
-    match ``['keras_tensor']``), or None (a Sequential model keeps its names)."""
-    import keras
-    from keras.src.models.functional import Functional
-
-    if not isinstance(model, Functional) or isinstance(model, keras.Sequential):
-        return None
-
-    def named(x: Any) -> Any:
-        history = getattr(x, "_keras_history", None)
-        layer = getattr(history, "operation", None) or (history[0] if history else None)
-        name = getattr(layer, "name", None) or x.name
-        return keras.Input(batch_shape=x.shape, dtype=x.dtype, name=name)
-
-    return keras.tree.map_structure(named, model.input)
-
-
-def _clone(model: Any, float32: set[str], old: str | None, policy: str | None) -> Any:
-    """``model`` cloned layer by layer under ``policy``: the ``float32`` layers in float32, the
-    layers that had the model's policy ``old`` in ``policy`` (as building the model under the
-    new global policy gives them), the others (pinned by the user) as they were; not compiled."""
-    import keras
-
-    switch = policy is not None and policy != old
-
-    def clone_function(layer: Any) -> Any:
-        config = layer.get_config()
-        if layer.name in float32:
-            config["dtype"] = "float32"
-            if walk(layer):  # it holds layers: those it creates take the global policy
-                before = keras.mixed_precision.global_policy()
-                keras.mixed_precision.set_global_policy("float32")
-                try:
-                    return _from_config(layer, config)
-                finally:
-                    keras.mixed_precision.set_global_policy(before)
-        elif switch and _policy_name(layer) == old:
-            config["dtype"] = policy
-        return _from_config(layer, config)
-
-    global_before = keras.mixed_precision.global_policy()
-    compiled = getattr(model, "compiled", False)
-    try:
-        if policy is not None:  # the models clone_model creates (the clone, nested ones) take
-            keras.mixed_precision.set_global_policy(policy)  # the global policy
-        # Keras' clone_model compiles a compiled model's clone from its serialized config: with
-        # a new optimizer of the old values, and failing on an unregistered custom loss. The
-        # clone is compiled here instead (_compile_like), with the optimizer the advice says
-        model.compiled = False
-        # a Lambda's function is this process' own object, cloned in memory, never read from
-        # a file: Keras' safe mode (which refuses to deserialize a Python lambda) is for files
-        from keras.src.saving.serialization_lib import SafeModeScope
-
-        with SafeModeScope(safe_mode=False):
-            return keras.models.clone_model(
-                model, clone_function=clone_function, input_tensors=_inputs_named(model),
-                recursive=True,
-            )  # fmt: skip
-    except (ValueError, TypeError, NotImplementedError) as e:
-        graph = isinstance(model, (keras.Sequential, keras.Model)) and type(model).__name__ in (
-            "Functional", "Sequential"
-        )
-        how = (
-            "one of its layers cannot be rebuilt from its config: change the layers in the "
-            "model's code"
-            if graph
-            else "a subclassed model must be changed in its code"
-        )
-        raise ValueError(
-            f"mpwatch: cannot clone {type(model).__name__} layer by layer ({e}); {how}: see "
-            "apply_recommendations(None, findings).snippet"
-        ) from e
-    finally:
-        model.compiled = compiled
-        keras.mixed_precision.set_global_policy(global_before)
-
-
-def _clonable(model: Any) -> None:
-    """Raise the clear error for a model Keras cannot clone layer by layer (subclassed: its
-    layers are made by its own code) before anything is built from it."""
-    import keras
-    from keras.src.models.functional import Functional
-
-    if isinstance(model, (keras.Sequential, Functional)) or not isinstance(model, keras.Model):
-        return
-    raise ValueError(
-        f"mpwatch: cannot clone {type(model).__name__} layer by layer (a subclassed model: its "
-        "layers are made by its own code); a subclassed model must be changed in its code, or "
-        "its layers' policies set before it trains: see the findings' fix and "
-        "apply_recommendations(None, findings).snippet"
-    )
-
-
 def apply_recommendations(model: Any, findings: Iterable[Finding],
                           optimizer: Any = None) -> Applied:  # fmt: skip
     """A clone of ``model`` that trains as the findings say: under their policy, the layers they
@@ -459,7 +347,15 @@ def apply_recommendations(model: Any, findings: Iterable[Finding],
         for name in found:  # a container in float32 is all of it (its sublayers' paths too)
             for _, path, _ in walk(by_name[name]):
                 policy_map[path] = keras.dtype_policies.get("float32")
-        clone = _clone(model, set(found), old, policy)
+        shared: list[str] = []
+        clone = _clone(model, set(found), old, policy, shared)
+        if shared:
+            one = len(shared) == 1
+            notes.append(
+                f"{', '.join(shared)} cannot be rebuilt from {'its' if one else 'their'} config "
+                "(get_config leaves out an argument of __init__): the new model shares "
+                f"{'it' if one else 'them'} with the model given, weights and all"
+            )
         if not clone.built and model.built:
             clone.build(model.input_shape if hasattr(model, "input_shape") else None)
         _float32_whole(clone, found)

@@ -697,3 +697,74 @@ def test_a_functional_model_with_a_lambda_is_cloned_and_keeps_its_function(polic
     x = np.ones((2, 4), "float32")
     np.testing.assert_allclose(np.asarray(got.model(x)), np.asarray(model(x), "float32"),
                                rtol=1e-2, atol=1e-2)  # fmt: skip
+
+
+def _user_layers():
+    """Layers written as keras.io's examples write them: a function defined in a script (Keras
+    cannot find it again by name), an __init__ without **kwargs whose get_config leaves out the
+    name (the Transformer's TokenAndPositionEmbedding), a get_config that leaves out an argument
+    (the ViT's PatchEncoder)."""
+    import keras
+
+    script = {"__name__": "a_users_script"}  # not importable: as a script run with python
+    exec("def twice(t):\n    return t * 2.0\n", script)  # noqa: S102
+
+    class Scale(keras.layers.Layer):
+        def __init__(self, factor):
+            super().__init__()
+            self.factor = factor
+            self.inner = keras.layers.Dense(8, name=None)
+
+        def call(self, x):
+            return self.inner(x) * self.factor
+
+        def get_config(self):
+            return {"factor": self.factor, "trainable": self.trainable, "dtype": self.dtype_policy}
+
+    class Shift(keras.layers.Layer):
+        def __init__(self, units, shift, **kwargs):
+            super().__init__(**kwargs)
+            self.units, self.shift = units, shift
+
+        def call(self, x):
+            return x + self.shift
+
+        def get_config(self):
+            return {**super().get_config(), "units": self.units}  # shift left out
+
+    return script["twice"], Scale, Shift
+
+
+def test_a_users_layers_are_cloned_as_their_code_makes_them(policy):
+    """Each of the three, in one Functional model, with another layer's fix applied: the clone's
+    layers have the original's names (its inputs too: Keras names them keras_tensor) and
+    policies, the fixed layer is float32, and the output is the original's (numpy: the same
+    weights, the same function); the layer no config can rebuild is shared, and a note says so.
+    keras.io's Siamese network, Transformer and ViT each failed to clone."""
+    import keras
+
+    twice, Scale, Shift = _user_layers()
+    with policy("mixed_float16"):
+        inp = keras.Input((4,), name="features")
+        x = keras.layers.Dense(8, name="d1")(inp)
+        x = keras.layers.Lambda(twice, name="double")(x)
+        x = Scale(0.5)(x)
+        x = Shift(8, 1.0, name="shift")(x)
+        model = keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="out")(x))
+    got = mpwatch.apply_recommendations(model, [_keep("d1")])
+    new = got.model
+    assert [ly.name for ly in new.layers] == [ly.name for ly in model.layers]
+    assert {ly.name: ly.dtype_policy.name for ly in new.layers} == {
+        **{ly.name: ly.dtype_policy.name for ly in model.layers}, "d1": "float32"}  # fmt: skip
+    assert new.get_layer("shift") is model.get_layer("shift")  # shared: no config rebuilds it
+    assert any("Shift 'shift' cannot be rebuilt" in n and "shares it" in n for n in got.notes)
+    assert new.get_layer("double").function is twice
+    x = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
+    w = {ly.name: [np.asarray(v, "float64") for v in ly.get_weights()] for ly in model.layers}
+    h = x @ w["d1"][0] + w["d1"][1]
+    inner = next(ly for ly in model._flatten_layers() if type(ly).__name__ == "Dense"
+                 and ly.name not in ("d1", "out"))  # fmt: skip
+    iw = [np.asarray(v, "float64") for v in inner.get_weights()]
+    h = ((2.0 * h) @ iw[0] + iw[1]) * 0.5 + 1.0
+    want = h @ w["out"][0] + w["out"][1]
+    np.testing.assert_allclose(np.asarray(new(x), "float64"), want, rtol=2e-2, atol=2e-2)

@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repo_scripts import load_script  # noqa: E402
 
+import mpwatch  # noqa: E402
+
 
 class Observer(keras.callbacks.Callback):
     """After each batch: the optimizer's own iterations and loss scale (the truth)."""
@@ -76,6 +78,7 @@ def run_one(mm, name, fixed, out):
     # a fixed model is trained to see its output and its findings: without the probe (whose
     # compiled passes cost as much as the fit's own on a CPU)
     extra = {"probe": False} if fixed else {}
+    keras.backend.clear_session()  # names as in a fresh process: a fresh build's
     model, history = mm.train(name, logdir, fixed=fixed, callbacks=[observer], **extra)
     x, _ = mm.data(name)
     layer = mm.output_layer(model)
@@ -98,8 +101,31 @@ def run_one(mm, name, fixed, out):
         "ref_max_grad": None
         if fixed or name == "mobilenet_v2_bf16"
         else reference_max_grad(mm, name, model),
+        "fixes": [] if fixed else fixes_alike(mm, name, logdir),
         "seconds": time.perf_counter() - t0,
     }
+
+
+#: findings of the model's structure (a layer's dtype, the device): a short fit shows them gone
+STRUCTURAL = {"output-16bit", "no-tensor-cores"}
+
+
+def fixes_alike(mm, name, logdir):
+    """Each model-changing finding of the run: printed and applied alike (printed_fix asserts
+    it), and each retrained (2 steps without a probe, for a finding of the model's structure: it
+    shows in the layers' record): the findings that are it again, by title (none: gone)."""
+    from printed_fix import model_changing, printed_and_applied, same_problem
+
+    out = []
+    for i, f in enumerate(model_changing(mpwatch.diagnose(logdir))):
+        pair = printed_and_applied([f], lambda policy: mm.build(name, policy=policy)[0])
+        short = {"steps": 2, "probe": False, "log_every": 1} if f.rule in STRUCTURAL else {}
+        for model, label in zip(pair, ("printed", "applied")):
+            again = f"{logdir}_{i}_{label}"
+            mm.train(name, again, model=model, **short)
+            left = [g.title for g in same_problem(f, mpwatch.diagnose(again))]
+            out.append({"rule": f.rule, "layer": f.layer, "how": label, "left": left})
+    return out
 
 
 def main(out, specs):

@@ -158,10 +158,16 @@ def _inner(optimizer: Any) -> Any:
 
 
 def state(model: Any) -> dict[str, Any]:
-    """What the model trains as: every layer's dtype policy (by name) and its optimizer's class,
-    its inner optimizer's class and learning rate, and the loss scale's settings."""
+    """What the model trains as: every layer's dtype policy and its optimizer's class, its inner
+    optimizer's class and learning rate, and the loss scale's settings."""
     opt = getattr(model, "optimizer", None)
-    policies = {ly.name: ly.dtype_policy.name for ly in model._flatten_layers()}
+    # by name where the user names them (the model's own layers: the names a fix prints); the
+    # layers a layer makes in its own __init__ by their place (Keras numbers their names per
+    # session, and a clone makes them anew)
+    policies = {ly.name: ly.dtype_policy.name for ly in model.layers}
+    policies["(every layer, in order)"] = [
+        (type(ly).__name__, ly.dtype_policy.name) for ly in model._flatten_layers()
+    ]
     if opt is None:  # a model whose train step holds its own optimizers (a GAN)
         return {"policies": policies}
     inner = _inner(opt)

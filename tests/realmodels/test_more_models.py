@@ -35,6 +35,8 @@ from repo_scripts import ROOT, load_script
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
+from printed_fix import model_changing, printed_and_applied, same_problem  # noqa: E402
+
 import mpwatch  # noqa: E402
 from mpwatch import words  # noqa: E402
 from mpwatch.judge.rules import ALL_RULES  # noqa: E402
@@ -145,6 +147,7 @@ class Trained:
     def __init__(self, mm, name, fixed, logdir, **kwargs):
         self.name, self.fixed, self.logdir = name, fixed, logdir
         observer = Observer()
+        keras.backend.clear_session()  # names as in a fresh process: a fresh build's
         self.model, self.history = mm.train(
             name, logdir, fixed=fixed, callbacks=[observer], **kwargs
         )
@@ -907,3 +910,42 @@ def test_mobilenet_v2_bfloat16_jax_no_float16_measure(jax_truth):
     )
     assert [f for f in fixed_findings if f.rule == "output-16bit"] == []
     assert not [f for f in fixed_findings if FLOAT16_WORDS.search(_text(f).replace("bfloat16", ""))]
+
+
+# --- every fix: printed and applied alike, both retrained with the problem gone ----------------
+#: findings of the model's structure (a layer's dtype, the device): a short fit shows them gone
+STRUCTURAL = {"output-16bit", "no-tensor-cores"}
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "vit", "bilstm"])
+def test_every_fix_printed_and_applied_alike(mm, trained, name):
+    """Each model-changing finding on TensorFlow: its printed code done on a fresh model
+    (printed_fix, which reads only the text) and apply_recommendations give the same layer
+    policies and optimizer; both retrain without the finding (2 steps without a probe for a
+    finding of the model's structure: it shows in the layers' record)."""
+    t = trained(name)
+    changing = model_changing(t.findings)
+    assert changing, [(f.rule, f.layer) for f in t.findings]
+
+    def build(policy):
+        return mm.build(name, policy=policy)[0]
+
+    for i, f in enumerate(changing):
+        short = {"steps": 2, "probe": False, "log_every": 1} if f.rule in STRUCTURAL else {}
+        pair = printed_and_applied([f], build)
+        if short and name == "efficientnet_b0":
+            continue  # its fixes are test_real_models' MobileNetV2's, retrained there
+        for model, label in zip(pair, ("printed", "applied")):
+            logdir2 = f"{t.logdir}_{i}_{label}"
+            mm.train(name, logdir2, model=model, **short)
+            assert same_problem(f, mpwatch.diagnose(logdir2)) == [], (f.rule, f.layer, label)
+
+
+@pytest.mark.parametrize("name", ["vit", "mobilenet_v2_bf16"])
+def test_every_fix_printed_and_applied_alike_on_jax(jax_truth, name):
+    """The same on Keras' JAX backend, in the JAX process (more_models_jax.fixes_alike: the
+    printed and applied models asserted alike there, then each retrained)."""
+    fixes = jax_truth[name]["fixes"]
+    assert fixes, name
+    assert {f["how"] for f in fixes} == {"printed", "applied"}
+    assert [f for f in fixes if f["left"]] == []

@@ -24,6 +24,8 @@ from repo_scripts import load_script
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
+from printed_fix import model_changing, printed_and_applied, same_problem  # noqa: E402
+
 import mpwatch  # noqa: E402
 
 STEPS = 20  # probes at steps 10 and 20 (probe_every=10)
@@ -42,6 +44,7 @@ def trained(rm, tmp_path_factory):
     def get(name):
         if name not in cache:
             logdir = str(tmp_path_factory.mktemp(name))
+            keras.backend.clear_session()  # names as in a fresh process: a fresh build's
             model = rm.train(name, logdir, steps=STEPS, profile=False)
             x, y = rm.scenario_data(name)
             bs = rm.BATCH_SIZES[name]
@@ -164,3 +167,35 @@ def test_overflowing_custom_layer_is_exactly_one_error_at_that_layer(rm, trained
     (e,) = errors
     assert e.layer == "logsumexp_pool"
     assert "LogSumExpPool(" in e.fix and "keras.layers.LogSumExpPool" not in e.fix
+
+
+# --- every fix: printed and applied alike, both retrained with the problem gone ----------------
+#: findings of the model's structure (a layer's dtype, the device): a short fit shows them gone
+STRUCTURAL = {"output-16bit", "no-tensor-cores"}
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet50", "transformer", "bfloat16",
+                                  "logsumexp", "sigmoid_mlp"])  # fmt: skip
+def test_every_fix_printed_and_applied_alike(rm, trained, name):
+    """Each model-changing finding: its printed code done on a fresh model (printed_fix, which
+    reads only the text; keras.applications' classifier set in place on the model the builder
+    makes) and apply_recommendations give the same layer policies and optimizer; both retrain
+    without the finding: as long as the run for a finding of the numbers, 2 steps without a probe
+    for one of the model's structure (it shows in the layers' record)."""
+    _, logdir, findings, _ = trained(name)
+    changing = model_changing(findings)
+    assert changing, [(f.rule, f.layer) for f in findings]
+
+    def build(policy):
+        return rm.build(name, policy=policy)[0]
+
+    for i, f in enumerate(changing):
+        short = f.rule in STRUCTURAL
+        pair = printed_and_applied([f], build)
+        if short and name == "resnet50":
+            continue  # its fixes are MobileNetV2's, retrained there (a ResNet50 fit: minutes)
+        for model, label in zip(pair, ("printed", "applied")):
+            logdir2 = f"{logdir}_{i}_{label}"
+            rm.train(name, logdir2, model=model, profile=False, steps=2 if short else STEPS,
+                     **({"probe": False, "log_every": 1} if short else {}))  # fmt: skip
+            assert same_problem(f, mpwatch.diagnose(logdir2)) == [], (f.rule, f.layer, label)
