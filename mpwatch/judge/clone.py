@@ -37,7 +37,8 @@ def _from_config(layer: Any, config: dict[str, Any]) -> Any:
     """A new layer like ``layer`` from ``config``. A ``Lambda`` keeps its function, mask and
     arguments as the objects they are (its config names a function by name only, which Keras
     cannot find again for a function defined in a script: keras.io's Siamese network's
-    ``euclidean_distance``)."""
+    ``euclidean_distance``); a layer its config cannot rebuild, from the arguments its
+    constructor was called with."""
     import keras
 
     if type(layer) is keras.layers.Lambda:
@@ -47,20 +48,20 @@ def _from_config(layer: Any, config: dict[str, Any]) -> Any:
         )  # fmt: skip
     try:
         return layer.__class__.from_config(config)
-    except TypeError as e:
-        base = [k for k in ("name", "trainable", "dtype") if f"argument '{k}'" in str(e)]
-        if not base:
+    except TypeError:
+        args = getattr(getattr(layer, "_auto_config", None), "config", None)
+        if args is None:
             raise
-    # a user's layer whose __init__ takes no **kwargs (keras.io's TokenAndPositionEmbedding):
-    # made as the user's code makes it, then given the name, trainability and policy the
-    # config says, before anything builds or calls it
-    kept = {k: config[k] for k in ("name", "trainable", "dtype") if k in config}
-    new = layer.__class__.from_config({k: v for k, v in config.items() if k not in kept})
-    new.name = kept.get("name") or layer.name  # a config may leave the name out too
-    if "trainable" in kept:
-        new.trainable = kept["trainable"]
-    if kept.get("dtype") is not None:
-        new.dtype_policy = kept["dtype"]
+    # a user's layer whose __init__ takes no **kwargs (keras.io's TokenAndPositionEmbedding), or
+    # whose get_config leaves out an argument (keras.io's ViT PatchEncoder): made with the
+    # arguments its constructor was called with (Keras keeps them, where they are plain values),
+    # then given the name, trainability and policy the config says, before anything builds it
+    base = ("name", "trainable", "dtype")
+    new = layer.__class__(**{k: v for k, v in dict(args).items() if k not in base})
+    new.name = config.get("name") or layer.name  # a config may leave the name out too
+    new.trainable = config.get("trainable", layer.trainable)
+    if config.get("dtype") is not None:
+        new.dtype_policy = config["dtype"]
     return new
 
 
@@ -95,7 +96,14 @@ def clone(model: Any, float32: set[str], old: str | None, policy: str | None,
     switch = policy is not None and policy != old
 
     def clone_function(layer: Any) -> Any:
-        config = layer.get_config()
+        changed = layer.name in float32 or (switch and policy_name(layer) == old)
+        try:
+            config = layer.get_config()
+        except NotImplementedError:  # made with an object no config holds, no get_config
+            if changed:
+                raise
+            shared.append(f"{type(layer).__name__} {layer.name!r}")
+            return layer
         if layer.name in float32:
             config["dtype"] = "float32"
             if walk(layer):  # it holds layers: those it creates take the global policy
@@ -107,12 +115,15 @@ def clone(model: Any, float32: set[str], old: str | None, policy: str | None,
                     keras.mixed_precision.set_global_policy(before)
         elif switch and policy_name(layer) == old:
             config["dtype"] = policy
-            return _from_config(layer, config)
+            new = _from_config(layer, config)
+            for sub, _, _ in walk(new):  # a wrapper's layers rebuilt from their own configs
+                if policy_name(sub) == old:  # (Bidirectional's LSTMs) switch with it
+                    sub.dtype_policy = policy
+            return new
         try:
             return _from_config(layer, config)
         except (TypeError, ValueError):
-            # a layer the fix leaves as it is, which its config cannot rebuild (keras.io's ViT
-            # PatchEncoder: its get_config leaves out projection_dim): shared, not rebuilt
+            # a layer the fix leaves as it is that nothing rebuilds: shared, not rebuilt
             shared.append(f"{type(layer).__name__} {layer.name!r}")
             return layer
 

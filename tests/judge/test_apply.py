@@ -703,7 +703,7 @@ def _user_layers():
     """Layers written as keras.io's examples write them: a function defined in a script (Keras
     cannot find it again by name), an __init__ without **kwargs whose get_config leaves out the
     name (the Transformer's TokenAndPositionEmbedding), a get_config that leaves out an argument
-    (the ViT's PatchEncoder)."""
+    (the ViT's PatchEncoder), a constructor given an object no config holds."""
     import keras
 
     script = {"__name__": "a_users_script"}  # not importable: as a script run with python
@@ -732,32 +732,47 @@ def _user_layers():
         def get_config(self):
             return {**super().get_config(), "units": self.units}  # shift left out
 
-    return script["twice"], Scale, Shift
+    class Table:  # not a value a config can hold
+        offset = 0.25
+
+    class Lookup(keras.layers.Layer):
+        def __init__(self, table, **kwargs):
+            super().__init__(**kwargs)
+            self.table = table
+
+        def call(self, x):
+            return x + self.table.offset
+
+    return script["twice"], Scale, Shift, Lookup, Table
 
 
 def test_a_users_layers_are_cloned_as_their_code_makes_them(policy):
     """Each of the three, in one Functional model, with another layer's fix applied: the clone's
     layers have the original's names (its inputs too: Keras names them keras_tensor) and
     policies, the fixed layer is float32, and the output is the original's (numpy: the same
-    weights, the same function); the layer no config can rebuild is shared, and a note says so.
-    keras.io's Siamese network, Transformer and ViT each failed to clone."""
+    weights, the same function); a layer is made with the arguments its constructor was called
+    with, and one nothing can rebuild is shared, with a note. keras.io's Siamese network,
+    Transformer and ViT each failed to clone."""
     import keras
 
-    twice, Scale, Shift = _user_layers()
+    twice, Scale, Shift, Lookup, Table = _user_layers()
     with policy("mixed_float16"):
         inp = keras.Input((4,), name="features")
         x = keras.layers.Dense(8, name="d1")(inp)
         x = keras.layers.Lambda(twice, name="double")(x)
         x = Scale(0.5)(x)
         x = Shift(8, 1.0, name="shift")(x)
+        x = Lookup(Table(), name="lookup")(x)
         model = keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="out")(x))
     got = mpwatch.apply_recommendations(model, [_keep("d1")])
     new = got.model
     assert [ly.name for ly in new.layers] == [ly.name for ly in model.layers]
     assert {ly.name: ly.dtype_policy.name for ly in new.layers} == {
         **{ly.name: ly.dtype_policy.name for ly in model.layers}, "d1": "float32"}  # fmt: skip
-    assert new.get_layer("shift") is model.get_layer("shift")  # shared: no config rebuilds it
-    assert any("Shift 'shift' cannot be rebuilt" in n and "shares it" in n for n in got.notes)
+    assert new.get_layer("shift") is not model.get_layer("shift")  # its constructor's arguments
+    assert new.get_layer("shift").shift == 1.0
+    assert new.get_layer("lookup") is model.get_layer("lookup")  # shared: nothing rebuilds it
+    assert any("Lookup 'lookup' cannot be rebuilt" in n and "shares it" in n for n in got.notes)
     assert new.get_layer("double").function is twice
     x = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
     w = {ly.name: [np.asarray(v, "float64") for v in ly.get_weights()] for ly in model.layers}
@@ -765,6 +780,32 @@ def test_a_users_layers_are_cloned_as_their_code_makes_them(policy):
     inner = next(ly for ly in model._flatten_layers() if type(ly).__name__ == "Dense"
                  and ly.name not in ("d1", "out"))  # fmt: skip
     iw = [np.asarray(v, "float64") for v in inner.get_weights()]
-    h = ((2.0 * h) @ iw[0] + iw[1]) * 0.5 + 1.0
+    h = ((2.0 * h) @ iw[0] + iw[1]) * 0.5 + 1.0 + 0.25
     want = h @ w["out"][0] + w["out"][1]
     np.testing.assert_allclose(np.asarray(new(x), "float64"), want, rtol=2e-2, atol=2e-2)
+
+
+def test_a_policy_change_reaches_the_layers_a_wrapper_holds(policy):
+    """keras.io's bidirectional LSTM under mixed_float16, advised float32 (a CPU): the clone
+    must be the model its code builds under float32, every layer in it float32; a Bidirectional
+    rebuilds its LSTMs from their own configs, and they stayed mixed_float16."""
+    import keras
+
+    def build():
+        inp = keras.Input((6,), dtype="int32")
+        x = keras.layers.Embedding(50, 8)(inp)
+        x = keras.layers.Bidirectional(keras.layers.LSTM(4))(x)
+        return keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(x))
+
+    to_float32 = Finding("no-tensor-cores", "warning", "t", "e", action={"policy": "float32"})
+    with policy("mixed_float16"):
+        model = build()
+    with policy("float32"):
+        truth = build()  # the user's code under the advised policy
+    got = mpwatch.apply_recommendations(model, [to_float32]).model
+
+    def every(m):
+        return [(type(ly).__name__, ly.dtype_policy.name) for ly in m._flatten_layers()]
+
+    assert every(got) == every(truth)
+    assert {p for _, p in every(got)} == {"float32"}
