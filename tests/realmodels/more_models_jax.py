@@ -112,20 +112,16 @@ STRUCTURAL = {"output-16bit", "no-tensor-cores"}
 
 def fixes_alike(mm, name, logdir):
     """Each model-changing finding of the run: printed and applied alike (printed_fix asserts
-    it), and each retrained (2 steps without a probe, for a finding of the model's structure: it
+    it), and each retrained (1 step without a probe, for a finding of the model's structure: it
     shows in the layers' record): the findings that are it again, by title (none: gone)."""
-    from printed_fix import model_changing, printed_and_applied, same_problem
+    from printed_fix import every_fix_alike
 
-    out = []
-    for i, f in enumerate(model_changing(mpwatch.diagnose(logdir))):
-        pair = printed_and_applied([f], lambda policy: mm.build(name, policy=policy)[0])
-        short = {"steps": 2, "probe": False, "log_every": 1} if f.rule in STRUCTURAL else {}
-        for model, label in zip(pair, ("printed", "applied")):
-            again = f"{logdir}_{i}_{label}"
-            mm.train(name, again, model=model, **short)
-            left = [g.title for g in same_problem(f, mpwatch.diagnose(again))]
-            out.append({"rule": f.rule, "layer": f.layer, "how": label, "left": left})
-    return out
+    def retrain(model, f, label):
+        short = {"steps": 1, "probe": False, "log_every": 1} if f.rule in STRUCTURAL else {}
+        mm.train(name, f"{logdir}_{label}", model=model, **short)
+        return f"{logdir}_{label}"
+
+    return every_fix_alike(mpwatch.diagnose(logdir), lambda p: mm.build(name, policy=p)[0], retrain)
 
 
 def main(out, specs):

@@ -199,3 +199,25 @@ def model_changing(findings: list[Any]) -> list[Any]:
 def same_problem(finding: Any, findings: list[Any]) -> list[Any]:
     """The findings in ``findings`` that are ``finding`` again: its rule, at its layer."""
     return [f for f in findings if f.rule == finding.rule and f.layer == finding.layer]
+
+
+def every_fix_alike(
+    findings: list[Any], build: Callable[[str | None], Any], retrain: Callable[..., str]
+) -> list[dict[str, Any]]:
+    """Each model-changing finding: printed and applied alike (:func:`printed_and_applied`),
+    then each model retrained by ``retrain(model, finding, label)`` (it returns the retrain's
+    logdir) and diagnosed: ``[{rule, layer, how, left}]``, ``left`` the titles of the findings
+    that are it again (none: the problem is gone)."""
+    import mpwatch
+
+    changing = model_changing(findings)
+    assert changing, [(f.rule, f.layer) for f in findings]
+    out = []
+    for i, f in enumerate(changing):
+        for model, how in zip(printed_and_applied([f], build), ("printed", "applied")):
+            if model is None:  # a subclassed model's policy: the printed code is the one way
+                continue
+            logdir = retrain(model, f, f"{i}_{how}")
+            left = [g.title for g in same_problem(f, mpwatch.diagnose(logdir))]
+            out.append({"rule": f.rule, "layer": f.layer, "how": how, "left": left})
+    return out

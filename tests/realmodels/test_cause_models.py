@@ -17,7 +17,7 @@ from repo_scripts import load_script
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
-from printed_fix import model_changing, printed_and_applied, same_problem  # noqa: E402
+from printed_fix import every_fix_alike  # noqa: E402
 
 import mpwatch  # noqa: E402
 from mpwatch.judge.skip_causes import skip_causes  # noqa: E402
@@ -247,16 +247,10 @@ def test_every_fix_printed_and_applied_alike(cm, trained, name):
     reads only the text) and apply_recommendations (for a subclassed model: the fix's in-place
     form) give the same layer policies and optimizer; both retrain without the finding."""
     _, _, findings, logdir = trained(name)
-    changing = model_changing(findings)
-    assert changing, [(f.rule, f.layer) for f in findings]
 
-    def build(policy):
-        return cm.build(name, policy=policy)[0]
+    def retrain(model, f, label):
+        cm.train(name, f"{logdir}_{label}", model=model)
+        return f"{logdir}_{label}"
 
-    for i, f in enumerate(changing):
-        for model, label in zip(printed_and_applied([f], build), ("printed", "applied")):
-            if model is None:  # a subclassed model's policy: the printed code is the one way
-                continue
-            logdir2 = f"{logdir}_{i}_{label}"
-            cm.train(name, logdir2, model=model)
-            assert same_problem(f, mpwatch.diagnose(logdir2)) == [], (f.rule, f.layer, label)
+    build = lambda policy: cm.build(name, policy=policy)[0]  # noqa: E731
+    assert [c for c in every_fix_alike(findings, build, retrain) if c["left"]] == []
