@@ -202,19 +202,24 @@ def same_problem(finding: Any, findings: list[Any]) -> list[Any]:
 
 
 def every_fix_alike(
-    findings: list[Any], build: Callable[[str | None], Any], retrain: Callable[..., str]
+    findings: list[Any],
+    build: Callable[[str | None], Any],
+    retrain: Callable[..., str],
+    retrained: Callable[[Any], bool] = lambda f: True,
 ) -> list[dict[str, Any]]:
     """Each model-changing finding: printed and applied alike (:func:`printed_and_applied`),
-    then each model retrained by ``retrain(model, finding, label)`` (it returns the retrain's
-    logdir) and diagnosed: ``[{rule, layer, how, left}]``, ``left`` the titles of the findings
-    that are it again (none: the problem is gone)."""
+    then, where ``retrained(finding)``, each model retrained by ``retrain(model, finding,
+    label)`` (it returns the retrain's logdir) and diagnosed: ``[{rule, layer, how, left}]``,
+    ``left`` the titles of the findings that are it again (none: the problem is gone). (The
+    suite retrains a fix of one kind on one model of a module where more would only cost.)"""
     import mpwatch
 
     changing = model_changing(findings)
     assert changing, [(f.rule, f.layer) for f in findings]
     out = []
     for i, f in enumerate(changing):
-        for model, how in zip(printed_and_applied([f], build), ("printed", "applied")):
+        pair = printed_and_applied([f], build)
+        for model, how in zip(pair, ("printed", "applied")) if retrained(f) else ():
             if model is None:  # a subclassed model's policy: the printed code is the one way
                 continue
             logdir = retrain(model, f, f"{i}_{how}")

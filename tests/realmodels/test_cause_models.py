@@ -253,4 +253,7 @@ def test_every_fix_printed_and_applied_alike(cm, trained, name):
         return f"{logdir}_{label}"
 
     build = lambda policy: cm.build(name, policy=policy)[0]  # noqa: E731
-    assert [c for c in every_fix_alike(findings, build, retrain) if c["left"]] == []
+    def retrained(f):  # the device's float32 is one fix for all five: retrained on one
+        return f.rule != "no-tensor-cores" or name == "custom_step"
+
+    assert [c for c in every_fix_alike(findings, build, retrain, retrained) if c["left"]] == []

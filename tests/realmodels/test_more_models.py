@@ -931,7 +931,13 @@ def test_every_fix_printed_and_applied_alike(mm, trained, name):
         return f"{t.logdir}_{label}"
 
     build = lambda policy: mm.build(name, policy=policy)[0]  # noqa: E731
-    assert [c for c in every_fix_alike(t.findings, build, retrain) if c["left"]] == []
+    def retrained(f):  # EfficientNet's fixes are test_real_models' MobileNetV2's; the
+        if name == "efficientnet_b0":  # device's float32 is one fix: retrained on the BiLSTM
+            return False
+        return f.rule != "no-tensor-cores" or name == "bilstm"
+
+    checked = every_fix_alike(t.findings, build, retrain, retrained)
+    assert [c for c in checked if c["left"]] == []
 
 
 @pytest.mark.parametrize("name", ["vit", "mobilenet_v2_bf16"])

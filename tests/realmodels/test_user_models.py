@@ -304,17 +304,26 @@ def test_rmsnorm_square_overflow_named_at_the_op_and_fixed(um, trained):
 
 
 # --- every fix: printed and applied alike, both retrained with the problem gone ----------------
+#: fixes retrained printed and applied in their model's own test
+OWN_RETRAIN = {("finetune", "activation-overflow"), ("rmsnorm", "output-rel-error")}
+
+
 @pytest.mark.parametrize("name", ["accumulation", "finetune", "siamese", "lstm_raw", "distiller",
                                   "rmsnorm"])  # fmt: skip
 def test_every_fix_printed_and_applied_alike(um, trained, name):
     """Each model-changing finding: its printed code done on a fresh model (printed_fix, which
     reads only the text) and apply_recommendations give the same layer policies and optimizer;
-    both retrain on the model's own data without the finding (the fine-tune's and the RMSNorm's
-    tests measure more of their fixes' effect)."""
+    both retrain on the model's own data without the finding."""
     _, _, findings, logdir = trained(name)
 
     def retrain(model, f, label):
         um.train(name, f"{logdir}_{label}", model=model)
         return f"{logdir}_{label}"
 
-    assert [c for c in every_fix_alike(findings, _builder(um, name), retrain) if c["left"]] == []
+    def retrained(f):  # the device's float32 is one fix for all six: retrained on one; the
+        if (name, f.rule) in OWN_RETRAIN:  # fine-tune's and the RMSNorm's layer fixes: in
+            return False  # their own tests, printed and applied, with more measures of harm
+        return f.rule != "no-tensor-cores" or name == "siamese"
+
+    checked = every_fix_alike(findings, _builder(um, name), retrain, retrained)
+    assert [c for c in checked if c["left"]] == []
