@@ -410,6 +410,11 @@ def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
                  if len(path) <= 2 else
                  f"# your model, built as it is ({app} inside it), then before compile:")
         whole = f'{built}\n{getter}.dtype_policy = "float32"'
+        if str((layer_row(run, name) or {}).get("class") or cls) == "Activation":
+            # the builder's classifier is an Activation of its own (MobileNetV3): no matmul in
+            # it, nothing else to split off
+            what = act if isinstance(act, str) else "activation"
+            return f"{whole}  # its {what} in float32\n{tail}"
         if act == "linear":  # classifier_activation=None already: only its Dense can change
             return f"{whole}  # its {name!r} Dense (logits) in float32\n{tail}"
         code = f'"{act}"' if isinstance(act, str) and act.isidentifier() else '"softmax"'

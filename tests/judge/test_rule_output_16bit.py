@@ -334,7 +334,8 @@ def test_a_softmax_over_one_unit_is_named_in_the_evidence():
     ("act", "wanted", "absent"),
     [
         ("sigmoid", 'keras.layers.Activation("sigmoid", dtype="float32")(model.output)', "softmax"),
-        ("linear", '''get_layer("predictions").dtype_policy = "float32"  # its 'predictions' Dense''',
+        ("linear",
+         '''get_layer("predictions").dtype_policy = "float32"  # its 'predictions' Dense''',
          "Activation("),
         ("softmax", 'keras.layers.Activation("softmax", dtype="float32")(model.output)', "default"),
     ],
@@ -567,3 +568,20 @@ def test_severity_follows_the_measured_effect(loss, skips, severity):
     change = abs(loss - 0.6930) / 0.6930
     said = f"within {change:.2%} of float32's" in f.evidence
     assert said == (severity == "info") and (change <= LOSS_EFFECT_INFO or not said)
+
+
+def test_a_keras_applications_classifier_that_is_an_activation_is_set_whole():
+    """MobileNetV3's classifier is an Activation of its own (named predictions, after a Conv2D
+    and a Flatten): its fix is that layer in float32, in place, with no matmul to speak of and no
+    split form (classifier_activation=None and a float32 Activation would be the same change)."""
+    run = _app_run("MobileNetV3Small", "MobileNetV3Small")
+    run.layers = run.layers.assign(
+        **{"class": ["Conv2D", "Activation"], "activation": ["linear", "softmax"]}
+    )
+    (f,) = findings_of(diagnose(run), RULE)
+    code = f.fix.split("\n")
+    assert code[0].startswith("model = keras.applications.MobileNetV3Small(...)")
+    want = 'model.get_layer("predictions").dtype_policy = "float32"  # its softmax in float32'
+    assert code[1] == want
+    assert "matmul" not in f.fix and "classifier_activation" not in f.fix
+    assert code[-1] == "model = mpwatch.apply_recommendations(model, findings).model"
