@@ -123,6 +123,8 @@ def clone(model: Any, float32: set[str], old: str | None, policy: str | None,
         try:
             return _from_config(layer, config)
         except (TypeError, ValueError):
+            if changed:  # the fix changes it: sharing it as it is would drop the change
+                raise
             # a layer the fix leaves as it is that nothing rebuilds: shared, not rebuilt
             shared.append(f"{type(layer).__name__} {layer.name!r}")
             return layer

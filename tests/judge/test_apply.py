@@ -809,3 +809,17 @@ def test_a_policy_change_reaches_the_layers_a_wrapper_holds(policy):
 
     assert every(got) == every(truth)
     assert {p for _, p in every(got)} == {"float32"}
+
+
+def test_a_layer_the_fix_changes_is_never_shared_as_it_was(policy):
+    """A layer nothing can rebuild (made with an object no config holds) that a finding keeps
+    in float32: sharing it as it is would drop the fix; the clear error says to change the code."""
+    import keras
+
+    _, _, _, Lookup, Table = _user_layers()
+    with policy("mixed_float16"):
+        inp = keras.Input((4,))
+        x = Lookup(Table(), name="lookup")(keras.layers.Dense(4, name="d1")(inp))
+        model = keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="out")(x))
+    with pytest.raises(ValueError, match="cannot clone Functional layer by layer"):
+        mpwatch.apply_recommendations(model, [_keep("lookup")])
