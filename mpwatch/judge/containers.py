@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mpwatch.read.run import Run
 
-__all__ = ["sublayer_names", "container_float32_fix", "containers_fix_lines"]
+__all__ = ["sublayer_names", "container_float32_fix"]
 
 
 def sublayer_names(run: Run, name: str) -> list[str]:
@@ -61,18 +61,3 @@ def container_float32_fix(name: str, ctor: str, subs: list[str], run: Run) -> st
             "model = mpwatch.apply_recommendations(model, findings).model",
         ]
     )
-
-
-def containers_fix_lines(run: Run, names: list[str]) -> list[str]:
-    """For advice that keeps several layers in float32 by name: a line pair for each that holds
-    layers of its own (``dtype="float32"`` where it is built does not reach them)."""
-    lines = []
-    for name in names:
-        if sublayer_names(run, name):
-            lines += [
-                f"# {name!r} holds layers of its own: a dtype does not reach the layers it creates;"
-                " switch all of it:",
-                f'for sub in model.get_layer("{name}")._flatten_layers(): sub.dtype_policy = '
-                '"float32"',
-            ]
-    return lines

@@ -401,16 +401,17 @@ def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
     (:func:`mpwatch.judge.containers.container_float32_fix`)."""
     app = application_of(run, name) if run is not None else None
     if app is not None:
-        act = (layer_row(run, name) or {}).get("activation") if run is not None else None
+        row = (layer_row(run, name) or {}) if run is not None else {}
+        act = row.get("activation")
         apply = "model = mpwatch.apply_recommendations(model, findings).model"
         tail = "# or, without editing the model code:\n" + apply
-        path = str((layer_row(run, name) or {}).get("path") or name).split("/")
+        path = str(row.get("path") or name).split("/")
         getter = "model" + "".join(f'.get_layer("{p}")' for p in path[1:])
         built = (f"model = keras.applications.{app}(...)  # as you build it, then before compile:"
                  if len(path) <= 2 else
                  f"# your model, built as it is ({app} inside it), then before compile:")
         whole = f'{built}\n{getter}.dtype_policy = "float32"'
-        if str((layer_row(run, name) or {}).get("class") or cls) == "Activation":
+        if str(row.get("class") or cls) == "Activation":
             # the builder's classifier is an Activation of its own (MobileNetV3): no matmul in
             # it, nothing else to split off
             what = act if isinstance(act, str) else "activation"
