@@ -53,13 +53,15 @@ ALLOWED = {
         "mpwatch.words",
     ),
     # the tab shows what the reports show: the views both build from a Run (memory by dtype,
-    # float8 readiness) are written once, in mpwatch.show (show imports nothing of the plugin)
+    # float8 readiness, what the profile could not join) are written once, in mpwatch.show
+    # (show imports nothing of the plugin)
     "tensorboard_plugin_mpwatch": (
         *SHARED,
         "mpwatch.read",
         "mpwatch.judge",
         "mpwatch.show.memory",
         "mpwatch.show.float8",
+        "mpwatch.show.profile_view",
         "tensorboard_plugin_mpwatch",
     ),
 }

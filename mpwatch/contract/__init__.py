@@ -103,6 +103,7 @@ from mpwatch.contract.profile import (
     PROFILE_OP_TYPE_COLUMNS,
     PROFILE_PRECISIONS,
     PROFILE_SOURCES,
+    PROFILE_UNJOINED_MATH,
     profile_source,
 )
 from mpwatch.contract.schema import (
@@ -214,6 +215,7 @@ __all__ = [
     "PROFILE_OP_TYPE_COLUMN_TYPES",
     "PROFILE_PRECISIONS",
     "PROFILE_SOURCES",
+    "PROFILE_UNJOINED_MATH",
     "RECORD_KINDS",
     "RECORD_PREFIX",
     "SCALAR_DOCS",

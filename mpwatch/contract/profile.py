@@ -40,6 +40,11 @@ PROFILE_OP_TYPE_COLUMNS = [
 #: framework ops on a device without a kernel table (what records written before ``source``
 #: existed hold on a GPU)
 PROFILE_SOURCES = ("device_kernels", "host_ops", "device_ops")
+#: the ``unattributed_by_category`` key of matmul and convolution ops outside every layer that no
+#: named part of the step owns: a model's math the join could not place (a train step's own
+#: computation, or a sub-model no scope of the model reaches); their precision is not read from
+#: a layer (they count 32-bit)
+PROFILE_UNJOINED_MATH = "matmul/conv joined to no layer"
 #: the precisions a GPU kernel is classified in (``mpwatch.profile.kernel_patterns.PRECISIONS``)
 #: (``mixed``: an XLA kernel reading or writing 16- and 32-bit data both; ``integer``: one without
 #: floating point; both from the HLO, added with issue 26: older records lack their columns)
@@ -323,7 +328,7 @@ SCHEMA = s._record_schema(
             "object",
             "that time by the named part of the step it belongs to (optimizer update, loss "
             "scaling, loss, metrics, input), else by a rough category (input_pipeline, "
-            "gradients, other)",
+            f"gradients, other, {PROFILE_UNJOINED_MATH!r})",
             additionalProperties=s._num(),
         ),
         "cast_us": s._num("time in Cast ops"),

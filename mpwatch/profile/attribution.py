@@ -207,8 +207,34 @@ def _model_scope_start(parts: list[str], root_name: str) -> int | None:
     return None
 
 
+def _sub_model_scope_start(parts: list[str], sub_models: Sequence[str]) -> int | None:
+    """Index of the first component that is the scope of one of the root's sub-models, for an
+    op outside the root's own scope: a train step (or ``compute_loss``) that calls a sub-model
+    itself (``self.teacher(x)`` in a distiller, a GAN's generator) opens that sub-model's scope
+    at the top (``StatefulPartitionedCall/teacher_1/conv2d_1/convolution``), not under the
+    root model's."""
+    if not sub_models:
+        return None
+    for i, p in enumerate(parts[:-1]):
+        if scope_candidates(p, sub_models):
+            return i
+    return None
+
+
 def attribute_ops(op_names: Iterable[str], root: LayerInfo) -> dict[str, LayerInfo | None]:
-    """For each op name, the deepest layer whose scope holds it (None: outside every layer)."""
+    """For each op name, the deepest layer whose scope holds it (None: outside every layer).
+
+    An op outside the root model's scope joins through the scope of one of the root's sub-models
+    where it has one (a train step that calls ``self.teacher(x)`` itself).
+
+    >>> root = LayerInfo("distiller", "distiller", "Distiller", "float32", children=[
+    ...     LayerInfo("teacher", "distiller/teacher", "Sequential", "float16", children=[
+    ...         LayerInfo("conv2d", "distiller/teacher/conv2d", "Conv2D", "float16")])])
+    >>> found = attribute_ops(["StatefulPartitionedCall/teacher_1/conv2d_1/convolution",
+    ...     "StatefulPartitionedCall/cond/then/_47/cond/Cumsum_1"], root)
+    >>> [v.path if v else None for v in found.values()]
+    [None, 'distiller/teacher/conv2d']
+    """
     names = list(dict.fromkeys(op_names))
     split = {n: n.split("/") for n in names}
     # Walk level by level: for each (layer, seen components below it) resolve the suffixes together.
@@ -216,11 +242,16 @@ def attribute_ops(op_names: Iterable[str], root: LayerInfo) -> dict[str, LayerIn
     # group op names by the node they reached and the remaining parts
     frontier: dict[int, tuple[LayerInfo, list[tuple[str, list[str]]]]] = {}
     root_items = []
+    sub_models = [c.name for c in root.children if c.children]
     for n in names:
         parts = split[n]
         start = _model_scope_start(parts, root.name)
         if start is None:
-            out[n] = None
+            sub = _sub_model_scope_start(parts, sub_models)
+            if sub is None:
+                out[n] = None
+            else:
+                root_items.append((n, parts[sub:]))
             continue
         root_items.append((n, parts[start + 1 :]))
     frontier[id(root)] = (root, root_items)

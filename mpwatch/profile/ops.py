@@ -28,6 +28,7 @@ Example (needs TensorFlow and xprof):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,10 @@ class ProfileResult:
         if "part" in unattributed:  # the op table knows the part (the input pipeline)
             given = unattributed["part"].fillna("").astype(str)
             category = category.where(given == "", given)
+        math = unattributed["op_type"].astype(str).map(is_math_op_type) & category.isin(
+            ("gradients", "other")
+        )
+        category = category.where(~math, UNJOINED_MATH)
         by_category = unattributed.groupby(category)["self_time_us"].sum().to_dict()
         payload = {
             "steps": [int(s) for s in steps] if steps else None,
@@ -147,6 +152,23 @@ class ProfileResult:
             payload["layers"] = split(layers.head(keep))
             payload["layers_dropped"] = int(len(layers) - keep)
         return payload
+
+
+UNJOINED_MATH = contract.PROFILE_UNJOINED_MATH
+_MATH_OP_TYPE = re.compile(
+    r"^_?(?:Mkl)?(?:Native)?(?:Fused)?(?:Conv[123]D\w*|DepthwiseConv2dNative\w*|MatMul\w*|BatchMatMul\w*|Einsum|"
+    r"XlaDot\w*|XlaConv\w*|convolution|dot|dot_general|conv_general_dilated)$"
+)
+
+
+def is_math_op_type(op_type: str) -> bool:
+    """Whether an op type is a matmul or a convolution (TensorFlow's, XLA's or JAX's).
+
+    >>> [is_math_op_type(t) for t in ("Conv2DBackpropFilter", "_FusedMatMul", "dot", "Cast",
+    ...                               "_MklNativeFusedConv2D", "_MklMatMul")]
+    [True, True, True, False, True, True]
+    """
+    return bool(_MATH_OP_TYPE.match(op_type or ""))
 
 
 def op_category(op_name: str) -> str:

@@ -228,6 +228,11 @@ JSON_SCHEMA: dict[str, Any] = {
                             "share_16bit": {"type": ["number", "null"]},
                             "cast_share": {"type": ["number", "null"]},
                             "unattributed_share": {"type": ["number", "null"]},
+                            "unjoined_math_share": {
+                                "type": ["number", "null"],
+                                "description": "host ops: share in matmul/conv ops joined to "
+                                "no layer (precision not read, counted 32-bit)",
+                            },
                             "top_layers": {
                                 "type": "array",
                                 "items": {

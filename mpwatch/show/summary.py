@@ -28,6 +28,7 @@ from mpwatch import contract
 from mpwatch.judge import Finding
 from mpwatch.judge.rules.damaged_logs import RULE as DAMAGED_LOGS
 from mpwatch.read import Run
+from mpwatch.show.profile_view import UNJOINED_SAID, unjoined_math_share
 from mpwatch.words import NO_FINDINGS, NO_FINDINGS_TRACE_ONLY, duration_ms, percent, raw_trace
 
 __all__ = [
@@ -259,6 +260,7 @@ def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
         "unattributed_share": (
             (finite_float((kern or prof).get("unattributed_us")) or 0.0) / total if total else None
         ),
+        "unjoined_math_share": None if kern is not None else unjoined_math_share(prof),
         "top_layers": layers,
         "trace": run.profile_trace,
     }
@@ -303,7 +305,13 @@ def profile_lines(ps: dict[str, Any]) -> list[str]:
     if ps["cast_share"] is not None and not gpu:
         bits.append(f"{percent(ps['cast_share'])} in Cast ops")
     if ps["unattributed_share"] is not None:
-        bits.append(f"{percent(ps['unattributed_share'])} outside layers")
+        outside = f"{percent(ps['unattributed_share'])} outside layers"
+        if (ps.get("unjoined_math_share") or 0.0) >= UNJOINED_SAID:
+            outside += (
+                f" ({percent(ps['unjoined_math_share'])} of the time in matmul/conv ops joined to"
+                " no layer: their precision not read, counted 32-bit)"
+            )
+        bits.append(outside)
     lines = [", ".join(bits)]
     if ps.get("trace"):
         lines.append(raw_trace(ps["trace"]))

@@ -18,6 +18,7 @@ from mpwatch.read import ProbeResult, Run
 from mpwatch.read.run import PROBE_TOP_KEYS
 from mpwatch.show.float8 import float8_view
 from mpwatch.show.memory import memory_view
+from mpwatch.show.profile_view import UNJOINED_SAID, unjoined_math_share
 from mpwatch.words import plain
 
 __all__ = ["info_view", "layers_view", "probes_view", "profile_summary", "profile_view"]
@@ -234,7 +235,8 @@ def profile_summary(model: Run) -> dict[str, Any] | None:
     ``unattributed_share``; on a GPU trace also ``tensor_core_share`` (mpwatch, by the kernel
     names) beside ``xprof_tensor_core_share`` (xprof's "Kernel uses TensorCore"),
     ``tensor_core_missed_by_xprof_share`` (why they differ), ``unknown_share`` and
-    ``by_precision_share``; elsewhere ``cast_share``."""
+    ``by_precision_share``; elsewhere ``cast_share`` and ``unjoined_math_share`` (matmul/conv ops
+    joined to no layer), with ``unjoined_said`` the share from which the tab says it."""
     prof = model.profile
     if not prof:
         return None
@@ -258,6 +260,8 @@ def profile_summary(model: Run) -> dict[str, Any] | None:
     }
     if kern is None:
         out["cast_share"] = contract.finite_float(prof.get("cast_share"))
+        out["unjoined_math_share"] = unjoined_math_share(prof)
+        out["unjoined_said"] = UNJOINED_SAID
         return _with_text(out)
     by = kern.get("by_precision_share") if isinstance(kern.get("by_precision_share"), dict) else {}
     out.update(

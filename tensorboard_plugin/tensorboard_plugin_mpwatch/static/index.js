@@ -301,6 +301,10 @@ function renderProfile(view) {
       fact('mpw-share16', '16-bit (by layer dtype)', share('share_16bit')),
       fact('mpw-cast', 'Cast ops', share('cast_share')),
       fact('mpw-outside', 'outside layers', share('unattributed_share')));
+    if (s.unjoined_math_share >= s.unjoined_said) {
+      facts.append(fact('mpw-unjoined', 'matmul/conv joined to no layer', share('unjoined_math_share'),
+        'a model\'s math the join could not place (a train step\'s own computation): its precision not read, counted 32-bit'));
+    }
     return;
   }
   // mpwatch's reading of the kernel names beside xprof's own flag, and why they differ
