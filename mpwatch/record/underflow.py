@@ -141,7 +141,25 @@ def _abs_finite(x: Any) -> Any:
     import tensorflow as tf
 
     a = tf.abs(x)
-    return tf.where(tf.math.is_finite(a), a, tf.zeros_like(a))
+    return tf.where(tf.math.is_finite(a), a, tf.constant(0, a.dtype))  # (a scalar: see _sizes)
+
+
+def _sizes(flats: list[Any]) -> Any:
+    """float64 element count of each 1-D tensor of ``flats``. Never ``count(ones_like(x))``, nor
+    any ``zeros_like``/``ones_like`` of a tensor of static shape: TensorFlow's graph optimizer
+    folds those into constants as large as the tensor (float64 after the cast), kept with the
+    probe's function for the whole fit (ResNet50 at 64x64: hundreds of MiB, once per piece)."""
+    import tensorflow as tf
+
+    return tf.cast(tf.stack([tf.size(f) for f in flats]), tf.float64)
+
+
+def _zeros_as(x: Any) -> Any:
+    """Zeros of ``x``'s shape and dtype computed from ``x`` when the step runs (not a constant
+    the optimizer folds, see :func:`_sizes`), also where ``x`` is not finite."""
+    import tensorflow as tf
+
+    return tf.math.multiply_no_nan(x, tf.constant(0, x.dtype))
 
 
 def _flats(tensors: list[Any]) -> list[Any]:
@@ -165,8 +183,8 @@ def grad_table(mixed_scaled: list[Any], refs: list[Any], scale: Any) -> Any:
             ms.append(tf.zeros([0], tf.float32))
             rs.append(tf.zeros([0], tf.float32))
             continue
-        r = tf_chunks.flat(r) if r is not None else tf.zeros_like(tf_chunks.flat(m))
-        ms.append(tf_chunks.flat(m) if m is not None else tf.zeros_like(r))
+        r = tf_chunks.flat(r) if r is not None else _zeros_as(tf_chunks.flat(m))
+        ms.append(tf_chunks.flat(m) if m is not None else _zeros_as(r))
         rs.append(r)
     if not rs:
         return tf.zeros([0, 7], tf.float64)
@@ -181,7 +199,7 @@ def grad_table(mixed_scaled: list[Any], refs: list[Any], scale: Any) -> Any:
         max_ref = largest(tf.where(tf.math.is_nan(a), tf.constant(math.inf, tf.float64), a))
         return tf.stack(
             [
-                count(tf.ones_like(r)),
+                _sizes(rs),
                 count(ref_nz),
                 count(tf.logical_and(ref_nz, tf.equal(m, 0.0))),
                 total(tf.square(diff)),
@@ -213,7 +231,7 @@ def activation_table(mixed: list[Any], refs: list[Any] | None) -> Any:
         max_m = tf.where(
             nonfinite > 0, tf.constant(math.inf, tf.float64), largest(_abs_finite(m))
         )
-        size = count(tf.ones_like(m))
+        size = _sizes(ms)
         if rs is None:
             zero = tf.zeros_like(size)
             return tf.stack([size, zero, zero, max_m, nonfinite, zero], axis=1)
@@ -248,7 +266,7 @@ def act_grad_table(mixed_scaled: list[Any], refs: list[Any]) -> Any:
         return tf.zeros([len(refs), 4], tf.float64)
     rs = [tf_chunks.flat(refs[i]) for i in present]
     ms = [
-        tf_chunks.flat(mixed_scaled[i]) if mixed_scaled[i] is not None else tf.zeros_like(r)
+        tf_chunks.flat(mixed_scaled[i]) if mixed_scaled[i] is not None else _zeros_as(r)
         for i, r in zip(present, rs)
     ]
 
