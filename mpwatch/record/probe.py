@@ -283,13 +283,13 @@ class Probe:
 
             m = self.model
             layers = [ly for ly in m.layers if type(ly).__name__ != "InputLayer"]
-            outs = []
-            self._act_layer_index = []
+            outs, self._act_layer_index = [], []
             for i, ly in enumerate(layers):
                 for t in keras.tree.flatten(ly.output):
                     outs.append(t)
                     self._act_layer_index.append(i)
-            tap = keras.Model(m.inputs, list(m.outputs) + outs)
+            fm = getattr(m, "_functional", None) or m  # its inputs' structure: no warning
+            tap = keras.Model(getattr(fm, "_inputs_struct", m.inputs), [*m.outputs, *outs])
             self._tapped_layers = layers
             return [ly.name for ly in layers], tap
         except Exception as e:  # noqa: BLE001  (a shared layer, an unbuilt Sequential, ...)

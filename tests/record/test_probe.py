@@ -464,3 +464,23 @@ def test_an_oversized_probe_record_is_split(tmp_path, monkeypatch):
     rows = [r for p in parts for r in p["variables"]["data"]]
     assert rows == payload["variables"]["data"]
     assert [p.get("part") for p in parts[1:]] == list(range(1, len(parts)))
+
+
+def test_the_probe_warns_nothing_into_the_fit(policy, tmp_path):
+    """The probe's tap takes its input as the model does: a Functional model of one input given
+    alone (keras.applications') warned "The structure of `inputs` doesn't match the expected
+    structure" into the user's fit when a fix check called the tap on the batch's array."""
+    import warnings
+
+    policy("mixed_float16")
+    inp = keras.Input((5,))
+    model = keras.Model(inp, keras.layers.Dense(4, name="d")(keras.layers.Dense(8)(inp)))
+    model.compile(keras.optimizers.SGD(0.0), loss=sum_loss)
+    probe = Probe(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        probe.run((np.repeat(X, 2, 0), np.zeros((2, 4), np.float32)))
+        outs = probe.tap(np.repeat(X, 2, 0), training=True)  # as the fix checks call it
+    said = [str(w.message) for w in caught if "structure" in str(w.message)]
+    assert not said, said
+    assert len(outs) == 1 + 2  # the output, then each layer's
