@@ -19,6 +19,10 @@ from mpwatch import contract
 from mpwatch.judge.rule import fmt, names_list, pct
 from mpwatch.read.run import Run
 
+#: a fix's other way out (activation-overflow's), left out where the probe checked it and it did
+#: not fix the pass
+NORMALIZE_ALTERNATIVE = "# or normalize / scale the input of this layer"
+
 __all__ = [
     "latest_checks", "describe", "checked_layers", "works", "checked_gradient",
     "normalizing_works", "stopped", "checked_on",
@@ -153,12 +157,13 @@ def normalizing_works(run: Run) -> bool | None:
 GRAD_FIXED_SHARE = 0.5
 
 
-def checked_gradient(run: Run, layer: str) -> tuple[bool | None, str] | None:
+def checked_gradient(
+    run: Run, layer: str, limits: dict[str, float]
+) -> tuple[bool | None, str] | None:
     """For a "keep this layer float32" advice against its gradient error: ``(fixed, evidence)``
     from the latest probe that re-ran its pass with the layer in float32 (``grad_fix_checks``;
-    ``fixed`` None where that pass could not run), or None when none did."""
-    from mpwatch.judge.rules.gradient_error import GRAD_ERROR_WARN
-
+    ``fixed`` None where that pass could not run), or None when none did. ``limits``: the error
+    a fixed gradient stays within, by the probe's mode (the rule's threshold)."""
     for step, payload in reversed(run.records.get(contract.KIND_PROBE) or []):
         for c in payload.get("grad_fix_checks") or []:
             if c.get("layer") != layer:
@@ -176,7 +181,7 @@ def checked_gradient(run: Run, layer: str) -> tuple[bool | None, str] | None:
                 )
             if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
                 return None
-            limit = GRAD_ERROR_WARN.get(str(payload.get("mode")), GRAD_ERROR_WARN["float16"])
+            limit = limits.get(str(payload.get("mode")), limits["float16"])
             fixed = after <= limit and after <= GRAD_FIXED_SHARE * before
             what = (
                 f"brings its gradient error from {pct(before)} to {pct(after)}"
@@ -186,3 +191,59 @@ def checked_gradient(run: Run, layer: str) -> tuple[bool | None, str] | None:
             text = f"checked on step {step}'s batch: keeping {layer!r} float32 {what}"
             return fixed, text
     return None
+
+
+# --- a finding's advice, as the checks judge it (mpwatch.judge.folds.checked_fixes) ---------------
+def settle_layers(run: Run, f: Any, stopped_why: str | None) -> None:
+    """A finding that keeps its layer float32, where the probe checked that fix on the batch that
+    showed the problem: its evidence says what the check saw; when the layer alone did not make
+    the pass finite but a few more layers did, the advice (action and fix) grows to those
+    layers; when none did, the finding keeps no float32 action (a fix that does not fix is not
+    offered), unless the checks stopped before their end (``stopped_why``, mpwatch's cost
+    budget): then the advice stands, said unchecked."""
+    from mpwatch.judge.fix import Fix, layers_code
+
+    got = checked_layers(run, f.layer)
+    if got is None:
+        return
+    layers, text = got
+    f.evidence += f"; {text}"
+    f.data = {**f.data, "checked_layers": layers}
+    if layers is None and stopped_why:  # not reached: not checked, and not refuted either
+        f.evidence += "; so keeping these layers float32 is not checked"
+        f.data = {**f.data, "fix_unchecked": stopped_why}
+        return
+    if normalizing_works(run) is False:  # checked, and it did not fix: not offered
+        f.fix = "\n".join(ln for ln in f.fix.split("\n") if ln != NORMALIZE_ALTERNATIVE)
+    if layers is None:
+        f.action = {}
+        f.fix = (
+            "# keeping this layer (or the next ones) in float32 did not make it finite:\n"
+            "# see the evidence for what the probe tried on the batch that overflowed"
+        )
+    elif layers != [f.layer]:  # one advice, printed and applied: the same layers
+        f.action = Fix.of(f).with_layers(layers).action()
+        f.fix = layers_code(layers, run)
+
+
+def settle_gradient(run: Run, f: Any, limits: dict[str, float]) -> None:
+    """A gradient-error advice the probe checked (:func:`checked_gradient`, ``limits`` its
+    threshold): shown with what the check saw, or, where float32 left the error as it was,
+    withdrawn (info, no action): the error comes with the gradient from elsewhere."""
+    got = checked_gradient(run, str(f.layer), limits)
+    if got is None:
+        return
+    fixed, text = got
+    f.evidence += f"; {text}"
+    f.data = {**f.data, "checked_fixed": fixed}
+    if fixed is False:
+        f.severity = "info"
+        f.title = (
+            f"Gradient of layer {f.layer!r} differs from float32; float32 there does not fix it"
+        )
+        f.action = {}
+        f.fix = (
+            "# keeping this layer in float32 does not fix its gradient error (checked): the\n"
+            "# error comes with the gradient from the layers after it, 16-bit arithmetic over\n"
+            "# the network rather than one layer"
+        )

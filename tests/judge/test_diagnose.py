@@ -81,9 +81,9 @@ def test_the_judge_imports_no_tensorflow():
 
 
 def test_one_finding_per_layer_cause():
-    """A layer over output-rel-error's threshold whose gradient also errs: one finding (the first
-    of LAYER_CAUSE_RULES at the highest severity), the other's title in its evidence."""
-    from mpwatch.judge.diagnose import LAYER_CAUSE_RULES, one_per_layer
+    """A layer over output-rel-error's threshold whose gradient also errs: one finding (the most
+    severe, then the lowest declared layer_cause rank), the other's title in its evidence."""
+    from mpwatch.judge.folds import declared, one_per_layer
 
     a = Finding("output-rel-error", "warning", "out err", "e1", layer="dense", run="r",
                 action={"dtype": "float32"})  # fmt: skip
@@ -95,14 +95,15 @@ def test_one_finding_per_layer_cause():
     assert [f.title for f in out] == ["grad err", "other layer", "not a layer cause"]
     assert out[0].evidence == "e2; also: out err (output-rel-error)"
     assert out[0].data["also"] == ["output-rel-error"]
-    assert LAYER_CAUSE_RULES.index("output-16bit") == 0
+    assert declared("output-16bit").layer_cause == 0  # the first of the layer causes
+    assert declared("loss-scale").layer_cause is None
 
 
 def test_the_same_scale_advice_is_one_finding():
     """gradient-underflow and loss-scale share scale_evidence: when both give the same action for
     one run, the loss-scale finding is dropped (its rule in data["also"]); other runs and other
     actions are kept."""
-    from mpwatch.judge.diagnose import fold_shared_advice
+    from mpwatch.judge.folds import fold_same_advice as fold_shared_advice
 
     act = {"loss_scale": 131072.0, "float32_layers": ["d1", "d2"]}
     under = Finding("gradient-underflow", "error", "30% underflow", "e", run="r", action=dict(act))
@@ -122,3 +123,36 @@ def test_pairing_needs_the_same_structure():
     c = make_run("c", policy="float32")
     c.layers.loc[0, "params"] = 841
     assert model_structure(c) != model_structure(a)
+
+
+def test_diagnose_names_no_rule_and_the_declarations_hold_together():
+    """The judge by declaration: judge/diagnose.py and judge/folds.py name no rule (no rule id,
+    no rule module); what each rule's findings are the cause of, rest on or are replaced by is
+    declared in the rule's own module, and every rule a declaration names exists."""
+    import ast
+    from pathlib import Path
+
+    import mpwatch.judge as judge
+    from mpwatch.judge.declare import Declared
+    from mpwatch.judge.rules import ALL_RULES
+
+    ids = {m.RULE.id for m in ALL_RULES}
+    modules = {m.__name__.rsplit(".", 1)[-1] for m in ALL_RULES}
+    here = Path(judge.__file__).parent
+    for name in ("diagnose.py", "folds.py"):
+        tree = ast.parse((here / name).read_text())
+        said = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)} & ids
+        assert not said, (name, said)
+        imported = {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+        } | {n.module.rsplit(".", 1)[-1] for n in ast.walk(tree)
+             if isinstance(n, ast.ImportFrom) and n.module}  # fmt: skip
+        assert not imported & modules, (name, imported & modules)
+    ranks = []
+    for m in ALL_RULES:
+        d = getattr(m, "DECLARED", Declared())
+        assert isinstance(d, Declared), m.__name__
+        assert set(d.same_advice_as) <= ids and set(d.layer_head_of) <= ids, m.__name__
+        if d.layer_cause is not None:
+            ranks.append(d.layer_cause)
+    assert len(ranks) == len(set(ranks)) == 7  # the layer causes, each its own rank

@@ -159,6 +159,36 @@ def test_skips_where_the_twin_fits_are_no_descent_and_say_so():
     assert "11 at scales the float32 reference's gradients fit" in f.evidence
     assert "after it" not in f.evidence  # there is no descent for it to follow
     assert "initial_scale" not in f.fix and "probe_data" in f.fix
+    # all 11 are the skips the run starts with: judged by their number (more than 10: a
+    # warning), not as a rate over this 30-step fit's length
+    assert f.severity == "warning" and f.data["later"] == 0
+
+
+@pytest.mark.parametrize("steps", [20, 2000])
+def test_a_start_the_twin_fits_that_then_holds_is_no_finding_whatever_the_fit_length(steps):
+    """keras.io's LSTM forecaster (target normalized): its float16 pass overflows from 2^12 on
+    every batch, its float32 twin's weight gradients would fit up to 2^17. The scale falls from
+    2^15 to 2^11 in the first 4 steps and holds. The 3 skips below the twin's bound are the
+    model's (said as such), but they cost 3 steps once: on a 20-step fit that was "3 of 19 steps
+    skipped (15.8%)", an ERROR that on a 2000-step fit would be 0.15%. Their cost in scale is
+    the scale rules'."""
+    from mpwatch.judge.skip_causes import TWIN_FITS, skip_causes
+
+    run, scales, skipped = _reference_run(lambda s, sc: sc >= 2.0**12, steps, 10, None, -1)
+    assert [s for s, v in skipped.items() if v] == [1, 2, 3, 4]
+    assert scales[steps] == 2.0**11
+    causes = skip_causes(run)
+    assert [c.cause for c in causes] == ["descent"] + ["model_overflow"] * 3
+    assert all(c.detail.startswith(TWIN_FITS) for c in causes[1:])
+    assert findings_of(diagnose(run), RULE) == []
+    # the same start, then a skip every 4th step: those are judged as a rate
+    run, _, skipped = _reference_run(
+        lambda s, sc: sc >= 2.0**12 or (s > steps // 2 and s % 4 == 0), steps, 10, None, -1
+    )
+    (f,) = findings_of(diagnose(run), RULE)
+    later = [c.step for c in skip_causes(run) if c.step > 4 and c.cause != "descent"]
+    assert len(later) == len([s for s, v in skipped.items() if v and s > 4]) > 0
+    assert f.data["later"] == len(later) and f.severity == "error"
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,9 @@ import math
 from typing import Any
 
 from mpwatch.formats import FLOAT16
+from mpwatch.judge.declare import Cause, Declared
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.fix_checks import NORMALIZE_ALTERNATIVE  # (a fix's other way out)
 from mpwatch.judge.graph import NORMALIZING
 from mpwatch.judge.rule import (
     HEADROOM_WARN_BITS,
@@ -83,9 +85,6 @@ from mpwatch.judge.rule import (
 )
 from mpwatch.read.run import ProbeResult, Run
 from mpwatch.words import loss_scale
-
-#: the fix's other way out, left out where the probe checked it and it did not fix the pass
-NORMALIZE_ALTERNATIVE = "# or normalize / scale the input of this layer"
 
 
 def _alternative(cls: str | None) -> str:
@@ -216,6 +215,24 @@ def _root_finding(run: Run, probe: ProbeResult, over: Overflow, preflight: bool)
         action=action,
         data=data,
     )
+
+
+#: the findings that follow from a forward pass that leaves float16's range (non-finite
+#: gradients at any scale: skipped steps, a scale driven down, meaningless gradient measures)
+OVERFLOW_CONSEQUENCES = ("skipped-steps", "loss-scale", "gradient-underflow", "gradient-error")
+
+#: what no loss scale changes (an activation out of float16's range, or gradients non-finite at
+#: a scale of 1 or less) is the cause of OVERFLOW_CONSEQUENCES; a layer's cause too
+DECLARED = Declared(
+    causes=(
+        Cause(
+            "forward overflow",
+            when=lambda f: f.severity == "error" and bool(f.data.get("any_scale")),
+            rests=lambda f: f.rule in OVERFLOW_CONSEQUENCES,
+        ),
+    ),
+    layer_cause=1,
+)
 
 
 def check(run: Run) -> list[Finding]:

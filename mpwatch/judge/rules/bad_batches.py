@@ -56,9 +56,11 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.formats import FLOAT16, SIXTEEN_BIT
+from mpwatch.judge.declare import Cause, Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.graph import NORMALIZE_FIX, NORMALIZING, input_layers
 from mpwatch.judge.rule import Rule, fmt, layer_constructor
+from mpwatch.judge.rules import activation_overflow
 from mpwatch.judge.skip_causes import bad_input_steps, steps_text
 from mpwatch.read.run import Run
 
@@ -72,6 +74,22 @@ RULE = Rule(
     severities=("warning", "error"),
     doc=__doc__,
     thresholds={"F16_MAX": F16_MAX, "SYSTEMATIC_SHARE": SYSTEMATIC_SHARE},
+)
+
+
+#: the features' own scale beyond float16's range, taken in float16 by the layers named (inf at
+#: any scale): the cause of activation-overflow's consequences; the input layer's cause too
+DECLARED = Declared(
+    causes=(
+        Cause(
+            "forward overflow",
+            when=lambda f: f.severity == "error"
+            and f.data.get("cause") == "input_scale"
+            and bool(f.data.get("layers")),
+            rests=lambda f: f.rule in activation_overflow.OVERFLOW_CONSEQUENCES,
+        ),
+    ),
+    layer_cause=6,
 )
 
 

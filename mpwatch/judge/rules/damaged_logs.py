@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import os
 
+from mpwatch.judge.declare import Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule
 from mpwatch.read import problems as p
@@ -96,6 +97,10 @@ def _title(q: p.ReadProblem) -> str:
     if q.kind == p.UNREADABLE_FOLDER:
         return f"Folder cannot be read: {reason}: {q.path}; any run in it was not read"
     return f"Last record of {name} is incomplete: the run may still be writing (or was killed)"
+
+
+#: a run without mpwatch data gets this rule's findings alone
+DECLARED = Declared(without_data=True)
 
 
 def check(run: Run) -> list[Finding]:

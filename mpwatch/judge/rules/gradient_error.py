@@ -63,7 +63,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpwatch.judge.declare import Declared
 from mpwatch.judge.finding import Finding
+from mpwatch.judge.fix_checks import settle_gradient
 from mpwatch.judge.rule import (
     Rule,
     computes_float32,
@@ -115,6 +117,13 @@ def _explained(block: list[str], rows: dict[str, dict[str, Any]], order: list[st
         if v is not None and v > out_thr:
             return True
     return False
+
+
+#: a layer's cause; the fix checks judge its advice by the gradient's error brought within the
+#: threshold
+DECLARED = Declared(
+    layer_cause=4, fix_check=lambda run, f: settle_gradient(run, f, GRAD_ERROR_WARN)
+)
 
 
 def check(run: Run) -> list[Finding]:

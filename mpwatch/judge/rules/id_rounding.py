@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mpwatch.judge.declare import Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, fmt
 from mpwatch.read.run import Run
@@ -70,6 +71,9 @@ def _rows(run: Run) -> tuple[int, list[dict]] | None:
     if probe is None or probe.inputs is None or not len(probe.inputs):
         return None
     return probe.step, probe.inputs.to_dict("records")
+
+
+DECLARED = Declared(layer_cause=2)  # a layer's cause
 
 
 def check(run: Run) -> list[Finding]:

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 from mpwatch import contract
 from mpwatch.formats import FLOAT16
+from mpwatch.judge.declare import Cause, Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.fix_checks import checked_on, latest_checks, works
 from mpwatch.judge.graph import APPLY_TAIL, NORMALIZE_FIX
@@ -85,6 +86,13 @@ CONSEQUENCES = (
     "loss-scale",
     "gradient-underflow",
     "gradient-error",
+)
+
+
+#: the inputs' range that makes the model overflow: its consequences rest on it; its
+#: cast-constants finding keeps a float16 Normalization float32 (a layer's cause)
+DECLARED = Declared(
+    causes=(Cause("input range", rests=lambda f: f.rule in CONSEQUENCES),), layer_cause=5
 )
 
 

@@ -44,6 +44,7 @@ keras.mixed_precision.set_global_policy("float32")  # on this device; mixed_floa
 
 from __future__ import annotations
 
+from mpwatch.judge.declare import Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, compute_dtype, fast_16bit, policy
 from mpwatch.read.run import Run
@@ -54,6 +55,11 @@ RULE = Rule(
     severities=("info", "warning"),
     doc=__doc__,
 )
+
+
+#: a measured step-time comparison with a float32 run of the same model (mixed-vs-float32)
+#: replaces this rule's expectation
+DECLARED = Declared(superseded_by=lambda pair: "step_time_ratio" in pair.data)
 
 
 def check(run: Run) -> list[Finding]:

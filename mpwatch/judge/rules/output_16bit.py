@@ -68,6 +68,7 @@ model = mpwatch.apply_recommendations(model, findings).model
 from __future__ import annotations
 
 from mpwatch.formats import SIXTEEN_BIT
+from mpwatch.judge.declare import Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.graph import APPLY_TAIL, output_fix
 from mpwatch.judge.rule import Rule, application_of, finite, keep_float32_fix, layer_row
@@ -88,6 +89,10 @@ RULE = Rule(
     doc=__doc__,
     thresholds={"PASS_HOPS": PASS_HOPS},
 )
+
+
+#: a layer's cause, the first of them (several findings about one layer: this one heads them)
+DECLARED = Declared(layer_cause=0)
 
 
 def check(run: Run) -> list[Finding]:
@@ -155,7 +160,7 @@ def check(run: Run) -> list[Finding]:
                 },  # fmt: skip
             )
         )
-    return found
+    return no_forward_pass(run, found)
 
 
 #: a 16-bit output whose whole model's probe loss is within this share of the float32
@@ -284,3 +289,38 @@ def _passed_on_finding(
             "through": chain,
         },
     )
+
+
+def no_forward_pass(run: Run, findings: list[Finding]) -> list[Finding]:
+    """A model without a forward pass of its own (a GAN whose ``train_step`` runs sub-models:
+    the ``train_step`` record's ``has_call`` False) has no output of its own: a finding about a
+    sub-model's output becomes info, saying so (which output reaches a loss in float16 is that
+    train step's business). A model holding several models (a Distiller's teacher and student):
+    each output said with the sub-model it is the output of."""
+    lt = run.layers
+    paths = dict(zip(lt["name"].astype(str), lt["path"].astype(str))) if "path" in lt else {}
+    owners = {f.layer: paths.get(str(f.layer), "").split("/")[-2:-1] for f in findings}
+    if run.train_step.get("has_call") is not False:
+        if len({tuple(o) for o in owners.values() if o}) > 1:
+            for f in findings:
+                if owners[f.layer]:
+                    f.evidence = f.evidence.replace(
+                        "it is the model's output",
+                        f"it is the output of sub-model {owners[f.layer][0]!r}",
+                    )
+        return findings
+    for f in findings:
+        f.severity = "info"
+        f.title = f"Sub-model output {f.layer!r} is computed in float16"
+        # the printed code, applied as printed (by name: not "the model's output")
+        f.action = {k: v for k, v in f.action.items() if k != "output"}
+        if owners[f.layer]:
+            f.evidence = f.evidence.replace(
+                "it is the model's output", f"it is the output of sub-model {owners[f.layer][0]!r}"
+            )
+        f.evidence += (
+            "; the model has no forward pass of its own (its train_step runs sub-models): "
+            "whether this output reaches a loss in float16 depends on that train_step"
+        )
+        f.data = {**f.data, "no_forward_pass": True}
+    return findings

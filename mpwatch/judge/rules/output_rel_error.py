@@ -65,6 +65,7 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.formats import SCANNED_ERROR
+from mpwatch.judge.declare import Cause, Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.graph import inputs_of
 from mpwatch.judge.rule import (
@@ -78,7 +79,7 @@ from mpwatch.judge.rule import (
     pct,
     probe_overflow,
 )
-from mpwatch.judge.rules import output_16bit
+from mpwatch.judge.rules import activation_overflow, output_16bit
 from mpwatch.read.run import Run
 
 #: output relative error above which a layer's 16-bit output is flagged, by probe mode
@@ -167,6 +168,20 @@ def _causes(
             chain[name].append(name)
         prev = (e, name)
     return out
+
+
+#: an op inside a layer that overflows (run op by op) is the cause of activation-overflow's
+#: consequences; a layer's cause too
+DECLARED = Declared(
+    causes=(
+        Cause(
+            "forward overflow",
+            when=lambda f: f.severity == "error" and bool(f.data.get("op_overflow")),
+            rests=lambda f: f.rule in activation_overflow.OVERFLOW_CONSEQUENCES,
+        ),
+    ),
+    layer_cause=3,
+)
 
 
 def check(run: Run) -> list[Finding]:

@@ -23,7 +23,10 @@ Each skip has a cause (:mod:`mpwatch.judge.skip_causes`): the scale's descent (b
 probe's sweep knows it, by the scale at which the float32 reference's gradients overflow), a bad
 batch, a failed doubling, the model's own overflow (a probe saw it, or the float32 reference
 fits at that scale), or none found. Only the skips after the descent that no bad batch explains
-count toward the rate; skips a probe tied to one layer become that layer's finding's evidence.
+count toward the rate, less those of the skips the run starts with that the float32 twin fits
+and no probe tied to a layer: those cost their steps once, as the descent does, and count with
+it toward the limits of the first steps (what they cost in scale, the scale and underflow rules
+judge). Skips a probe tied to one layer become that layer's finding's evidence.
 
 ## Example evidence
 ```text
@@ -56,6 +59,7 @@ from mpwatch import contract
 from mpwatch.judge import scale_evidence as se
 from mpwatch.judge import scale_facts as sf
 from mpwatch.judge import skip_causes as sc
+from mpwatch.judge.declare import Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, pct
 from mpwatch.judge.skip_causes import TWIN_FITS
@@ -97,6 +101,23 @@ def _steps_after_warmup(run: Run) -> int | None:
     return None
 
 
+def rests_on_layer(f: Finding) -> str | None:
+    """The layer a finding of this rule rests on: where its skips after the scale's descent are
+    all failed doublings or overflows a probe saw start in one layer (``overflow_layers``, none
+    unexplained, and not raised by a descent too long on its own), that layer's finding (where
+    the run has one) takes it as evidence."""
+    layers = f.data.get("overflow_layers") or []
+    causes = f.data.get("by_cause") or {}
+    if len(layers) != 1 or causes.get("unexplained") or not causes.get("model_overflow"):
+        return None
+    if len(causes.get("descent") or []) > WARMUP_SKIP_ALLOWANCE:  # raised by the descent too
+        return None
+    return str(layers[0])
+
+
+DECLARED = Declared(rests_on_layer=rests_on_layer)
+
+
 def check(run: Run) -> list[Finding]:
     """Findings of this rule on one run."""
     if len(run.scalar(contract.STEP_SKIPPED).dropna()):
@@ -123,27 +144,35 @@ def _by_cause(run: Run) -> list[Finding]:
     flags = flags[flags.index > 0]
     groups = sc.by_cause(sc.skip_causes(run))
     descent = groups["descent"]
-    last_descent = descent[-1].step if descent else 0
-    n_steps = int((flags.index > last_descent).sum())
+    # the skips the run starts with, consecutively, that no probe tied to a layer (the float32
+    # twin fits at their scale: the backward pass's own activation gradients may not) cost
+    # their steps once, as the descent does: judged by their number with it, not as a rate over
+    # a fit's length (3 of a 19-step fit's are not 3 of 10,000's); what the start cost in
+    # scale, the scale and underflow rules judge
+    start = set(sc.descent_steps(run))
     judged = groups["growth"] + groups["model_overflow"] + groups["unexplained"]
-    rate = len(judged) / n_steps if n_steps > 0 else 0.0
+    later = [c for c in judged if c.step not in start or not c.detail.startswith(TWIN_FITS)]
+    last_start = max([c.step for c in descent] + [c.step for c in judged if c not in later] + [0])
+    n_steps = int((flags.index > last_start).sum())
+    early = len(descent) + len(judged) - len(later)
+    rate = len(later) / n_steps if n_steps > 0 else 0.0
     sev_rate = None
     if n_steps > 0 and rate > SKIP_RATE_WARN:
         sev_rate = "error" if rate > SKIP_RATE_ERROR else "warning"
     sev_early = None
-    if len(descent) > WARMUP_SKIP_ALLOWANCE:
-        sev_early = "error" if len(descent) > WARMUP_SKIP_ERROR else "warning"
+    if early > WARMUP_SKIP_ALLOWANCE:
+        sev_early = "error" if early > WARMUP_SKIP_ERROR else "warning"
     if sev_rate is None and sev_early is None:
         return []
     severity = "error" if "error" in (sev_rate, sev_early) else "warning"
     total = sum(len(v) for v in groups.values())
     initial, growth_interval = sf.growth_facts(run)
     if sev_rate is not None:
-        title = f"{len(judged)} of {n_steps} steps skipped for non-finite gradients ({pct(rate)})"
+        title = f"{len(later)} of {n_steps} steps skipped for non-finite gradients ({pct(rate)})"
     else:  # the descent need not be consecutive (a new lowest scale): count its halvings
         title = (
-            f"{len(descent)} steps skipped while the loss scale fell from "
-            f"{se.scale_text(initial)} to {se.scale_text(initial / 2.0 ** len(descent))}"
+            f"{early} steps skipped while the loss scale fell from "
+            f"{se.scale_text(initial)} to {se.scale_text(initial / 2.0 ** early)}"
         )
     parts = [f"{total} steps skipped in all"]
     if descent:
@@ -153,7 +182,7 @@ def _by_cause(run: Run) -> list[Finding]:
             f"{se.scale_text(low)} (steps {sc.steps_text([c.step for c in descent], 3)})"
         )
     after = [
-        f"{len(judged) + len(groups['bad_input'])} of the {n_steps} steps"
+        f"{len(judged) + len(groups['bad_input'])} of the {n_steps + early - len(descent)} steps"
         + (" after it" if descent else "")
     ]
     if groups["growth"]:
@@ -244,6 +273,7 @@ def _by_cause(run: Run) -> list[Finding]:
                 "skipped": len(judged),
                 "steps": n_steps,
                 "rate": rate,
+                "later": len(later),  # judged as a rate: after the skips the run starts with
                 "total": total,
                 "early": len(descent),
                 "by_cause": {k: [c.step for c in v] for k, v in groups.items()},

@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 
 from mpwatch.formats import FLOAT16, RAW_TARGET
+from mpwatch.judge.declare import Cause, Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.fix_checks import checked_on, latest_checks, works
 from mpwatch.judge.rule import Rule, fmt
@@ -106,6 +107,11 @@ def _held(top: float) -> str:
     if math.isinf(step):
         return f"a float16 output cannot hold {fmt(top)} at all (its maximum is {FLOAT16.max:g})"
     return f"a float16 output holds values near {fmt(top)} only to steps of {fmt(step)}"
+
+
+#: a regression target's range that makes the backward pass overflow (the fix checks): the
+#: run's overflow findings, their consequences and input-range's finding about the inputs rest on it
+DECLARED = Declared(causes=(Cause("target range", rests=lambda f: rests_on_it(f)),))
 
 
 def check(run: Run) -> list[Finding]:

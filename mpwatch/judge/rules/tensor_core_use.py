@@ -72,6 +72,7 @@ from typing import Any
 import pandas as pd
 
 from mpwatch.formats import SIXTEEN_BIT
+from mpwatch.judge.declare import Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.graph import WIDTH_DIMS, task_fixed
 from mpwatch.judge.rule import (
@@ -487,6 +488,33 @@ def _padding_finding(
         layer=name,
         data={"cause": "padding", "padding_us": pad, "share": pad / total, "dims": bad},
     )
+
+
+def measured_alignment(findings: list[Finding]) -> list[Finding]:
+    """A ``tensor-core-alignment`` finding about a layer whose matrix math the profile shows on
+    Tensor Cores (this rule's run-wide ``data["matrix_math_on_tensor_cores_layers"]``) becomes
+    info, with that measurement in its evidence: the kernels ran on Tensor Cores with those
+    dimensions."""
+    on_tc: dict[str | None, set[str]] = {}
+    for f in findings:
+        if f.rule == RULE.id and f.layer is None:
+            on_tc[f.run] = set(f.data.get("matrix_math_on_tensor_cores_layers") or [])
+    for f in findings:
+        if f.rule == "tensor-core-alignment" and f.layer and f.layer in on_tc.get(f.run, set()):
+            f.severity = "info"
+            f.evidence += (
+                "; the profile shows this layer's matrix multiplies/convolutions on Tensor Cores "
+                "with these dimensions (rounding them may still save padding work)"
+            )
+            f.data = {**f.data, "measured_on_tensor_cores": True}
+    return findings
+
+
+#: a layer's finding here heads the same layer's findings of the same cause (the static dimension
+#: check, and the profile's float32-layer time); a measured alignment is said so
+DECLARED = Declared(
+    layer_head_of=("tensor-core-alignment", "profile"), settle=measured_alignment
+)
 
 
 def check(run: Run) -> list[Finding]:

@@ -83,6 +83,7 @@ import pandas as pd
 
 from mpwatch import contract, words
 from mpwatch.formats import SIXTEEN_BIT
+from mpwatch.judge.declare import Cause, Declared
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, compute_dtype, fmt, names_list, pct
 from mpwatch.read.run import Run
@@ -103,10 +104,26 @@ RULE = Rule(
 )
 
 #: rules whose findings rest on the train step's contract: when it is broken they become evidence
-#: of this rule's finding (:func:`mpwatch.judge.diagnose.fold_train_step`)
+#: of this rule's finding (its ``DECLARED`` cause, :mod:`mpwatch.judge.folds`)
 RESTS_ON_CONTRACT = (
     "gradient-underflow", "loss-scale", "skipped-steps", "gradient-error", "lost-updates"
 )  # fmt: skip
+
+
+#: the train step's contract broken (an unscaled loss, an optimizer stepping without loss
+#: scaling, 16-bit variables): what rests on the contract measured a train step that does not
+#: exist (and an activation-overflow found only in the gradients, at a scale never used)
+DECLARED = Declared(
+    causes=(
+        Cause(
+            "train step contract",
+            when=lambda f: f.severity == "error" or f.data.get("cause") == "loss_not_scaled",
+            rests=lambda f: f.rule in RESTS_ON_CONTRACT
+            or (f.rule == "activation-overflow" and not f.data.get("forward", True)),
+            worst=True,
+        ),
+    )
+)
 
 
 def check(run: Run) -> list[Finding]:
