@@ -37,7 +37,7 @@ _EXPORTS = {
     "load_runs": "mpwatch.read",
     "Finding": "mpwatch.judge",
     "diagnose": "mpwatch.judge",
-    "apply_recommendations": "mpwatch.judge.apply",
+    "apply_recommendations": "mpwatch.judge.fixes.apply",
 }
 
 __all__ = [
@@ -79,7 +79,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpwatch.judge import Finding, diagnose
-    from mpwatch.judge.apply import apply_recommendations
+    from mpwatch.judge.fixes.apply import apply_recommendations
     from mpwatch.read import Run, load_run, load_runs
     from mpwatch.record.gradient_health import GradientHealthMonitor
     from mpwatch.record.input_health import InputHealthMonitor

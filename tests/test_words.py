@@ -10,7 +10,8 @@ import re
 import pytest
 
 from mpwatch import words
-from mpwatch.judge import rule, scale_evidence
+from mpwatch.judge import rule
+from mpwatch.judge.evidence import scale_evidence
 
 
 @pytest.mark.parametrize(

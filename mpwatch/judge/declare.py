@@ -71,7 +71,8 @@ class Declared:
         superseded_by: a finding of a rule about two runs that replaces this rule's finding
             about the mixed one (a measurement replacing an expectation).
         fix_check: how the probe's fix checks judge a finding that keeps its layer float32,
-            ``fix_check(run, finding)`` (None: :func:`mpwatch.judge.fix_checks.settle_layers`,
+            ``fix_check(run, finding)`` (None:
+            :func:`mpwatch.judge.evidence.fix_checks.settle_layers`,
             the pass made finite, the set grown where needed).
         without_data: the rule is run on a run without mpwatch data too (alone: what in it
             could not be read).

@@ -58,9 +58,9 @@ def in_place_for_subclassed(run: Run, findings: list[Finding]) -> list[Finding]:
     """On a subclassed model (``run_info``'s model kind), which ``apply_recommendations`` cannot
     clone layer by layer (it says so and raises), a fix's "without editing the model code" way
     is the layers' policies set on the model itself before it trains, the same layers as the
-    advice (:class:`~mpwatch.judge.fix.Fix`), never a call that fails."""
-    from mpwatch.judge.fix import Fix
-    from mpwatch.judge.graph import APPLY_TAIL
+    advice (:class:`~mpwatch.judge.fixes.fix.Fix`), never a call that fails."""
+    from mpwatch.judge.evidence.graph import APPLY_TAIL
+    from mpwatch.judge.fixes.fix import Fix
 
     if ((run.info.get("model") or {}).get("kind")) != "subclassed":
         return findings
@@ -89,11 +89,11 @@ STRICT_ENV = "MPWATCH_STRICT_ADVICE"
 
 def one_advice(findings: list[Finding]) -> list[Finding]:
     """Each finding's printed code keeps the same layers in float32 as its applied advice
-    (:func:`mpwatch.judge.fix.disagreement`); where not, a bug of mpwatch's: said, and kept in
+    (:func:`mpwatch.judge.fixes.fix.disagreement`); where not, a bug of mpwatch's: said, and kept in
     the finding's data (``fix_disagrees``), or raised under :data:`STRICT_ENV`."""
     import logging
 
-    from mpwatch.judge.fix import disagreement
+    from mpwatch.judge.fixes.fix import disagreement
 
     for f in findings:
         why = disagreement(f)

@@ -70,10 +70,11 @@ def absorb(head: Finding, f: Finding) -> None:
 # --- the probe's fix checks ----------------------------------------------------------------------
 def checked_fixes(run: Any, findings: list[Finding]) -> list[Finding]:
     """Each finding that keeps a layer float32 (``action["dtype"] == "float32"``) with what the
-    probe's fix checks saw (:mod:`mpwatch.judge.fix_checks`), by its rule's declared
-    ``fix_check``, else :func:`mpwatch.judge.fix_checks.settle_layers` (the advice grown to the
+    probe's fix checks saw (:mod:`mpwatch.judge.evidence.fix_checks`), by its rule's declared
+    ``fix_check``, else :func:`mpwatch.judge.evidence.fix_checks.settle_layers` (the advice grown
+    to the
     checked set, or withdrawn where nothing fixed it)."""
-    from mpwatch.judge.fix_checks import latest_checks, settle_layers, stopped
+    from mpwatch.judge.evidence.fix_checks import latest_checks, settle_layers, stopped
 
     latest = latest_checks(run)
     why = stopped(latest[2]) if latest else None  # the checks the advice is judged by stopped
@@ -210,7 +211,7 @@ def one_per_layer(findings: list[Finding]) -> list[Finding]:
 
 
 def _into_grown_sets(findings: list[Finding], rank: dict[str, int | None]) -> list[Finding]:
-    from mpwatch.judge.fix import Fix
+    from mpwatch.judge.fixes.fix import Fix
 
     grown = [
         (f, set(Fix.of(f).float32_layers)) for f in findings

@@ -398,7 +398,7 @@ def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
     layers record says which is which), the classifier of a ``keras.applications`` model through
     ``classifier_activation=None`` and a float32 ``Activation`` (see :func:`application_of`), a
     layer that holds layers with all of them
-    (:func:`mpwatch.judge.containers.container_float32_fix`)."""
+    (:func:`mpwatch.judge.fixes.containers.container_float32_fix`)."""
     app = application_of(run, name) if run is not None else None
     if app is not None:
         row = (layer_row(run, name) or {}) if run is not None else {}
@@ -430,7 +430,7 @@ def keep_float32_fix(name: str, cls: str | None, run: Run | None = None) -> str:
         )
     cls = cls or "Layer"
     ctor = layer_constructor(run, cls) if run is not None else f"keras.layers.{cls}"
-    from mpwatch.judge.containers import container_float32_fix, sublayer_names
+    from mpwatch.judge.fixes.containers import container_float32_fix, sublayer_names
 
     subs = sublayer_names(run, name) if run is not None else []
     if subs and run is not None:

@@ -23,7 +23,7 @@ of ``loss * S``: float32 values cast back from float16, zeros where float16 unde
   become 0, values from 65520 become inf) each is within one doubling:
   ``under(k + 1) <= zero share(k) <= under(k)`` and ``over(k) <= inf share(k) <= over(k + 1)``
   (tests/record/test_underflow.py checks both with numpy's float16). The judge compares scales
-  on these predictions only (``mpwatch/judge/scale_evidence.py``).
+  on these predictions only (``mpwatch/judge/evidence/scale_evidence.py``).
 - **recommended scale**: the largest ``2**k`` in the sweep whose scaled maximum (of the weight
   gradients and, where measured, the activation gradients) stays at least ``margin_bits`` doublings
   below 65504: ``max|g_ref| * 2**k <= 65504 / 2**margin_bits``. Predicted underflow never rises with

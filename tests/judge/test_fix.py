@@ -1,10 +1,10 @@
-"""mpwatch/judge/fix.py: one reading of a finding's advice, and the check that what a finding
+"""mpwatch/judge/fixes/fix.py: one reading of a finding's advice, and the check that what a finding
 prints is what applying it does."""
 
 from __future__ import annotations
 
 from mpwatch.judge import Finding
-from mpwatch.judge.fix import Fix, disagreement, printed_layers
+from mpwatch.judge.fixes.fix import Fix, disagreement, printed_layers
 
 
 def test_an_action_round_trips_through_the_fix():

@@ -1,5 +1,5 @@
 """Rule ``bad-batches`` (mpwatch/judge/rules/bad_batches.py) and the attribution of every skipped
-step to its cause (mpwatch/judge/skip_causes.py), on constructed Runs.
+step to its cause (mpwatch/judge/evidence/skip_causes.py), on constructed Runs.
 
 Ground truth: the batches are numpy arrays with known bad records; the loss scale and skip flags
 follow Keras' dynamic rule step by step (``keras_scale_history``), overflowing on the bad batches,
@@ -14,7 +14,7 @@ from builders import assert_findings, findings_of, keras_scale_history, make_run
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
-from mpwatch.judge.skip_causes import skip_causes
+from mpwatch.judge.evidence.skip_causes import skip_causes
 
 # three halvings after the descent (400, 900, 1500) take four doublings, 2000 finite steps each,
 # to climb back past 2^12: the one at 11500 fails

@@ -185,7 +185,7 @@ def test_a_layer_fed_rounded_ids_is_not_underflow():
     assert findings_of(diagnose(run), RULE) == []
     assert findings_of(diagnose(run), "loss-scale") == []
     # and the model-wide figure left is the other layers' own
-    from mpwatch.judge import scale_facts as se
+    from mpwatch.judge.evidence import scale_facts as se
 
     (view,) = se.float16_probes(run)
     assert view.excluded == ["emb"] and view.measured == 0.0

@@ -1,5 +1,6 @@
 """Rule ``input-range`` (mpwatch/judge/rules/input_range.py) and the fix checks every layer fix is
-held to (mpwatch/judge/fix_checks.py, ``folds.checked_fixes``), on constructed Runs: a probe
+held to (mpwatch/judge/evidence/fix_checks.py, ``folds.checked_fixes``), on constructed Runs: a
+probe
 record with the checks the probe ran on its batch, and overflow findings about the same layers."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Rule ``loss-scale`` (mpwatch/judge/rules/loss_scale.py, mpwatch/judge/scale_evidence.py).
+"""Rule ``loss-scale`` (mpwatch/judge/rules/loss_scale.py,
+mpwatch/judge/evidence/scale_evidence.py).
 
 Runs are built from gradient samples chosen here (tests/builders.py: grad_probe, scale_run); every
 expected figure is numpy arithmetic on those samples (float16 rounding is numpy's, the sweep's
@@ -30,7 +31,7 @@ from builders import (
 
 from mpwatch import contract
 from mpwatch.judge import diagnose
-from mpwatch.judge import scale_evidence as se
+from mpwatch.judge.evidence import scale_evidence as se
 
 RULE = "loss-scale"
 STEPS = range(1, 401)

@@ -125,7 +125,7 @@ def test_the_descent_ends_where_the_float32_twin_would_stop():
     twin here); the float16 model (a float16 softmax) overflows at every scale above 1, and the
     probe saw its pass go non-finite first in 'predictions'. The skips the twin makes too are the
     descent; the rest are that layer's."""
-    from mpwatch.judge.skip_causes import skip_causes
+    from mpwatch.judge.evidence.skip_causes import skip_causes
 
     run, scales, skipped = _reference_run(lambda s, sc: sc > 1.0, 40, 30, "predictions", 5)
     _, twin_skipped = keras_scale_history(40, lambda s, sc: sc * 2.0**7 >= 2.0**16)
@@ -144,7 +144,7 @@ def test_skips_where_the_twin_fits_are_no_descent_and_say_so():
     overflows on its first 13 training batches at any scale above 16, and the probe's own batch
     was finite. Every skip is the model's, none the descent's, and the fix is no 'start the
     scale lower' (the twin needs none)."""
-    from mpwatch.judge.skip_causes import TWIN_FITS, skip_causes
+    from mpwatch.judge.evidence.skip_causes import TWIN_FITS, skip_causes
 
     run, scales, skipped = _reference_run(lambda s, sc: s <= 13 and sc > 16.0, 30, 20, None, -2)
     _, twin_skipped = keras_scale_history(30, lambda s, sc: sc * 2.0**0 >= 2.0**16)
@@ -172,7 +172,7 @@ def test_a_start_the_twin_fits_that_then_holds_is_no_finding_whatever_the_fit_le
     model's (said as such), but they cost 3 steps once: on a 20-step fit that was "3 of 19 steps
     skipped (15.8%)", an ERROR that on a 2000-step fit would be 0.15%. Their cost in scale is
     the scale rules'."""
-    from mpwatch.judge.skip_causes import TWIN_FITS, skip_causes
+    from mpwatch.judge.evidence.skip_causes import TWIN_FITS, skip_causes
 
     run, scales, skipped = _reference_run(lambda s, sc: sc >= 2.0**12, steps, 10, None, -1)
     assert [s for s, v in skipped.items() if v] == [1, 2, 3, 4]

@@ -186,7 +186,7 @@ def state(model: Any) -> dict[str, Any]:
 def model_changing(findings: list[Any]) -> list[Any]:
     """The findings whose fix changes the model or its optimizer (mpwatch's own reading: what
     applying acts on)."""
-    from mpwatch.judge.fix import Fix
+    from mpwatch.judge.fixes.fix import Fix
 
     out = []
     for f in findings:

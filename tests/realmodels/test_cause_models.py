@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 from printed_fix import every_fix_alike  # noqa: E402
 
 import mpwatch  # noqa: E402
-from mpwatch.judge.skip_causes import skip_causes  # noqa: E402
+from mpwatch.judge.evidence.skip_causes import skip_causes  # noqa: E402
 from mpwatch.show.summary import run_summary  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -39,8 +39,8 @@ from printed_fix import every_fix_alike  # noqa: E402
 
 import mpwatch  # noqa: E402
 from mpwatch import words  # noqa: E402
+from mpwatch.judge.evidence.skip_causes import skip_causes  # noqa: E402
 from mpwatch.judge.rules import ALL_RULES  # noqa: E402
-from mpwatch.judge.skip_causes import skip_causes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

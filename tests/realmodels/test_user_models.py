@@ -20,7 +20,7 @@ from printed_fix import every_fix_alike, printed_and_applied  # noqa: E402
 
 import mpwatch  # noqa: E402
 from mpwatch import contract  # noqa: E402
-from mpwatch.judge.fix import Fix  # noqa: E402
+from mpwatch.judge.fixes.fix import Fix  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -128,7 +128,7 @@ def test_token_ids_into_an_embedding():
     import keras
     from builders import make_run
 
-    from mpwatch.judge.graph import id_inputs
+    from mpwatch.judge.evidence.graph import id_inputs
 
     ids = keras.Input((12,), dtype="int32", name="ids")
     h = keras.layers.Embedding(997, 20, name="emb")(ids)

@@ -67,9 +67,9 @@ from typing import Any
 
 from mpwatch.formats import FLOAT16
 from mpwatch.judge.declare import Cause, Declared
+from mpwatch.judge.evidence.fix_checks import NORMALIZE_ALTERNATIVE  # (a fix's other way out)
+from mpwatch.judge.evidence.graph import NORMALIZING
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix_checks import NORMALIZE_ALTERNATIVE  # (a fix's other way out)
-from mpwatch.judge.graph import NORMALIZING
 from mpwatch.judge.rule import (
     HEADROOM_WARN_BITS,
     Overflow,

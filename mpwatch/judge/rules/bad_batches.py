@@ -57,11 +57,11 @@ from typing import Any
 from mpwatch import contract
 from mpwatch.formats import FLOAT16, SIXTEEN_BIT
 from mpwatch.judge.declare import Cause, Declared
+from mpwatch.judge.evidence.graph import NORMALIZE_FIX, NORMALIZING, input_layers
+from mpwatch.judge.evidence.skip_causes import bad_input_steps, steps_text
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.graph import NORMALIZE_FIX, NORMALIZING, input_layers
 from mpwatch.judge.rule import Rule, fmt, layer_constructor
 from mpwatch.judge.rules import activation_overflow
-from mpwatch.judge.skip_causes import bad_input_steps, steps_text
 from mpwatch.read.run import Run
 
 F16_MAX = FLOAT16.max

@@ -64,8 +64,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpwatch.judge.declare import Declared
+from mpwatch.judge.evidence.fix_checks import settle_gradient
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix_checks import settle_gradient
 from mpwatch.judge.rule import (
     Rule,
     computes_float32,

@@ -71,12 +71,12 @@ import math
 from typing import Any
 
 from mpwatch import contract
-from mpwatch.judge import scale_advice as sa
-from mpwatch.judge import scale_evidence as se
-from mpwatch.judge import scale_facts as sf
 from mpwatch.judge.declare import Declared
+from mpwatch.judge.evidence import scale_advice as sa
+from mpwatch.judge.evidence import scale_evidence as se
+from mpwatch.judge.evidence import scale_facts as sf
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix import layers_code
+from mpwatch.judge.fixes.fix import layers_code
 from mpwatch.judge.rule import (
     UNDERFLOW_WARN,
     Rule,
@@ -107,12 +107,12 @@ RULE = Rule(
 
 def _keep_fix(run: Run, layers: list[tuple[str, Any]]) -> str:
     """Keep these layers in float32, as code: one line each (a layer that holds layers: all of
-    it), then how to apply it (:func:`mpwatch.judge.fix.layers_code`)."""
+    it), then how to apply it (:func:`mpwatch.judge.fixes.fix.layers_code`)."""
     return layers_code([n for n, _ in layers], run)
 
 
 #: loss-scale's finding with the model-wide finding's action is the same advice (the two rules
-#: share mpwatch.judge.scale_evidence): said once, here
+#: share mpwatch.judge.evidence.scale_evidence): said once, here
 DECLARED = Declared(same_advice_as=("loss-scale",))
 
 

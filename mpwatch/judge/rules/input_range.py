@@ -63,9 +63,9 @@ from __future__ import annotations
 from mpwatch import contract
 from mpwatch.formats import FLOAT16
 from mpwatch.judge.declare import Cause, Declared
+from mpwatch.judge.evidence.fix_checks import checked_on, latest_checks, works
+from mpwatch.judge.evidence.graph import APPLY_TAIL, NORMALIZE_FIX
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix_checks import checked_on, latest_checks, works
-from mpwatch.judge.graph import APPLY_TAIL, NORMALIZE_FIX
 from mpwatch.judge.rule import Rule, fmt
 from mpwatch.read.run import Run
 

@@ -1,7 +1,8 @@
 """Rule `loss-scale`: the loss scale is stuck low, or the gradients need a scale it does not reach.
 
 ## What it finds
-The loss-scale advice from the whole run (``mpwatch.judge.scale_evidence``): the scale history
+The loss-scale advice from the whole run (``mpwatch.judge.evidence.scale_evidence``): the scale
+history
 and every skipped step (the scale each ran at: the largest that overflowed, and when), every
 reliable float16 probe's sweep of predicted underflow and overflow per power-of-two scale (not
 only the last), and Keras' dynamic rule (halve on overflow, double after `dynamic_growth_steps`
@@ -87,8 +88,8 @@ model = mpwatch.apply_recommendations(model, findings).model
 from __future__ import annotations
 
 from mpwatch import contract
-from mpwatch.judge import scale_evidence as se
-from mpwatch.judge import scale_facts as sf
+from mpwatch.judge.evidence import scale_evidence as se
+from mpwatch.judge.evidence import scale_facts as sf
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule
 from mpwatch.read.run import Run

@@ -69,8 +69,8 @@ from __future__ import annotations
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.declare import Declared
+from mpwatch.judge.evidence.graph import APPLY_TAIL, output_fix
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.graph import APPLY_TAIL, output_fix
 from mpwatch.judge.rule import Rule, application_of, finite, keep_float32_fix, layer_row
 from mpwatch.read.run import Run
 
@@ -176,7 +176,7 @@ def _measured_effect(run: Run) -> tuple[int, float] | None:
     measured: the float16 output's documented hazard keeps its severity)."""
     import math
 
-    from mpwatch.judge import skip_causes as sc
+    from mpwatch.judge.evidence import skip_causes as sc
 
     probe = run.latest_probe(modes=("float16",))
     if probe is None or probe.model.get("first_nonfinite_layer"):

@@ -66,8 +66,8 @@ from typing import Any
 from mpwatch import contract
 from mpwatch.formats import SCANNED_ERROR
 from mpwatch.judge.declare import Cause, Declared
+from mpwatch.judge.evidence.graph import inputs_of
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.graph import inputs_of
 from mpwatch.judge.rule import (
     Rule,
     computes_float32,

@@ -48,8 +48,8 @@ from __future__ import annotations
 import pandas as pd
 
 from mpwatch.formats import SIXTEEN_BIT
+from mpwatch.judge.evidence.graph import id_inputs
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.graph import id_inputs
 from mpwatch.judge.rule import (
     Rule,
     compute_dtype,

@@ -19,7 +19,8 @@ is no warm-up. The steps after warm-up are the recorded per-step flags after ste
 {WARMUP_STEPS}, or, with only the cumulative count, the steps from {WARMUP_STEPS} to its last
 record.
 
-Each skip has a cause (:mod:`mpwatch.judge.skip_causes`): the scale's descent (bounded, where a
+Each skip has a cause (:mod:`mpwatch.judge.evidence.skip_causes`): the scale's descent (bounded,
+where a
 probe's sweep knows it, by the scale at which the float32 reference's gradients overflow), a bad
 batch, a failed doubling, the model's own overflow (a probe saw it, or the float32 reference
 fits at that scale), or none found. Only the skips after the descent that no bad batch explains
@@ -56,13 +57,13 @@ from __future__ import annotations
 import math
 
 from mpwatch import contract
-from mpwatch.judge import scale_evidence as se
-from mpwatch.judge import scale_facts as sf
-from mpwatch.judge import skip_causes as sc
 from mpwatch.judge.declare import Declared
+from mpwatch.judge.evidence import scale_evidence as se
+from mpwatch.judge.evidence import scale_facts as sf
+from mpwatch.judge.evidence import skip_causes as sc
+from mpwatch.judge.evidence.skip_causes import TWIN_FITS
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.rule import Rule, pct
-from mpwatch.judge.skip_causes import TWIN_FITS
 from mpwatch.read.run import Run
 
 SKIP_RATE_WARN = 0.01  # skipped steps after warm-up, per step
@@ -138,7 +139,8 @@ def _which_pass(run: Run, steps: list[int]) -> str | None:
 
 
 def _by_cause(run: Run) -> list[Finding]:
-    """With the per-step flags: every skip attributed (:mod:`mpwatch.judge.skip_causes`); the
+    """With the per-step flags: every skip attributed (:mod:`mpwatch.judge.evidence.skip_causes`);
+    the
     rate judged on the skips after the descent that no bad batch explains."""
     flags = run.scalar(contract.STEP_SKIPPED).dropna()
     flags = flags[flags.index > 0]

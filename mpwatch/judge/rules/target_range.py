@@ -53,8 +53,8 @@ import math
 
 from mpwatch.formats import FLOAT16, RAW_TARGET
 from mpwatch.judge.declare import Cause, Declared
+from mpwatch.judge.evidence.fix_checks import checked_on, latest_checks, works
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix_checks import checked_on, latest_checks, works
 from mpwatch.judge.rule import Rule, fmt
 from mpwatch.judge.rules import input_range
 from mpwatch.read.run import Run

@@ -55,8 +55,8 @@ from __future__ import annotations
 import math
 
 from mpwatch.formats import SIXTEEN_BIT
+from mpwatch.judge.evidence.graph import WIDTH_DIMS, task_fixed
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.graph import WIDTH_DIMS, task_fixed
 from mpwatch.judge.rule import Rule, compute_dtype, inside_application, layer_constructor
 from mpwatch.read.run import Run
 

@@ -73,8 +73,8 @@ import pandas as pd
 
 from mpwatch.formats import SIXTEEN_BIT
 from mpwatch.judge.declare import Declared
+from mpwatch.judge.evidence.graph import WIDTH_DIMS, task_fixed
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.graph import WIDTH_DIMS, task_fixed
 from mpwatch.judge.rule import (
     Rule,
     compute_dtype,

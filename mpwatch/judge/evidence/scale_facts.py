@@ -23,7 +23,7 @@ the same facts, so that they never disagree:
   (:func:`bfloat16_device`).
 
 No threshold of the advice here: what these facts mean for the scale (what a probe allows, the
-level the gradients need, what to propose) is :mod:`mpwatch.judge.scale_evidence`'s.
+level the gradients need, what to propose) is :mod:`mpwatch.judge.evidence.scale_evidence`'s.
 
 Pure pandas/numpy: no TensorFlow (the judge's rule).
 
@@ -95,7 +95,7 @@ class Overflow:
 @dataclass
 class ProbeView:
     """One float16 probe as the advice reads it (what it allows and what it needs are the
-    advice's: :func:`mpwatch.judge.scale_evidence.max_k` and ``need_k``).
+    advice's: :func:`mpwatch.judge.evidence.scale_evidence.max_k` and ``need_k``).
 
     Attributes:
         step: the probe's step.

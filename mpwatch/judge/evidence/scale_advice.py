@@ -1,6 +1,6 @@
 """The loss-scale advice as the findings say it: the :class:`Advice` and its words.
 
-What :func:`mpwatch.judge.scale_evidence.advise` decided (its kind, the proposed
+What :func:`mpwatch.judge.evidence.scale_evidence.advise` decided (its kind, the proposed
 ``initial_scale`` and ``dynamic_growth_steps``, the layers to keep in float32, the evidence lines)
 and how a finding words it: a headline, the fix as code (:func:`optimizer_code`), the predicted
 underflow and overflow at each proposed value, the numbers for a finding's ``data``; layer lists
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
-from mpwatch.judge.scale_facts import Overflow, ProbeView
+from mpwatch.judge.evidence.scale_facts import Overflow, ProbeView
 from mpwatch.words import loss_scale as scale_text
 from mpwatch.words import percent as _pct
 
@@ -75,9 +75,10 @@ class Advice:
         overflows: every skipped step with its scale.
         layers: ``(layer, underflow fraction)`` to keep in float32 (range problem), forward order.
         keep_code: the code that keeps those layers in float32, one line each (a layer that
-            holds layers: all of it), then how to apply it (:func:`mpwatch.judge.fix.layers_code`).
+            holds layers: all of it), then how to apply it
+            (:func:`mpwatch.judge.fixes.fix.layers_code`).
         layers_leave: the model-wide underflow predicted with them in float32
-            (:func:`mpwatch.judge.scale_facts.underflow_without`: an estimate).
+            (:func:`mpwatch.judge.evidence.scale_facts.underflow_without`: an estimate).
         bfloat16: where the device has bfloat16: a phrase saying so.
         lines: the evidence, one sentence each.
     """

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 
 from mpwatch import contract, words
 from mpwatch.formats import FLOAT16
+from mpwatch.judge.evidence.scale_facts import START_STEPS, overflows
 from mpwatch.judge.rule import compute_dtype
-from mpwatch.judge.scale_facts import START_STEPS, overflows
 from mpwatch.read.run import Run
 
 __all__ = [

@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpwatch.formats import is_16bit
-from mpwatch.judge.clone import clonable as _clonable
-from mpwatch.judge.clone import clone as _clone
-from mpwatch.judge.clone import policy_name as _policy_name
+from mpwatch.judge.evidence.scale_advice import optimizer_code
 from mpwatch.judge.finding import Finding
-from mpwatch.judge.fix import Fix
-from mpwatch.judge.scale_advice import optimizer_code
+from mpwatch.judge.fixes.clone import clonable as _clonable
+from mpwatch.judge.fixes.clone import clone as _clone
+from mpwatch.judge.fixes.clone import policy_name as _policy_name
+from mpwatch.judge.fixes.fix import Fix
 from mpwatch.layers import casts_constants, recast_constants, walk
 
 __all__ = ["Applied", "apply_recommendations", "float32_layers"]
@@ -100,7 +100,7 @@ class Applied:
 
 def float32_layers(findings: Iterable[Finding]) -> list[str]:
     """Names of the layers the findings say to keep in float32 (each finding's
-    :meth:`Fix.of <mpwatch.judge.fix.Fix.of>`: its ``layer`` with ``action["dtype"] ==
+    :meth:`Fix.of <mpwatch.judge.fixes.fix.Fix.of>`: its ``layer`` with ``action["dtype"] ==
     "float32"``, then ``action["float32_layers"]``), in finding order, unique."""
     out: list[str] = []
     for f in findings:

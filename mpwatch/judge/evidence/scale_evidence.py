@@ -1,7 +1,8 @@
 """The loss-scale advice of one run: what scale to propose, and whether the scale is the problem.
 
 The rules ``loss-scale``, ``gradient-underflow`` and ``skipped-steps`` read the same facts
-(:mod:`mpwatch.judge.scale_facts`: the scale history and every skipped step with the scale it ran
+(:mod:`mpwatch.judge.evidence.scale_facts`: the scale history and every skipped step with the scale
+it ran
 at, every reliable float16 probe's sweep and histogram, Keras' dynamic rule with the run's own
 values), so that they never disagree (a rule proposing one scale while another proposes a lower
 one). Here the decision drawn from all of them.
@@ -58,9 +59,8 @@ import pandas as pd
 
 from mpwatch import words
 from mpwatch.contract import finite_float
-from mpwatch.judge.fix import layers_code
-from mpwatch.judge.scale_advice import Advice, names_text, number_code
-from mpwatch.judge.scale_facts import (
+from mpwatch.judge.evidence.scale_advice import Advice, names_text, number_code
+from mpwatch.judge.evidence.scale_facts import (
     START_STEPS,
     WINDOW_BITS,
     ProbeView,
@@ -71,6 +71,7 @@ from mpwatch.judge.scale_facts import (
     overflows,
     underflow_without,
 )
+from mpwatch.judge.fixes.fix import layers_code
 from mpwatch.read.run import Run
 
 __all__ = [

@@ -111,7 +111,7 @@ def describe(checks: list[dict[str, Any]]) -> list[str]:
 def checked_on(step: int, scale: float | None, checks: list[dict[str, Any]]) -> str:
     """The evidence of a rule reading the checks of step ``step``'s probe: where, at which
     scale, and what each candidate did (:func:`describe`)."""
-    from mpwatch.judge import scale_evidence as se
+    from mpwatch.judge.evidence import scale_evidence as se
 
     at_scale = f" at loss scale {se.scale_text(float(scale))}" if scale else ""
     return f"checked on step {step}'s batch{at_scale}: " + "; ".join(describe(checks))
@@ -201,7 +201,7 @@ def settle_layers(run: Run, f: Any, stopped_why: str | None) -> None:
     layers; when none did, the finding keeps no float32 action (a fix that does not fix is not
     offered), unless the checks stopped before their end (``stopped_why``, mpwatch's cost
     budget): then the advice stands, said unchecked."""
-    from mpwatch.judge.fix import Fix, layers_code
+    from mpwatch.judge.fixes.fix import Fix, layers_code
 
     got = checked_layers(run, f.layer)
     if got is None:
