@@ -206,6 +206,11 @@ JSON_SCHEMA: dict[str, Any] = {
                                 "device time, precision and Tensor Cores from their names), "
                                 "host_ops or device_ops (ops counted in their layer's dtype)",
                             },
+                            "source_label": {
+                                "type": ["string", "null"],
+                                "description": "what the figures are, in words (the tab's "
+                                "caption too)",
+                            },
                             "tensor_core_share": {
                                 "type": ["number", "null"],
                                 "description": "device_kernels: share of GPU time on Tensor "

@@ -28,7 +28,7 @@ from mpwatch import contract
 from mpwatch.judge import Finding
 from mpwatch.judge.rules.damaged_logs import RULE as DAMAGED_LOGS
 from mpwatch.read import Run
-from mpwatch.show.profile_view import UNJOINED_SAID, unjoined_math_share
+from mpwatch.show.profile_view import UNJOINED_SAID, source_label, unjoined_math_share
 from mpwatch.words import NO_FINDINGS, NO_FINDINGS_TRACE_ONLY, duration_ms, percent, raw_trace
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "no_data_words",
     "reader_notes",
     "unreadable",
-    "PROFILE_SOURCE_LABELS",
     "finite_float",
     "last_value",
     "loss_scales_words",
@@ -201,13 +200,6 @@ def own_cost(run: Run) -> dict[str, float | None]:
 
 
 #: what a profile's figures are, by ``source`` (the reports' label)
-PROFILE_SOURCE_LABELS = {
-    "device_kernels": "GPU kernels (precision and Tensor Cores from each kernel's name)",
-    "host_ops": "host ops (precision from each XLA op's HLO, else from its layer's dtype)",
-    "device_ops": "device ops (precision from each layer's dtype)",
-}
-
-
 def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
     """The profile section (the JSON ``runs[].profile``): where the profiled time went, from the
     latest ``profile`` record; None when the run was not profiled.
@@ -261,6 +253,7 @@ def profile_summary(run: Run, top: int = 5) -> dict[str, Any] | None:
             (finite_float((kern or prof).get("unattributed_us")) or 0.0) / total if total else None
         ),
         "unjoined_math_share": None if kern is not None else unjoined_math_share(prof),
+        "source_label": source_label(prof, source),
         "top_layers": layers,
         "trace": run.profile_trace,
     }
@@ -328,7 +321,7 @@ def profile_lines(ps: dict[str, Any]) -> list[str]:
                 "by precision: " + ", ".join(f"{k} {percent(v)}" for k, v in by.items() if v)
             )
     elif ps.get("source"):
-        lines.append(f"figures: {PROFILE_SOURCE_LABELS.get(ps['source'], ps['source'])}")
+        lines.append(f"figures: {ps.get('source_label') or ps['source']}")
     for lay in ps["top_layers"]:
         share = "" if lay["share"] is None else f" ({percent(lay['share'])})"
         s16 = "" if lay["share_16bit"] is None else f", {percent(lay['share_16bit'])} 16-bit"

@@ -18,7 +18,7 @@ from mpwatch.read import ProbeResult, Run
 from mpwatch.read.run import PROBE_TOP_KEYS
 from mpwatch.show.float8 import float8_view
 from mpwatch.show.memory import memory_view
-from mpwatch.show.profile_view import UNJOINED_SAID, unjoined_math_share
+from mpwatch.show.profile_view import UNJOINED_SAID, source_label, unjoined_math_share
 from mpwatch.words import plain
 
 __all__ = ["info_view", "layers_view", "probes_view", "profile_summary", "profile_view"]
@@ -220,14 +220,6 @@ def probes_view(model: Run, step: int | None) -> dict[str, Any]:
     )
 
 
-#: what a profile's figures are, by ``source`` (the tab's caption)
-PROFILE_SOURCE_LABELS = {
-    "device_kernels": "GPU kernels: precision and Tensor Core use from each kernel's name",
-    "host_ops": "host ops: each op counted in its layer's dtype (no GPU kernels in the trace)",
-    "device_ops": "device ops: each op counted in its layer's dtype (no kernel table)",
-}
-
-
 def profile_summary(model: Run) -> dict[str, Any] | None:
     """The tab's profile panel: the figures to show side by side, None without a profile.
 
@@ -246,7 +238,7 @@ def profile_summary(model: Run) -> dict[str, Any] | None:
     total = contract.finite_float(base.get("total_us"))
     out: dict[str, Any] = {
         "source": source,
-        "label": PROFILE_SOURCE_LABELS.get(str(source), str(source)),
+        "label": source_label(prof, source),
         "steps": prof.get("steps"),
         "device": prof.get("device"),
         "total_us": total,
