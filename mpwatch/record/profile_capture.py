@@ -424,7 +424,7 @@ class ProfileMonitor(RecordingCallback):
 
     # --- conversion -------------------------------------------------------------------------------
     def _op_source(self, trace_dir: str) -> str:
-        """Where the op table comes from (:func:`mpwatch.profile.trace_ops`): XLA's op events
+        """Where the op table comes from (:func:`mpwatch.profile.traces.trace_ops`): XLA's op events
         for JAX on a CPU (xprof's table of TensorFlow ops is empty there: asking it cost 0.6 s
         of a MobileNetV2 conversion), else ``"auto"`` (TensorFlow's jit_compile on a CPU: XLA's
         ops with the input pipeline's TensorFlow ops; xprof's table elsewhere)."""

@@ -1,7 +1,9 @@
 """In-graph tensor statistics: counts that tell how a tensor sits in float16's range.
 
-Everything here builds TensorFlow ops (usable inside ``tf.function``, XLA and ``tf.distribute``
-replica functions) and returns small tensors; turning counts into shares happens on the host with
+The statistics are built for the backend the train step runs on: TensorFlow ops (usable inside
+``tf.function``, XLA and ``tf.distribute`` replica functions: :func:`tensor_counts`,
+:func:`counts_table`) or JAX ones inside ``jax.jit`` (:func:`jax_counts_table` and its
+variants). Each returns small tensors; turning counts into shares happens on the host with
 :func:`shares`, once per logging interval.
 
 For a tensor ``x`` (a scaled gradient ``g*S``) :func:`tensor_counts` returns, as float32 ``[5]``:

@@ -108,7 +108,7 @@ class PolicyView:
         container switched alone would compute in float32 around sublayers still in 16 bits
         (TensorFlow then fails to add their outputs), so keeping a container in float32 is
         keeping all of it, as the advice's code does
-        (:func:`mpwatch.judge.rule.container_float32_fix`)."""
+        (:func:`mpwatch.judge.fixes.containers.container_float32_fix`)."""
         self.model = model
         self.policy = policy
         sources = sources_for(policy)

@@ -31,7 +31,7 @@ def test_docs_rules_md_is_generated_from_the_rules():
     with open(DOCS, encoding="utf-8") as fh:
         on_disk = fh.read()
     assert on_disk == render_rules_markdown(), (
-        "docs/rules.md is out of date: python -m mpwatch.judge.docs > docs/rules.md"
+        "docs/rules.md is out of date: python -m mpwatch.show.docs"
     )
 
 

@@ -4,7 +4,7 @@ Adding a rule is one file here (named after the rule id, ``_`` for ``-``: a docs
 sections of :data:`mpwatch.judge.rule.SECTIONS`, ``RULE = Rule(...)`` and ``check(run)``, or
 ``check_pair(mixed, fp32)`` for a rule about a mixed run and a float32 run of the same model) and
 one line in :data:`ALL_RULES`. ``docs/rules.md`` is generated from them
-(``python -m mpwatch.judge.docs > docs/rules.md``).
+(``python -m mpwatch.show.docs``).
 
 Example:
     >>> [m.RULE.id for m in ALL_RULES][:3]
