@@ -55,6 +55,24 @@ def is_matmul_or_conv(op_name: str) -> bool:
     return bool(_MATMUL_CONV_OP.match(last))
 
 
+#: the prefixes TensorFlow's rewrites put before an op type (oneDNN's ``_Mkl``/``Native``, the
+#: fused ops' ``_Fused``)
+_OP_TYPE_PREFIX = re.compile(r"^_?(?:Mkl)?(?:Native)?(?:Fused)?")
+
+
+def is_math_op_type(op_type: str) -> bool:
+    """Whether an op type (not a name) is a matmul or a convolution, TensorFlow's (oneDNN's and
+    fused ones too), XLA's (``convolution``, ``dot``) or JAX's: :func:`is_matmul_or_conv`'s
+    names, after the rewrites' prefixes.
+
+    >>> [is_math_op_type(t) for t in ("Conv2DBackpropFilter", "_FusedMatMul", "dot", "Cast",
+    ...                               "_MklNativeFusedConv2D", "_MklMatMul")]
+    [True, True, True, False, True, True]
+    """
+    base = _OP_TYPE_PREFIX.sub("", op_type or "")
+    return base == "convolution" or bool(_MATMUL_CONV_OP.match(base))
+
+
 def classify_kernels(kernels: pd.DataFrame, model: Any = None) -> pd.DataFrame:
     """A :func:`~mpwatch.profile.traces.kernel_table` with the classification and the layer join.
 

@@ -28,7 +28,6 @@ Example (needs TensorFlow and xprof):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from mpwatch.profile.attribution import (
     describe_model,
     iter_layers,
 )
+from mpwatch.profile.kernel_time import is_math_op_type
 from mpwatch.profile.step_parts import step_part
 from mpwatch.profile.traces import TOOL
 
@@ -155,22 +155,6 @@ class ProfileResult:
 
 
 UNJOINED_MATH = contract.PROFILE_UNJOINED_MATH
-_MATH_OP_TYPE = re.compile(
-    r"^_?(?:Mkl)?(?:Native)?(?:Fused)?(?:Conv[123]D\w*|DepthwiseConv2dNative\w*|MatMul\w*|BatchMatMul\w*|Einsum|"
-    r"XlaDot\w*|XlaConv\w*|convolution|dot|dot_general|conv_general_dilated)$"
-)
-
-
-def is_math_op_type(op_type: str) -> bool:
-    """Whether an op type is a matmul or a convolution (TensorFlow's, XLA's or JAX's).
-
-    >>> [is_math_op_type(t) for t in ("Conv2DBackpropFilter", "_FusedMatMul", "dot", "Cast",
-    ...                               "_MklNativeFusedConv2D", "_MklMatMul")]
-    [True, True, True, False, True, True]
-    """
-    return bool(_MATH_OP_TYPE.match(op_type or ""))
-
-
 def op_category(op_name: str) -> str:
     """A rough category of an op outside every layer (for the unattributed breakdown)."""
     low = op_name.lower()
