@@ -56,13 +56,12 @@ def tensor_counts(x: Any, normal_min: float = FLOAT16.smallest_normal) -> Any:
 def counts_table(tensors: list[Any], normal_min: float = FLOAT16.smallest_normal) -> Any:
     """``[len(tensors), 5]`` float64: :func:`tensor_counts` of each tensor (None gives zeros).
 
-    A piece at a time (:func:`mpwatch.record.tf_chunks.table`): the small tensors in groups,
-    each group flattened, concatenated and counted with segment reductions (a few ops per tensor,
-    not ~17: tracing stays cheap for models of tens of thousands of variables), each large tensor
-    a slice of ``tf_chunks.CHUNK`` elements at a time, the pieces in sequence. Counted in float64
-    (the pieces are cast to it: exact for float16 and float32 values). All the gradients at once,
-    concatenated, were a copy of them and their magnitudes beside training at every count step
-    (the wide MLP's fit peak 1.07x a plain fit's at the defaults).
+    A piece of ``tf_chunks.CHUNK`` elements at a time (:func:`mpwatch.record.tf_chunks.table`:
+    the tensors, or slices of the large ones, concatenated, every piece counted by one function
+    of segment reductions, the pieces in sequence): a few operations per tensor, whether the
+    step counts or not. Counted in float64 (exact for float16 and float32 values). All the
+    gradients at once, concatenated, were a copy of them and their magnitudes beside training at
+    every count step (the wide MLP's fit peak 1.07x a plain fit's at the defaults).
     """
     import tensorflow as tf
 
@@ -71,68 +70,27 @@ def counts_table(tensors: list[Any], normal_min: float = FLOAT16.smallest_normal
     flats = [tf.zeros([0], tf.float32) if t is None else tf_chunks.flat(t) for t in tensors]
     flats = [f if f.dtype.is_floating else tf.cast(f, tf.float32) for f in flats]
 
-    def rows(pieces: list[Any]) -> Any:
-        return _segment_counts(pieces, normal_min)
+    def rows(cols: list[Any], seg: Any, k: int, sizes: Any) -> Any:
+        return _segment_counts(cols, seg, k, sizes, normal_min)
 
     return tf_chunks.table([flats], rows, ("sum", "sum", "sum", "max", "sum"))
 
 
-def tf_segment_ids(flats: list[Any]) -> tuple[Any, Any]:
-    """(int32 segment id of every element of the 1-D ``flats`` concatenated, int32 sizes), as
-    TensorFlow ops without dynamic shapes (XLA-friendly): mark each tensor's start, then cumsum;
-    starts at the end (trailing empty tensors) land in one extra slot that is dropped."""
+def _segment_counts(cols: list[Any], seg: Any, k: int, sizes: Any, normal_min: float) -> Any:
+    """``[k, 5]`` float64 counts of the segments ``seg`` of one float64 tensor (a piece of
+    :func:`mpwatch.record.tf_chunks.table`)."""
     import tensorflow as tf
 
-    k = len(flats)
-    static = [f.shape.num_elements() for f in flats]
-    if all(n is not None for n in static):  # the usual case: one constant, no op per tensor
-        sizes = tf.constant(static, tf.int32)
-        total = tf.constant(sum(static), tf.int32)
-    else:
-        sizes = tf.stack([tf.size(f, out_type=tf.int32) for f in flats])
-        total = tf.reduce_sum(sizes)
-    starts = tf.math.cumsum(sizes, exclusive=True)[1:] + _runtime_zero(flats)
-    marks = tf.scatter_nd(
-        tf.expand_dims(starts, 1), tf.ones([k - 1], tf.int32), tf.expand_dims(total + 1, 0)
-    )
-    return tf.math.cumsum(marks)[:-1], sizes
+    from mpwatch.record.tf_chunks import segment_tools
 
-
-def _runtime_zero(flats: list[Any]) -> Any:
-    """An int32 0 that only the data gives (no element is both NaN and finite), so the segment
-    ids of tensors of static sizes are computed when the step runs, not folded into constants
-    when TensorFlow optimizes the graph: folded, each was a constant as large as its tensors,
-    kept with the graph whether the step counts or not (ResNet50's tapped train step: 140 MiB
-    more at its first call, at steps that never count)."""
-    import tensorflow as tf
-
-    for f in flats:
-        if f.shape.num_elements() != 0:
-            head = f[:1]
-            never = tf.logical_and(tf.math.is_nan(head), tf.math.is_finite(head))
-            return tf.reduce_sum(tf.cast(never, tf.int32))
-    return tf.constant(0, tf.int32)
-
-
-def _segment_counts(flats: list[Any], normal_min: float) -> Any:
-    """``[len(flats), 5]`` float64 counts of 1-D tensors of one dtype, by segment reductions."""
-    import tensorflow as tf
-
-    k = len(flats)
-    a = tf.abs(tf.concat(flats, 0))
-    seg, sizes = tf_segment_ids(flats)
+    count, _, largest = segment_tools(seg, k)
+    a = tf.abs(cols[0])
     finite = tf.math.is_finite(a)
-
-    def count(mask: Any) -> Any:
-        return tf.math.unsorted_segment_sum(tf.cast(mask, tf.float64), seg, k)
-
     zero = count(tf.equal(a, 0))
     sub = count(tf.logical_and(a > 0, a < tf.cast(normal_min, a.dtype)))
     nonfinite = count(tf.logical_not(finite))
-    max_abs = tf.maximum(
-        tf.cast(tf.math.unsorted_segment_max(tf.where(finite, a, 0), seg, k), tf.float64), 0.0
-    )
-    return tf.stack([zero, sub, nonfinite, max_abs, tf.cast(sizes, tf.float64)], axis=1)
+    max_abs = largest(tf.where(finite, a, tf.constant(0, a.dtype)))
+    return tf.stack([zero, sub, nonfinite, max_abs, sizes], axis=1)
 
 
 #: a tensor of at least this many elements is reduced on its own in :func:`jax_counts_table` (one

@@ -97,66 +97,23 @@ def cast_through(x: Any, dtype: str, scale: float = 1.0) -> Any:
 
 
 # --- in the graph, many tensors at once ----------------------------------------------------------
-# Tables of many tensors at once: a piece at a time (mpwatch/record/tf_chunks.py: small tensors in
-# groups, each large one a slice at a time, the pieces in sequence), each piece by segment
-# reductions over its tensors flattened and concatenated, so the graph grows by a reshape per
-# tensor, not by ~20 reductions per tensor (tracing the probe of a model of a thousand layers
-# costs about its forward and backward pass), and the temporaries of one piece exist at a time
-# (a few float64 copies of tf_chunks.CHUNK elements, not of every gradient). Sums in float64.
-def _segment_tools(flats: list[Any]) -> tuple[Any, Any, Any]:
-    """(count(mask), sum(x), max(x)) over the segments of ``flats`` concatenated."""
-    import tensorflow as tf
-
-    k = len(flats)
-    if k == 1:  # one segment (a slice of a large tensor): plain reductions
-
-        def count(mask: Any) -> Any:
-            return tf.reshape(tf.reduce_sum(tf.cast(mask, tf.float64)), [1])
-
-        def total(x: Any) -> Any:
-            return tf.reshape(tf.reduce_sum(x), [1])
-
-        def largest(x: Any) -> Any:
-            return tf.reshape(tf.reduce_max(tf.concat([tf.zeros([1], x.dtype), x], 0)), [1])
-
-        return count, total, largest
-
-    from mpwatch.record.stats import tf_segment_ids
-
-    seg, _ = tf_segment_ids(flats)
-
-    def count(mask: Any) -> Any:
-        return tf.math.unsorted_segment_sum(tf.cast(mask, tf.float64), seg, k)
-
-    def total(x: Any) -> Any:
-        return tf.math.unsorted_segment_sum(x, seg, k)
-
-    def largest(x: Any) -> Any:  # x >= 0; empty segments give 0
-        return tf.maximum(tf.math.unsorted_segment_max(x, seg, k), 0.0)
-
-    return count, total, largest
-
-
+# Tables of many tensors at once: a piece of tf_chunks.CHUNK elements at a time, every piece by one
+# function of segment reductions (mpwatch/record/tf_chunks.py), so the graph grows by a few
+# operations per tensor, not by ~20 reductions per tensor (a graph's operations cost memory for
+# the whole fit, and tracing time), and the temporaries of one piece exist at a time (a few
+# float64 copies of tf_chunks.CHUNK elements, not of every gradient). Sums in float64.
 def _abs_finite(x: Any) -> Any:
     import tensorflow as tf
 
     a = tf.abs(x)
-    return tf.where(tf.math.is_finite(a), a, tf.constant(0, a.dtype))  # (a scalar: see _sizes)
-
-
-def _sizes(flats: list[Any]) -> Any:
-    """float64 element count of each 1-D tensor of ``flats``. Never ``count(ones_like(x))``, nor
-    any ``zeros_like``/``ones_like`` of a tensor of static shape: TensorFlow's graph optimizer
-    folds those into constants as large as the tensor (float64 after the cast), kept with the
-    probe's function for the whole fit (ResNet50 at 64x64: hundreds of MiB, once per piece)."""
-    import tensorflow as tf
-
-    return tf.cast(tf.stack([tf.size(f) for f in flats]), tf.float64)
+    return tf.where(tf.math.is_finite(a), a, tf.constant(0, a.dtype))  # (a scalar: see _zeros_as)
 
 
 def _zeros_as(x: Any) -> Any:
-    """Zeros of ``x``'s shape and dtype computed from ``x`` when the step runs (not a constant
-    the optimizer folds, see :func:`_sizes`), also where ``x`` is not finite."""
+    """Zeros of ``x``'s shape and dtype computed from ``x`` when the step runs, also where ``x``
+    is not finite. Never ``zeros_like``/``ones_like`` of a tensor of static shape: TensorFlow's
+    graph optimizer folds those into constants as large as the tensor, kept with the probe's
+    function for the whole fit (ResNet50 at 64x64: hundreds of MiB)."""
     import tensorflow as tf
 
     return tf.math.multiply_no_nan(x, tf.constant(0, x.dtype))
@@ -190,16 +147,16 @@ def grad_table(mixed_scaled: list[Any], refs: list[Any], scale: Any) -> Any:
         return tf.zeros([0, 7], tf.float64)
     s64 = tf.cast(scale, tf.float64)
 
-    def rows(ms: list[Any], rs: list[Any]) -> Any:
-        count, total, largest = _segment_tools(rs)
-        m, r = tf.concat(ms, 0), tf.concat(rs, 0)
+    def rows(cols: list[Any], seg: Any, k: int, sizes: Any) -> Any:
+        count, total, largest = tf_chunks.segment_tools(seg, k)
+        r, m = cols
         ref_nz = tf.not_equal(r, 0.0)
         diff = m / s64 - r
         a = tf.abs(r)
         max_ref = largest(tf.where(tf.math.is_nan(a), tf.constant(math.inf, tf.float64), a))
         return tf.stack(
             [
-                _sizes(rs),
+                sizes,
                 count(ref_nz),
                 count(tf.logical_and(ref_nz, tf.equal(m, 0.0))),
                 total(tf.square(diff)),
@@ -210,7 +167,7 @@ def grad_table(mixed_scaled: list[Any], refs: list[Any], scale: Any) -> Any:
             axis=1,
         )
 
-    return tf_chunks.table([rs, ms], lambda r, m: rows(m, r), ("sum",) * 6 + ("max",))
+    return tf_chunks.table([rs, ms], rows, ("sum",) * 6 + ("max",))
 
 
 def activation_table(mixed: list[Any], refs: list[Any] | None) -> Any:
@@ -224,21 +181,20 @@ def activation_table(mixed: list[Any], refs: list[Any] | None) -> Any:
     if not mixed:
         return tf.zeros([0, 6], tf.float64)
 
-    def rows(ms: list[Any], rs: list[Any] | None = None) -> Any:
-        count, total, largest = _segment_tools(ms)
-        m = tf.concat(ms, 0)
+    def rows(cols: list[Any], seg: Any, k: int, sizes: Any) -> Any:
+        count, total, largest = tf_chunks.segment_tools(seg, k)
+        m = cols[0]
         nonfinite = count(tf.logical_not(tf.math.is_finite(m)))
         max_m = tf.where(
             nonfinite > 0, tf.constant(math.inf, tf.float64), largest(_abs_finite(m))
         )
-        size = _sizes(ms)
-        if rs is None:
-            zero = tf.zeros_like(size)
-            return tf.stack([size, zero, zero, max_m, nonfinite, zero], axis=1)
-        r = tf.concat(rs, 0)
+        if len(cols) == 1:
+            zero = sizes * 0.0
+            return tf.stack([sizes, zero, zero, max_m, nonfinite, zero], axis=1)
+        r = cols[1]
         return tf.stack(
             [
-                size,
+                sizes,
                 total(tf.square(m - r)),
                 total(tf.square(r)),
                 max_m,
@@ -270,9 +226,9 @@ def act_grad_table(mixed_scaled: list[Any], refs: list[Any]) -> Any:
         for i, r in zip(present, rs)
     ]
 
-    def piece(rs: list[Any], ms: list[Any]) -> Any:
-        count, _, largest = _segment_tools(rs)
-        m, r = tf.concat(ms, 0), tf.concat(rs, 0)
+    def piece(cols: list[Any], seg: Any, k: int, sizes: Any) -> Any:
+        count, _, largest = tf_chunks.segment_tools(seg, k)
+        r, m = cols
         nz = tf.not_equal(r, 0.0)
         return tf.stack(
             [
@@ -301,11 +257,12 @@ def histogram_and_zeros(tensors: list[Any]) -> tuple[Any, Any]:
     if not flats:
         return tf.zeros([NUM_BINS], tf.int64), tf.constant(0.0, tf.float64)
 
-    def rows(pieces: list[Any]) -> Any:  # one row for the pieces together (summed below)
-        a = tf.concat(pieces, 0)
+    def rows(cols: list[Any], seg: Any, k: int, sizes: Any) -> Any:
+        # the piece's counts together, in its first row (the rows are summed below)
+        a = tf.boolean_mask(cols[0], seg >= 0)
         zeros = tf.reduce_sum(tf.cast(tf.equal(a, 0.0), tf.float64))
         row = tf.concat([tf.cast(log2_bins(a), tf.float64), tf.reshape(zeros, [1])], 0)
-        return tf.pad(tf.expand_dims(row, 0), [[0, len(pieces) - 1], [0, 0]])
+        return tf.pad(tf.expand_dims(row, 0), [[0, k - 1], [0, 0]])
 
     table = tf_chunks.table([flats], rows, ("sum",) * (NUM_BINS + 1))
     total = tf.reduce_sum(table, axis=0)

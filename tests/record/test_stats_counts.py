@@ -36,15 +36,18 @@ def _numpy_counts(t):
     return np.array([(a == 0).sum(), sub, (~fin).sum(), a[fin].max() if fin.any() else 0, a.size])
 
 
-@pytest.mark.parametrize("chunk", [None, 5])
-def test_tensorflow_counts_equal_numpy(chunk, monkeypatch):
-    """Also with the pieces (record/tf_chunks.py) at 5 elements: the larger tensors counted a
-    static slice at a time in a loop (and under XLA), the small ones in groups."""
+@pytest.mark.parametrize("chunk,items", [(None, None), (5, None), (16, 2)])
+def test_tensorflow_counts_equal_numpy(chunk, items, monkeypatch):
+    """Also with the pieces (record/tf_chunks.py) at 5 elements (the larger tensors cut in slices,
+    a slice's rest packed with the next tensors) and at 16 elements of at most 2 items each; in
+    a graph and under XLA."""
     tf = pytest.importorskip("tensorflow")
-    if chunk is not None:
-        from mpwatch.record import tf_chunks
+    from mpwatch.record import tf_chunks
 
+    if chunk is not None:
         monkeypatch.setattr(tf_chunks, "CHUNK", chunk)
+    if items is not None:
+        monkeypatch.setattr(tf_chunks, "MAX_ITEMS", items)
     ts = _tensors()
     want = np.array([_numpy_counts(t) for t in ts])
     eager = stats.counts_table([None if t is None else tf.constant(t) for t in ts]).numpy()
@@ -55,6 +58,33 @@ def test_tensorflow_counts_equal_numpy(chunk, monkeypatch):
         fn = tf.function(lambda *x: stats.counts_table(list(x)), jit_compile=jit)
         np.testing.assert_allclose(fn(*dense).numpy(), want_dense, rtol=1e-6)
     assert stats.counts_table([]).shape == (0, stats.NUM_COUNTS)
+
+
+def _graph_operations(tf, fn, args) -> int:
+    graph = fn.get_concrete_function(*args).graph.as_graph_def()
+    return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
+
+
+def test_tensorflow_counts_graph_grows_by_a_few_operations_per_tensor(monkeypatch):
+    """A graph's operations cost memory for the whole fit, whether the counts run or not: the
+    counts of 4x as many tensors (a third of them cut in slices) add at most 10 operations per
+    tensor, and one function counts every piece (not a copy of its reductions per tensor,
+    slice or loop)."""
+    tf = pytest.importorskip("tensorflow")
+    from mpwatch.record import tf_chunks
+
+    monkeypatch.setattr(tf_chunks, "CHUNK", 1024)
+
+    def operations(n: int) -> tuple[int, int]:
+        args = [tf.zeros([2000 if i % 3 == 0 else 7], tf.float32) for i in range(n)]
+        fn = tf.function(lambda *x: stats.counts_table(list(x)), autograph=False)
+        graph = fn.get_concrete_function(*args).graph.as_graph_def()
+        pieces = [f for f in graph.library.function if "one" in f.signature.name]
+        return _graph_operations(tf, fn, args), len(pieces)
+
+    (small, bodies_small), (large, bodies_large) = operations(30), operations(120)
+    assert large - small <= 10 * 90, (small, large)  # (82 a tensor with a loop per slice)
+    assert bodies_small == bodies_large == 1
 
 
 def test_jax_counts_equal_numpy():
