@@ -6,7 +6,7 @@ first batch: one probe to compile (not timed), then ``--reps`` probes with float
 as many without, interleaved, and the median of each. Printed: the layers measured, both medians,
 their difference (float8's own cost), the ratio, and float8's cost per probe on average (a fit
 measures it at its first probe and every ``FLOAT8_EVERY``-th after). The cost budget
-(:mod:`mpwatch.record.budget`) schedules probes by their measured cost, float8 included.
+(:mod:`mpwatch.record.runtime.budget`) schedules probes by their measured cost, float8 included.
 
     KERAS_BACKEND=tensorflow python benchmarks/float8_cost.py [--models transformer convnext]
         [--reps 5]
@@ -52,8 +52,8 @@ MODELS = {"transformer": _transformer, "convnext": _convnext}
 def measure(name: str, reps: int) -> dict:
     import keras
 
-    from mpwatch.record import float8_capture
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe import float8_capture
+    from mpwatch.record.probe.probe import Probe
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     import keras
 
     print(f"backend {keras.backend.backend()}, {args.reps} probes each way, medians")
-    from mpwatch.record.probe import FLOAT8_EVERY
+    from mpwatch.record.probe.probe import FLOAT8_EVERY
 
     print("| model | Dense/EinsumDense | probe with float8 | without | float8's own | ratio | "
           f"per probe (1 in {FLOAT8_EVERY}) |")  # fmt: skip

@@ -1,8 +1,8 @@
 """Float8 readiness against real float8: the per-layer errors mpwatch predicted beside what
 Keras' ``quantize("float8")`` model computes there (issue 54).
 
-mpwatch's float8 readiness (``mpwatch/record/float8.py``) predicts, per Dense/EinsumDense layer,
-from the layer's float32-reference input ``x``, kernel ``W`` and output gradient ``g`` on the
+mpwatch's float8 readiness (``mpwatch/record/probe/float8.py``) predicts, per Dense/EinsumDense
+layer, from the layer's float32-reference input ``x``, kernel ``W`` and output gradient ``g`` on the
 probe's batch: the relative error of the layer's output ``z = x W + b`` *before the activation*
 (mean over rows of ``||z8 - z32|| / ||z32||``), of ``dx`` (the same, per row) and of ``dW``
 (tensor-wide), when Keras' float8 layer computes them: x and W quantized and dequantized to E4M3

@@ -21,7 +21,7 @@ Configurations (``--configs``): ``plain`` (no callback: Keras then dispatches st
 waiting), ``plain+hook`` (a callback with an empty ``on_train_batch_end``, which Keras runs on the
 training thread: a sync per batch), ``mpwatch`` (defaults; the budget off here unless
 ``--budget``, so that each part's steady cost shows; on a GPU its gradient counts are in a
-program of their own, run at the count steps only: ``mpwatch.record.jax_programs``),
+program of their own, run at the count steps only: ``mpwatch.record.tap.jax_programs``),
 ``mpwatch-apart`` / ``mpwatch-cond`` / ``mpwatch-select`` (the gradient counts in that second
 program / under a ``lax.cond`` / computed every step and selected, whatever the device:
 ``JaxTap.counts_way``), ``mpwatch-nograd`` (no gradient counts), ``mpwatch-minimal`` (the loss
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import jax
     import keras
 
-    from mpwatch.record.jax_tap import JaxTap
+    from mpwatch.record.tap.jax_tap import JaxTap
 
     rm = real_models()
     keras.mixed_precision.set_global_policy(args.policy)

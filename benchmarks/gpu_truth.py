@@ -1000,7 +1000,7 @@ def train(args: argparse.Namespace, logdir: str, result: dict[str, Any]) -> Any:
         shuffle=False,
     )
     result["fit_s"] = time.perf_counter() - t0
-    from mpwatch.record.profile_capture import ProfileMonitor
+    from mpwatch.record.callbacks.profile_capture import ProfileMonitor
 
     prof = next((p for p in monitor.parts if isinstance(p, ProfileMonitor)), None)
     if prof is not None:

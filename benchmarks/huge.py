@@ -160,7 +160,7 @@ def bench_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     import mpwatch
     from mpwatch import contract
-    from mpwatch.record.step_time import gpu_device
+    from mpwatch.record.callbacks.step_time import gpu_device
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     x, y = synthetic_data(args.steps * args.batch_size, args.width)

@@ -46,7 +46,7 @@ def main(argv=None):
     import keras
 
     import mpwatch
-    from mpwatch.record.step_time import gpu_device
+    from mpwatch.record.callbacks.step_time import gpu_device
 
     qs = load_quickstart()
     keras.mixed_precision.set_global_policy("mixed_float16")

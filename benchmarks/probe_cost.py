@@ -3,7 +3,7 @@
 Trains a small CNN under ``mixed_float16`` (``mixed_bfloat16`` with ``--policy``), measures the
 median
 time of a training step (``model.train_on_batch``, traced once before timing) and the median time of
-one probe (:meth:`mpwatch.record.probe.Probe.run` on a batch of the same size, after a first,
+one probe (:meth:`mpwatch.record.probe.probe.Probe.run` on a batch of the same size, after a first,
 untimed probe that pays for building the twin and tracing), and prints the ratio.
 
     python benchmarks/probe_cost.py [--batch 64] [--repeats 20] [--policy mixed_float16]
@@ -50,7 +50,7 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe.probe import Probe
 
     keras.mixed_precision.set_global_policy(args.policy)
     keras.utils.set_random_seed(0)

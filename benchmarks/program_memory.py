@@ -10,7 +10,7 @@ batch of ``--batch`` examples (abstract shapes: nothing of that size is allocate
   Keras jits it;
 - per ``--variants`` (the monitor's keyword arguments; ``defaults``: none), a model whose tap was
   installed by a one-step fit on a small batch: the train function's programs (on a GPU, the tap's
-  every-step program and its counting program, :mod:`mpwatch.record.jax_programs`; elsewhere
+  every-step program and its counting program, :mod:`mpwatch.record.tap.jax_programs`; elsewhere
   Keras' jitted train step with the tap in it);
 
 and prints each program's temporary, argument and output bytes. ``--hlo DIR`` writes each

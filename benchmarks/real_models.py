@@ -77,9 +77,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import mpwatch  # noqa: E402
-from mpwatch.record.probe_monitor import ProbeMonitor  # noqa: E402
-from mpwatch.record.profile_capture import ProfileMonitor  # noqa: E402
-from mpwatch.record.step_time import gpu_device  # noqa: E402
+from mpwatch.record.callbacks.probe_monitor import ProbeMonitor  # noqa: E402
+from mpwatch.record.callbacks.profile_capture import ProfileMonitor  # noqa: E402
+from mpwatch.record.callbacks.step_time import gpu_device  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WARMUP = 5  # steps left out at the start of each fit (tracing, the profiled batches 3-5)

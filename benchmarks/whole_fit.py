@@ -42,7 +42,7 @@ measures that goal over many alternating pairs. A fit of fewer than ``STEADY_MIN
 ``--program-cache cold`` (the default) gives every monitored fit an empty mpwatch cache
 (``MPWATCH_CACHE_DIR``): what a first run pays, the probe's JAX programs compiled. ``warm`` runs
 one untimed monitored fit first: what a later run of the same script pays, its programs loaded
-(:mod:`mpwatch.record.program_cache`).
+(:mod:`mpwatch.record.runtime.program_cache`).
 
 ``--distribution data_parallel|model_parallel`` (JAX) trains both fits under a
 ``keras.distribution`` over every device (``--devices N``: N host devices, for a CPU):
@@ -231,7 +231,7 @@ def measure(name: str, seconds: float, args: argparse.Namespace, root: str) -> d
         flush=True,
     )
     kwargs = dict(args.monitor_kwargs)
-    from mpwatch.record import program_cache
+    from mpwatch.record.runtime import program_cache
 
     if args.program_cache == "warm":  # a later run of the same script: its programs are kept
         os.environ["MPWATCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="cache_", dir=root)
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         "--program-cache", choices=("cold", "warm"), default="cold",
         help="cold: each monitored fit starts with an empty mpwatch cache (a first run: the "
         "probe's programs compiled); warm: one untimed monitored fit first fills it (a later "
-        "run of the same script: they are loaded, mpwatch/record/program_cache.py)",
+        "run of the same script: they are loaded, mpwatch/record/runtime/program_cache.py)",
     )  # fmt: skip
     args = ap.parse_args(argv)
     code = per_backend(args.backends, argv, __file__)

@@ -20,18 +20,18 @@ from mpwatch._version import __version__
 
 # public name -> module that defines it (imported on first use)
 _EXPORTS = {
-    "MixedPrecisionMonitor": "mpwatch.record.monitor",
-    "LossScaleMonitor": "mpwatch.record.loss_scale",
-    "GradientHealthMonitor": "mpwatch.record.gradient_health",
-    "LayerDtypeMonitor": "mpwatch.record.layer_dtypes",
-    "StepTimeMonitor": "mpwatch.record.step_time",
-    "InputHealthMonitor": "mpwatch.record.input_health",
-    "TrainStepMonitor": "mpwatch.record.train_step",
-    "ProbeMonitor": "mpwatch.record.probe_monitor",
-    "ProfileMonitor": "mpwatch.record.profile_capture",
-    "record_trace": "mpwatch.record.profile_capture",
-    "TrainingLoopRecorder": "mpwatch.record.loop",
-    "share_skip_decision": "mpwatch.record.loop",
+    "MixedPrecisionMonitor": "mpwatch.record.callbacks.monitor",
+    "LossScaleMonitor": "mpwatch.record.callbacks.loss_scale",
+    "GradientHealthMonitor": "mpwatch.record.callbacks.gradient_health",
+    "LayerDtypeMonitor": "mpwatch.record.callbacks.layer_dtypes",
+    "StepTimeMonitor": "mpwatch.record.callbacks.step_time",
+    "InputHealthMonitor": "mpwatch.record.callbacks.input_health",
+    "TrainStepMonitor": "mpwatch.record.callbacks.train_step",
+    "ProbeMonitor": "mpwatch.record.callbacks.probe_monitor",
+    "ProfileMonitor": "mpwatch.record.callbacks.profile_capture",
+    "record_trace": "mpwatch.record.callbacks.profile_capture",
+    "TrainingLoopRecorder": "mpwatch.record.callbacks.loop",
+    "share_skip_decision": "mpwatch.record.callbacks.loop",
     "Run": "mpwatch.read",
     "load_run": "mpwatch.read",
     "load_runs": "mpwatch.read",
@@ -81,13 +81,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from mpwatch.judge import Finding, diagnose
     from mpwatch.judge.fixes.apply import apply_recommendations
     from mpwatch.read import Run, load_run, load_runs
-    from mpwatch.record.gradient_health import GradientHealthMonitor
-    from mpwatch.record.input_health import InputHealthMonitor
-    from mpwatch.record.layer_dtypes import LayerDtypeMonitor
-    from mpwatch.record.loop import TrainingLoopRecorder, share_skip_decision
-    from mpwatch.record.loss_scale import LossScaleMonitor
-    from mpwatch.record.monitor import MixedPrecisionMonitor
-    from mpwatch.record.probe_monitor import ProbeMonitor
-    from mpwatch.record.profile_capture import ProfileMonitor, record_trace
-    from mpwatch.record.step_time import StepTimeMonitor
-    from mpwatch.record.train_step import TrainStepMonitor
+    from mpwatch.record.callbacks.gradient_health import GradientHealthMonitor
+    from mpwatch.record.callbacks.input_health import InputHealthMonitor
+    from mpwatch.record.callbacks.layer_dtypes import LayerDtypeMonitor
+    from mpwatch.record.callbacks.loop import TrainingLoopRecorder, share_skip_decision
+    from mpwatch.record.callbacks.loss_scale import LossScaleMonitor
+    from mpwatch.record.callbacks.monitor import MixedPrecisionMonitor
+    from mpwatch.record.callbacks.probe_monitor import ProbeMonitor
+    from mpwatch.record.callbacks.profile_capture import ProfileMonitor, record_trace
+    from mpwatch.record.callbacks.step_time import StepTimeMonitor
+    from mpwatch.record.callbacks.train_step import TrainStepMonitor

@@ -69,7 +69,7 @@ def is_16bit(dtype: object) -> bool:
 
 
 # float8 as Keras trains Dense/EinsumDense layers in it (quantize("float8")): E4M3 forward, E5M2
-# backward, and the bounds within which mpwatch calls a layer ready for it (record/float8.py
+# backward, and the bounds within which mpwatch calls a layer ready for it (record/probe/float8.py
 # measures, judge/rules/float8_readiness.py says)
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
@@ -80,10 +80,10 @@ FLOAT8_LOW_ERROR_SHOWN = 0.02  # a 16-bit error above this is named beside float
 # Keras' LossScaleOptimizer starts at 2**15 and grows x2 every 2000 finite steps.
 KERAS_INITIAL_SCALE = 2.0**15
 #: a regression target reaching this |y| is a raw one: the probe tries it standardised
-#: (record/fix_check.py), the target-range rule reads that check
+#: (record/probe/fix_check.py), the target-range rule reads that check
 RAW_TARGET = 16.0
 #: a layer whose 16-bit output is this far off float32 is run op by op to find the op that
-#: overflows inside it (record/op_overflow.py); the output-rel-error rule reads what it found
+#: overflows inside it (record/probe/op_overflow.py); the output-rel-error rule reads what it found
 SCANNED_ERROR = 0.5
 KERAS_GROWTH_INTERVAL = 2000
 

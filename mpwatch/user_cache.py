@@ -3,7 +3,7 @@
 ``$MPWATCH_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/mpwatch``, else ``~/.cache/mpwatch``;
 ``MPWATCH_CACHE_DIR=off`` keeps nothing. Its folders: ``profiles/`` (converted profiler traces,
 :mod:`mpwatch.read.traces`) and ``xla/`` (mpwatch's own compiled JAX programs,
-:mod:`mpwatch.record.program_cache`). Everything there is safe to delete.
+:mod:`mpwatch.record.runtime.program_cache`). Everything there is safe to delete.
 
 Example:
     >>> import os; os.environ["MPWATCH_CACHE_DIR"] = "off"; cache_dir() is None

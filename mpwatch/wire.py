@@ -1,7 +1,7 @@
 """Protocol-buffer wire format and TFRecord framing: the varint decoder of mpwatch's hand-written
 event decoder (``read/tfrecord.py``: it reads only the few fields of an event it needs, without
 TensorFlow's generated classes), and the masked crc32c that frames every record of an event file
-(``read/tfrecord.py`` checks it, ``record/writer.py`` writes it).
+(``read/tfrecord.py`` checks it, ``record/runtime/writer.py`` writes it).
 
 Example:
     >>> varint(bytes([0xAC, 0x02, 0x07]), 0)

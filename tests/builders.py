@@ -12,7 +12,7 @@ import pandas as pd
 
 from mpwatch import contract
 from mpwatch.read.run import Run
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 
 # the contract's column names (mpwatch/contract/)
 LAYER_COLUMNS = contract.LAYERS_COLUMNS

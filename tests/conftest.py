@@ -29,9 +29,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 # a raw trace read as it is is cached per user (mpwatch/read/traces.py): the tests use their own
 os.environ.setdefault("MPWATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mpwatch-test-cache-"))
-# the tests' fits take seconds: under the default cost budget (mpwatch/record/budget.py) their
-# probes and profiles would not fit, and the tests are about what those record. No budget here;
-# tests/record/test_budget.py sets one on its monitors explicitly (an argument wins over this)
+# the tests' fits take seconds: under the default cost budget (mpwatch/record/runtime/budget.py)
+# their probes and profiles would not fit, and the tests are about what those record. No budget
+# here; tests/record/test_budget.py sets one on its monitors explicitly (an argument wins over this)
 os.environ["MPWATCH_BUDGET"] = "off"
 # a finding whose printed code and applied advice keep different layers float32 fails the test
 os.environ["MPWATCH_STRICT_ADVICE"] = "1"

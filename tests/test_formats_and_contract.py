@@ -139,7 +139,7 @@ def test_a_schema_is_not_vacuous():
 
 
 def test_split_parts_validate_and_a_continuation_needs_only_part_and_parts():
-    from mpwatch.record.writer import split_payload
+    from mpwatch.record.runtime.writer import split_payload
 
     v = _validator(contract.KIND_GRAD_VARIABLES)
     rows = [[f"v{i}/kernel", f"v{i}", i, 0.1, 0.0, 0.0, float(i), 3.0] for i in range(300)]

@@ -180,7 +180,7 @@ def test_record_never_imports_read_even_lazily():
 
 def test_importing_the_recorder_loads_no_read_module():
     code = (
-        "import sys, mpwatch.record.monitor, mpwatch.record.loop; "
+        "import sys, mpwatch.record.callbacks.monitor, mpwatch.record.callbacks.loop; "
         "bad = sorted(m for m in sys.modules if m.startswith(('mpwatch.read', 'mpwatch.judge', "
         "'mpwatch.show'))); print(bad); sys.exit(1 if bad else 0)"
     )
@@ -236,3 +236,29 @@ def test_the_package_root_holds_the_api_the_contract_and_shared_facts():
         "wire.py",
         "words.py",
     ], root
+
+
+#: a folder a reader can take in at a glance: split into wings before it grows past this
+MAX_FOLDER_MODULES = 15
+#: the rules catalogue: one rule a file, each declaring itself (judge/declare.py), read as a list
+CATALOGUES = {ROOT / "mpwatch" / "judge" / "rules"}
+
+
+def test_no_package_folder_holds_more_than_15_modules():
+    crowded = {
+        str(folder.relative_to(ROOT)): n
+        for base in SOURCES.values()
+        for folder in [base, *(p for p in base.rglob("*") if p.is_dir())]
+        if folder.name != "__pycache__" and folder not in CATALOGUES
+        if (n := len([p for p in folder.glob("*.py") if p.name != "__init__.py"]))
+        > MAX_FOLDER_MODULES
+    }
+    assert crowded == {}, crowded
+
+
+def test_the_record_stage_is_in_wings():
+    """The record stage's modules live in its wings; only the package itself sits at its root."""
+    record = ROOT / "mpwatch" / "record"
+    assert sorted(p.name for p in record.glob("*.py")) == ["__init__.py"]
+    wings = sorted(p.name for p in record.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert wings == ["callbacks", "model", "probe", "runtime", "tap"], wings

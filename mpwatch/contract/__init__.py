@@ -1,7 +1,7 @@
 """The on-disk contract: every tag, every record kind, the column lists and the payload schemas.
 
-Pure data and pure functions, no TensorFlow: ``mpwatch/record/writer.py`` (the only code that writes
-events) encodes with it, ``mpwatch/read/`` and the TensorBoard plugin decode with it.
+Pure data and pure functions, no TensorFlow: ``mpwatch/record/runtime/writer.py`` (the only code
+that writes events) encodes with it, ``mpwatch/read/`` and the TensorBoard plugin decode with it.
 
 Scalars are ordinary ``tf.summary.scalar`` float32 values under ``mpwatch/...`` tags, so
 TensorBoard's Scalars and Time Series tabs show them too.
@@ -16,8 +16,8 @@ browsers turn them into ``null``.
 Tables inside records use pandas' "split" layout: ``{"columns": [...], "data": [[...], ...]}``.
 
 Steps: every value is written at mpwatch's *batch step*: the number of training batches the model
-has run, 1 for the first batch, continued across ``fit`` calls (see ``record/state.py``). This
-is not ``optimizer.iterations``, which does not advance on a skipped step.
+has run, 1 for the first batch, continued across ``fit`` calls (see ``record/runtime/state.py``).
+This is not ``optimizer.iterations``, which does not advance on a skipped step.
 
 The package, one module per job:
 

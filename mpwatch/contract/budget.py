@@ -12,13 +12,13 @@ BUDGET_ACTIONS = ["ran", "skipped", "deferred", "explicit", "needed"]
 #: one decision per probe that wanted them: ran, or skipped from the first pass that did not fit;
 #: gradient_counts: on JAX with the counts in a program of their own, the count steps a fit ran
 #: without them while that program compiled beside training, one decision a fit, its detail the
-#: steps: record/jax_programs.py)
+#: steps: record/tap/jax_programs.py)
 BUDGET_PARTS = ["probe", "fix_checks", "profile", "profile_conversion", "gradient_counts"]
 #: how a gradient_counts decision's reason starts when the fit was too short to compile the
 #: counts' program beside it (it never started)
 COUNTS_TOO_SHORT = "the fit was too short to compile their program beside it"
 #: the opening of a skipped probe's reason where the device's free memory could not hold it
-#: (record/probe_memory.py; the rule ``budget`` names it apart from the cost budget's skips)
+#: (record/probe/probe_memory.py; the rule ``budget`` names it apart from the cost budget's skips)
 MEMORY_SKIP = "memory:"
 
 _DECISION = s._obj(
@@ -50,8 +50,8 @@ _DECISION = s._obj(
 #: the ``budget`` record's payload schema
 SCHEMA = s._record_schema(
     KIND_BUDGET,
-    "mpwatch's own cost in one fit and the cost budget's decisions (record/budget.py), written "
-    "when the fit ends.",
+    "mpwatch's own cost in one fit and the cost budget's decisions (record/runtime/budget.py), "
+    "written when the fit ends.",
     {
         "fraction": s._num("the budget: the share of the fit's wall time (None: none)", True),
         "fit_seconds": s._num("the fit's wall time, on_train_begin to on_train_end"),

@@ -33,7 +33,7 @@ GRAD_VARIABLE_COLUMN_TYPES: dict[str, Any] = {
 SCHEMA = s._record_schema(
     KIND_GRAD_VARIABLES,
     "Per-variable health of the scaled training gradients g*S, every log_every steps "
-    "(record/gradient_health.py).",
+    "(record/callbacks/gradient_health.py).",
     {
         "loss_scale": s._num("S, the scale of these gradients (1.0 without a loss scale)"),
         "variables": s._table_schema(

@@ -72,7 +72,7 @@ LAYERS_GRAPH_COLUMN_TYPES: dict[str, Any] = {
 SCHEMA = s._record_schema(
     KIND_LAYERS,
     "The per-layer dtype table, when training begins and whenever it changes "
-    "(record/layer_dtypes.py).",
+    "(record/callbacks/layer_dtypes.py).",
     {
         "layers": s._table_schema(
             LAYERS_COLUMNS + LAYERS_GRAPH_COLUMNS,

@@ -30,7 +30,7 @@ POLICY_COLUMN_TYPES: dict[str, Any] = {
 SCHEMA = s._record_schema(
     KIND_MEMORY,
     "Training memory by kind and dtype under the run's policy, and what float32, mixed_float16 "
-    "and mixed_bfloat16 would need (record/memory.py). Weights: every variable of the model; "
+    "and mixed_bfloat16 would need (record/model/memory.py). Weights: every variable of the model; "
     "gradients: one per trainable variable, in its dtype; optimizer state: the optimizer's "
     "variables; activations: the outputs of every leaf layer for one batch (what the backward "
     "pass keeps, estimated: XLA may fuse or recompute some, and a layer's own intermediates are "

@@ -8,7 +8,7 @@ from mpwatch.contract.tags import KIND_NOTICE
 #: the ``notice`` record's payload schema
 SCHEMA = s._record_schema(
     KIND_NOTICE,
-    "A recording part that stopped or is unavailable, and why (record/base.py: _notice).",
+    "A recording part that stopped or is unavailable, and why (record/callbacks/base.py: _notice).",
     {
         "part": s._str('the recording part: "probe", "loss_scale", "gradient_health", ...'),
         "level": s._enum(["error", "info"], "error: the part stopped; info: it is unavailable"),

@@ -194,7 +194,7 @@ _PROBE_MODEL = s._obj(
 #: the ``probe`` record's payload schema
 SCHEMA = s._record_schema(
     KIND_PROBE,
-    "The probe against a float32 reference at one step (record/probe_payload.py: build).",
+    "The probe against a float32 reference at one step (record/probe/probe_payload.py: build).",
     {
         "mode": s._enum(
             ["float16", "bfloat16", "preflight"],
@@ -206,7 +206,7 @@ SCHEMA = s._record_schema(
         "reference": s._enum(
             ["float32_twin", "none"],
             "what the mixed gradients are compared to: float32_twin is the same model and "
-            "weights with its mixed layers switched to float32 (record/twin.py)",
+            "weights with its mixed layers switched to float32 (record/probe/twin.py)",
         ),
         "training_mode": s._obj(
             {
@@ -223,12 +223,12 @@ SCHEMA = s._record_schema(
             },
             "float16 probes whose own pass was finite while steps skipped since the last probe: "
             "the pass as the train step runs it, Dropout and other random layers on, one draw "
-            "(record/fix_check.py: check_training_mode)",
+            "(record/probe/fix_check.py: check_training_mode)",
         ),
         "op_overflows": s._t(
             "array",
             "float16 probes: the op that overflows inside each layer whose output is far off "
-            "float32 (record/op_overflow.py), each layer once a fit",
+            "float32 (record/probe/op_overflow.py), each layer once a fit",
             items=s._obj(
                 {
                     "layer": s._str("the layer"),
@@ -244,7 +244,7 @@ SCHEMA = s._record_schema(
         "fix_checks": s._t(
             "array",
             "written when the forward pass went non-finite (TensorFlow): each candidate fix "
-            "re-run on the same batch and weights (record/fix_check.py), in order",
+            "re-run on the same batch and weights (record/probe/fix_check.py), in order",
             items=s._obj(
                 {
                     "fix": s._enum(
@@ -286,7 +286,7 @@ SCHEMA = s._record_schema(
         "grad_fix_checks": s._t(
             "array",
             "written when a layer's gradient error stands out (float16, bfloat16): the pass "
-            "re-run with that layer in float32 (record/fix_check.py: check_gradient_fixes)",
+            "re-run with that layer in float32 (record/probe/fix_check.py: check_gradient_fixes)",
             items=s._obj(
                 {
                     "layer": s._str("the layer kept in float32 (with every layer under it)"),
@@ -327,7 +327,7 @@ SCHEMA = s._record_schema(
                 ),
                 "sub_batch_of": s._int(
                     "the batch's size where the probe ran on its first examples only: the whole "
-                    "batch would not fit the device's free memory (record/probe_memory.py)",
+                    "batch would not fit the device's free memory (record/probe/probe_memory.py)",
                     nullable=True,
                 ),
             },
@@ -337,13 +337,14 @@ SCHEMA = s._record_schema(
         "inputs": s._table_schema(
             PROBE_INPUT_COLUMNS,
             PROBE_INPUT_COLUMN_TYPES,
-            "one row per float model input: integer ids a 16-bit cast rounds (record/inputs.py)",
+            "one row per float model input: integer ids a 16-bit cast rounds "
+            "(record/model/inputs.py)",
         ),
         "float8": s._table_schema(
             PROBE_FLOAT8_COLUMNS,
             PROBE_FLOAT8_COLUMN_TYPES,
             "float8 readiness: one row per Dense/EinsumDense layer, its errors in Keras' float8 "
-            "and in 16 bits on the probe's batch (record/float8.py)",
+            "and in 16 bits on the probe's batch (record/probe/float8.py)",
         ),
         "reference_note": s._str("how the reference was made, or why there is none", True),
         "model_kind": s._enum(s._MODEL_KIND, "how the model was built (a twin needs its config)"),
@@ -391,7 +392,7 @@ SCHEMA = s._record_schema(
                 "free_from": s._str("where the free figure came from"),
             },
             "mpwatch's own memory: the probe's need beside the device's free memory "
-            "(record/probe_memory.py); a probe that would not fit is skipped, not recorded",
+            "(record/probe/probe_memory.py); a probe that would not fit is skipped, not recorded",
             nullable=True,
         ),
     },

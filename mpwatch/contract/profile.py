@@ -309,10 +309,10 @@ _PROFILE_KERNEL_SUMMARY = s._obj(
 SCHEMA = s._record_schema(
     KIND_PROFILE,
     "The profiler summary: per-layer time by precision and per-op-type time "
-    "(mpwatch/profile/summary.py: summarize; record/profile_capture.py writes it). On a trace with "
-    "GPU kernels (source device_kernels) also each kernel's precision and Tensor Core use from the "
-    "HLO instruction it runs (else its name) and its owner (a layer or a named part of the step), "
-    "per layer and for the run, beside xprof's own Tensor Core flag.",
+    "(mpwatch/profile/summary.py: summarize; record/callbacks/profile_capture.py writes it). "
+    "On a trace with GPU kernels (source device_kernels) also each kernel's precision and Tensor "
+    "Core use from the HLO instruction it runs (else its name) and its owner (a layer or a named "
+    "part of the step), per layer and for the run, beside xprof's own Tensor Core flag.",
     {
         "steps": s._t(
             ["array", "null"],

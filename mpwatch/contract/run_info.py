@@ -8,7 +8,7 @@ from mpwatch.contract.tags import KIND_RUN_INFO
 #: the ``run_info`` record's payload schema
 SCHEMA = s._record_schema(
     KIND_RUN_INFO,
-    "The run's facts, written when each fit starts (record/monitor.py: run_info).",
+    "The run's facts, written when each fit starts (record/callbacks/monitor.py: run_info).",
     {
         "policy": s._str("the model's dtype policy: mixed_float16, mixed_bfloat16, float32, ..."),
         "compute_dtype": s._str(s._DTYPE),
@@ -50,7 +50,7 @@ SCHEMA = s._record_schema(
                 "loss_scale": s._num("the loss scale", nullable=True),
             },
             "the optimizer's state before the fit's first batch (the record's step is the step "
-            "before it): how a resumed run finds its step (record/resume.py)",
+            "before it): how a resumed run finds its step (record/runtime/resume.py)",
             nullable=True,
         ),
         "device": s._obj(

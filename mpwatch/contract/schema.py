@@ -11,8 +11,9 @@ from typing import Any
 from mpwatch.contract.tags import SCHEMA_VERSION
 
 # No record's compressed payload is larger than this. A payload with tables that would be is
-# written by ``RunWriter.record`` (record/writer.py) as several records of its kind at the same
-# step: the head (``part`` 0, every key, its large tables' rows moved out), then continuation parts
+# written by ``RunWriter.record`` (record/runtime/writer.py) as several records of its kind at the
+# same step: the head (``part`` 0, every key, its large tables' rows moved out), then continuation
+# parts
 # (``part`` 1, 2, ..., each with ``parts`` and the next rows of one table, in order); ``parts``
 # counts the records in all. ``mpwatch.read`` joins them back (a part missing is a reader warning).
 # A 1,000-layer model's records stay far below the limit; a model with tens of thousands of

@@ -12,32 +12,32 @@ ENCODING = "json+zlib"
 PREFIX = "mpwatch/"
 
 # --- scalar tags -------------------------------------------------------------------------------
-# loss scale and skipped steps (record/loss_scale.py)
+# loss scale and skipped steps (record/callbacks/loss_scale.py)
 LOSS_SCALE = "mpwatch/loss_scale"  # dynamic_scale after each step; at 0: before the first
 STEP_SKIPPED = "mpwatch/step_skipped"  # 1.0 at a step whose update was dropped, else 0.0
 SKIPPED_STEPS = "mpwatch/skipped_steps"  # skipped steps in the log interval ending here
 SKIPPED_STEPS_TOTAL = "mpwatch/skipped_steps_total"  # cumulative, across fit calls
-# gradient health of the real (scaled) training gradients (record/gradient_health.py)
+# gradient health of the real (scaled) training gradients (record/callbacks/gradient_health.py)
 GRAD_ZERO_FRACTION = "mpwatch/grad/zero_fraction"  # share of elements of g*S exactly 0
 GRAD_SUBNORMAL_FRACTION = "mpwatch/grad/subnormal_fraction"  # 0 < |g*S| < 2**-14
 GRAD_NONFINITE_COUNT = "mpwatch/grad/nonfinite_count"  # elements inf or nan
 GRAD_MAX_ABS = "mpwatch/grad/max_abs"  # max |g*S| over finite elements
 GRAD_HEADROOM_BITS = "mpwatch/grad/headroom_bits"  # log2(65504 / max|g*S|)
-# speed and memory (record/step_time.py)
+# speed and memory (record/callbacks/step_time.py)
 STEP_TIME_MS = "mpwatch/perf/step_time_ms"  # median step time over the interval, ms per batch
 PEAK_MEMORY_MB = "mpwatch/perf/peak_memory_mb"  # device peak (GPU) or process peak RSS (CPU), MiB
 # training loss as Keras reports it (for comparing a mixed run with a float32 run)
 TRAIN_LOSS = "mpwatch/train/loss"
-# the probe against a float32 reference (record/probe.py)
+# the probe against a float32 reference (record/probe/probe.py)
 PROBE_UNDERFLOW_FRACTION = "mpwatch/probe/underflow_fraction"
 PROBE_GRAD_REL_ERROR = "mpwatch/probe/grad_rel_error"
 PROBE_RECOMMENDED_SCALE = "mpwatch/probe/recommended_scale"
 PROBE_ACTIVATION_HEADROOM_BITS = "mpwatch/probe/activation_headroom_bits"
-# per-batch input health, from the train step's own input (record/tf_tap.py, jax_tap.py: the tap;
-# record/input_health.py)
+# per-batch input health, from the train step's own input (record/tap/tf_tap.py, jax_tap.py: the
+# tap; record/callbacks/input_health.py)
 INPUT_MAX_ABS = "mpwatch/input/max_abs"  # max |x| over the batch's finite float inputs
 INPUT_NONFINITE_COUNT = "mpwatch/input/nonfinite_count"  # elements of the float inputs inf or nan
-# updates lost to rounding in 16-bit variables (record/lost_updates.py, gradient_health.py)
+# updates lost to rounding in 16-bit variables (record/tap/lost_updates.py, gradient_health.py)
 UPDATES_LOST_FRACTION = "mpwatch/updates/lost_fraction"  # unchanged / meant to move, model-wide
 
 SCALAR_TAGS = (

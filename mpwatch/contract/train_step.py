@@ -49,8 +49,8 @@ _OPTIMIZER = s._obj(
 #: the ``train_step`` record's payload schema
 SCHEMA = s._record_schema(
     KIND_TRAIN_STEP,
-    "The train step's contract (record/train_step.py): where train_step is defined, whether "
-    "the model has a forward pass of its own, and every optimizer it holds with whether it "
+    "The train step's contract (record/callbacks/train_step.py): where train_step is defined, "
+    "whether the model has a forward pass of its own, and every optimizer it holds with whether it "
     "stepped and whether it scales the loss. Written when each fit starts and at each epoch's "
     "end and the fit's end (the latest wins).",
     {

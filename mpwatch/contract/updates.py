@@ -25,8 +25,8 @@ UPDATE_COLUMN_TYPES: dict[str, Any] = {
 SCHEMA = s._record_schema(
     KIND_UPDATES,
     "Updates lost to rounding: per 16-bit trainable variable, how many of the elements the step "
-    "meant to move kept their value, every log_every steps (record/lost_updates.py, written by "
-    "record/gradient_health.py).",
+    "meant to move kept their value, every log_every steps (record/tap/lost_updates.py, written by "
+    "record/callbacks/gradient_health.py).",
     {
         "variables": s._table_schema(
             UPDATE_COLUMNS, UPDATE_COLUMN_TYPES, "one row per 16-bit trainable variable"

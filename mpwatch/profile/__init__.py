@@ -21,8 +21,9 @@ The path of a trace (``<logdir>/plugins/profile/<run>/<host>.xplane.pb``, writte
 - ``kernel_time``: GPU kernel time per layer and for the run (:func:`kernel_time`);
 - ``summary``: trace + model → the record payload (:func:`summarize`).
 
-The record stage (``record/profile_capture.py``) calls :func:`summarize` with the model; the reader
-(``read/traces.py``) calls it without one for a run that holds a raw trace and no profile record.
+The record stage (``record/callbacks/profile_capture.py``) calls :func:`summarize` with the model;
+the reader (``read/traces.py``) calls it without one for a run that holds a raw trace and no profile
+record.
 
 Example (the trace needs xprof; the op name nothing):
     >>> from mpwatch import profile

@@ -1,7 +1,7 @@
 """Trace + model → the ``profile`` record payload: its op part and, on a GPU, its kernel part.
 
-:func:`summarize` is what the recorder writes (``record/profile_capture.py``): the trace's op table
-(:func:`mpwatch.profile.traces.trace_ops`) joined to the layers
+:func:`summarize` is what the recorder writes (``record/callbacks/profile_capture.py``): the trace's
+op table (:func:`mpwatch.profile.traces.trace_ops`) joined to the layers
 (:func:`mpwatch.profile.ops.layer_time`) and, where the trace has GPU kernels, their figures
 (:func:`mpwatch.profile.kernel_time.kernel_time`), trimmed to stay under the writer's size limit.
 :func:`summarize_kernels` is the kernel part alone.

@@ -1,13 +1,14 @@
 """Profiler trace → tables: a run's ``*.xplane.pb`` files, xprof's converter, op and kernel tables.
 
-A trace captured by ``tf.profiler`` (``record/profile_capture.py``, or Keras' own TensorBoard
-callback) or ``jax.profiler`` lies at ``<logdir>/plugins/profile/<run>/<host>.xplane.pb``
-(:func:`find_traces`). :func:`op_table` converts a *copy* of it with xprof's own converter (tool
-``framework_op_stats``, the table of TensorBoard's Profile tab; the converter writes cache files
-beside its input, so the original run directory is left alone) into a pandas table, one row per
-TensorFlow op. With a GPU the table holds the device rows (GPU kernels grouped by TensorFlow op);
-on a CPU the host rows. :func:`kernel_table` does the same with xprof's ``kernel_stats`` tool: one
-row per GPU kernel (name, op name, duration, launch shape, xprof's Tensor Core flags).
+A trace captured by ``tf.profiler`` (``record/callbacks/profile_capture.py``, or Keras' own
+TensorBoard callback) or ``jax.profiler`` lies at
+``<logdir>/plugins/profile/<run>/<host>.xplane.pb`` (:func:`find_traces`). :func:`op_table` converts
+a *copy* of it with xprof's own converter (tool ``framework_op_stats``, the table of TensorBoard's
+Profile tab; the converter writes cache files beside its input, so the original run directory is
+left alone) into a pandas table, one row per TensorFlow op. With a GPU the table holds the device
+rows (GPU kernels grouped by TensorFlow op); on a CPU the host rows. :func:`kernel_table` does the
+same with xprof's ``kernel_stats`` tool: one row per GPU kernel (name, op name, duration, launch
+shape, xprof's Tensor Core flags).
 
 Where xprof has no rows the trace itself has them, read with :mod:`mpwatch.profile.xplane` (no
 TensorFlow): XLA's CPU ops (``jax.profiler`` on a CPU, :func:`xla_op_table`), and the op names of

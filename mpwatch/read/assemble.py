@@ -11,8 +11,8 @@ reservoir).
   the later writes win: earlier values at that step or later are dropped, as TensorBoard's purge of
   orphaned data does (:func:`mpwatch.contract.later_writes_win`).
 - Several records of one kind at one step are the parts of one split record (``part``/``parts``,
-  see ``mpwatch/record/writer.py``): their tables are joined in order; a part missing (a writer
-  killed mid-record) is a warning.
+  see ``mpwatch/record/runtime/writer.py``): their tables are joined in order; a part missing (a
+  writer killed mid-record) is a warning.
 - The reader's warnings (skipped or cut records) are in :attr:`Run.warnings`.
 
 Example:

@@ -180,7 +180,8 @@ class Run:
 
     def latest_float8(self) -> ProbeResult | None:
         """The latest reliable probe that measured float8 readiness (a probe measures it at
-        the first probe and every few after: ``mpwatch.record.probe.FLOAT8_EVERY``), or None."""
+        the first probe and every few after: ``mpwatch.record.probe.probe.FLOAT8_EVERY``), or
+        None."""
         pf = self.probe_float8
         if not len(pf) or "step" not in pf:
             return None

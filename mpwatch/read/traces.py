@@ -6,8 +6,8 @@ callback with ``profile_batch=...`` (``RUN`` is its ``train`` directory), ``tf.p
 holds one is a run (:func:`trace_run_dir` names it, :func:`mpwatch.read.find_runs` lists it, even
 without an event file). When its event files hold no ``profile`` record, :func:`trace_profile`
 gives it one: the newest capture's trace summarized as
-``mpwatch.record.profile_capture.record_trace`` would (:func:`mpwatch.profile.summarize`, no
-model: layers are known by the op names' JAX scopes, GPU kernels by their names and HLO).
+``mpwatch.record.callbacks.profile_capture.record_trace`` would (:func:`mpwatch.profile.summarize`,
+no model: layers are known by the op names' JAX scopes, GPU kernels by their names and HLO).
 
 Nothing is written into the logdir: a read never changes what it reads (the logdir may be
 read-only, shared, synced, or still being written by the training), and TensorBoard's other tabs

@@ -1,5 +1,5 @@
 """Float8 readiness per layer, as a person reads it: the latest probe's ``float8`` table
-(:mod:`mpwatch.record.float8`) for the HTML report and the TensorBoard tab.
+(:mod:`mpwatch.record.probe.float8`) for the HTML report and the TensorBoard tab.
 
 Example:
     >>> from mpwatch.read.run import Run

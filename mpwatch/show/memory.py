@@ -1,6 +1,6 @@
 """The memory table of a run, in words and rows: the ``memory`` record
-(:mod:`mpwatch.record.memory`) beside the peak the run measured and what mpwatch itself adds to
-it (its probe's need, :func:`own_memory`), for the text and Markdown reports, the HTML report,
+(:mod:`mpwatch.record.model.memory`) beside the peak the run measured and what mpwatch itself adds
+to it (its probe's need, :func:`own_memory`), for the text and Markdown reports, the HTML report,
 the JSON report and the TensorBoard tab.
 
 Example:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import mpwatch
-from mpwatch.record import float8
+from mpwatch.record.probe import float8
 
 TOLERANCE = 0.006
 
@@ -56,7 +56,7 @@ def test_float8_errors_equal_keras_own_float8_layers(beyond_runs):
 )
 def test_the_numpy_arithmetic_is_keras_float8(outlier, ready):
     """Known tensors, Keras' float8 Dense (this process' backend) against
-    :func:`mpwatch.record.float8.layer_errors`; one input a million times the rest sets the
+    :func:`mpwatch.record.probe.float8.layer_errors`; one input a million times the rest sets the
     scale so the others fall below E4M3's range (2^-9 of 448 / 1e6): not ready, for that reason,
     though a tensor-wide norm, which that one row dominates, would call the output fine."""
     import keras

@@ -71,8 +71,8 @@ def forced(logdir, spe, log_every, way=None):
     """``way``: how the tap computes the gradient counts (``JaxTap.counts_way``: "select", at
     every step and selected; "apart", in a second program at the count steps, each waiting for
     that program) instead of under a lax.cond."""
-    from mpwatch.record.jax_programs import TwoPrograms
-    from mpwatch.record.jax_tap import JaxTap
+    from mpwatch.record.tap.jax_programs import TwoPrograms
+    from mpwatch.record.tap.jax_tap import JaxTap
 
     JaxTap.counts_way, TwoPrograms.wait_at_count_steps = way, True
     try:
@@ -86,7 +86,7 @@ def _apart(logdir, callbacks=(), **monitor_kwargs):
     their own program (``JaxTap.counts_way`` "apart"), beside ``callbacks`` (each given the
     monitor's programs as ``.programs``, a function): (the programs, whether the weights equal
     the plain fit's bit for bit)."""
-    from mpwatch.record.jax_tap import JaxTap
+    from mpwatch.record.tap.jax_tap import JaxTap
 
     model, x, y = forced_model()
     model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
@@ -129,7 +129,7 @@ def apart_view(logdir):
     started after the first step, meets the view however fast it is.)"""
     import time
 
-    from mpwatch.record.twin import SWITCHING, PolicyView
+    from mpwatch.record.probe.twin import SWITCHING, PolicyView
 
     seen = {}
 
@@ -167,7 +167,7 @@ def apart_broken(logdir):
     """The gradient counts in their own program (``_apart``), whose dispatcher fails to take the
     first step's shapes (made to raise here): training goes on with the every-step program, the
     counts are off and said so."""
-    from mpwatch.record import jax_programs
+    from mpwatch.record.tap import jax_programs
 
     def broken(tree):
         raise RuntimeError("no shapes today")
@@ -185,7 +185,7 @@ def apart_reshaped(logdir):
     model, batches of 8 then of 4: the second fit's batches have other shapes, so the counting
     program is compiled again for them (as Keras traces the every-step one again). Each fit waits
     for it before its 12th step (``WaitFor``): the count steps each fit ran without counts."""
-    from mpwatch.record.jax_tap import JaxTap
+    from mpwatch.record.tap.jax_tap import JaxTap
 
     model, x, y = forced_model()
     fits = []
@@ -552,7 +552,7 @@ def budget(logdir):
         weights.append([np.asarray(v).tolist() for v in model.weights])
     # the probe compiled ahead (lower() here, compile() on a thread: what a GPU host does) gives
     # the very record of the probe compiled when it runs
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe.probe import Probe
 
     batch = (x[:8], y[:8])
     ahead, direct = Probe(model), Probe(model)
@@ -613,8 +613,8 @@ def compiles(logdir):
 
     import jax
 
-    from mpwatch.record.jax_programs import TwoPrograms
-    from mpwatch.record.jax_tap import JaxTap
+    from mpwatch.record.tap.jax_programs import TwoPrograms
+    from mpwatch.record.tap.jax_tap import JaxTap
 
     names = []
 

@@ -14,7 +14,7 @@ os.environ["MPWATCH_CACHE_DIR"] = "off"
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mpwatch.record.probe import Probe  # noqa: E402
+from mpwatch.record.probe.probe import Probe  # noqa: E402
 
 
 def main(out: str) -> None:

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 import mpwatch
-from mpwatch.record import program_cache
+from mpwatch.record.runtime import program_cache
 
 assert keras.backend.backend() == "jax", keras.backend.backend()
 

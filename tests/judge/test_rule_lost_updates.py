@@ -115,7 +115,7 @@ def test_float8_on_an_h100_says_it_runs_there_and_none_ready_has_no_code():
 
 
 def test_float8_on_a_gpu_as_recorded_with_capability_as_text_and_the_jax_caveat():
-    """The recorder keeps the compute capability as text ("9.0", mpwatch.record.backend):
+    """The recorder keeps the compute capability as text ("9.0", mpwatch.record.runtime.backend):
     an H200 run said float8 needs 8.9 or more. On Keras' JAX backend the finding says what an
     H200 measured: XLA drops quantize's float8 roundings unless told not to, and ran no float8
     matmul (benchmarks/float8_real.py)."""

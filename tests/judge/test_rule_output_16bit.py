@@ -172,8 +172,8 @@ def test_application_names_match_keras_applications_builders():
     import keras
 
     from mpwatch.judge.rule import APPLICATIONS, application_of
-    from mpwatch.record.layer_dtypes import class_modules
-    from mpwatch.record.layer_dtypes import layer_rows as real_rows
+    from mpwatch.record.callbacks.layer_dtypes import class_modules
+    from mpwatch.record.callbacks.layer_dtypes import layer_rows as real_rows
 
     def recognised(model_name):
         for pattern, builder, _head in APPLICATIONS:
@@ -222,7 +222,7 @@ def test_application_names_match_keras_applications_builders():
 def test_class_modules_tell_the_users_class_from_keras():
     import keras
 
-    from mpwatch.record.layer_dtypes import class_modules
+    from mpwatch.record.callbacks.layer_dtypes import class_modules
 
     class Doubler(keras.layers.Layer):
         def call(self, x):
@@ -367,8 +367,8 @@ def test_the_fix_applied_to_a_keras_model_does_what_it_says(act, units):
     import keras
     import numpy as np
 
-    from mpwatch.record.layer_dtypes import class_modules
-    from mpwatch.record.layer_dtypes import layer_rows as real_rows
+    from mpwatch.record.callbacks.layer_dtypes import class_modules
+    from mpwatch.record.callbacks.layer_dtypes import layer_rows as real_rows
 
     def build(policy_name):
         keras.mixed_precision.set_global_policy(policy_name)
@@ -493,8 +493,8 @@ def test_the_pass_through_fix_applied_to_a_real_model_keeps_the_probabilities_fl
     import numpy as np
 
     import mpwatch
-    from mpwatch.record.layer_dtypes import class_modules
-    from mpwatch.record.layer_dtypes import layer_rows as real_rows
+    from mpwatch.record.callbacks.layer_dtypes import class_modules
+    from mpwatch.record.callbacks.layer_dtypes import layer_rows as real_rows
 
     class NllPass(keras.layers.Layer):
         def call(self, p):

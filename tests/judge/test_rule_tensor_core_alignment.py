@@ -151,7 +151,7 @@ def test_on_a_keras_model_the_class_count_is_never_asked():
     the vocabulary and the class count are not, and no fix mentions them."""
     import keras
 
-    from mpwatch.record.layer_dtypes import layer_rows
+    from mpwatch.record.callbacks.layer_dtypes import layer_rows
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -177,7 +177,7 @@ def test_a_gans_critic_score_and_generated_channels_are_never_asked():
     real model (``layer_rows``)."""
     import keras
 
-    from mpwatch.record.layer_dtypes import layer_rows
+    from mpwatch.record.callbacks.layer_dtypes import layer_rows
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:

@@ -25,7 +25,7 @@ from tensorboard.context import RequestContext
 from mpwatch import contract
 from mpwatch.contract import table
 from mpwatch.read import load_run
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 
 CTX = RequestContext()
 XSS_LAYER = '<img src=x onerror="window.__x=1">'
@@ -169,7 +169,7 @@ def write_gpu_run(logdir: str) -> None:
     """A run with the real H100 trace (tests/data/h100) summarized into its profile record, its
     run_info (an H100) and a layers record that knows only two of the model's layers (the others
     are known to the profile alone)."""
-    from mpwatch.record.profile_capture import record_trace
+    from mpwatch.record.callbacks.profile_capture import record_trace
 
     put_h100_trace(logdir)
     w = RunWriter(logdir)

@@ -26,7 +26,7 @@ from builders import LAYER_COLUMNS, layer_rows, run_info
 from test_plugin_server import Tab, serving
 
 from mpwatch import contract
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 
 RUNS = ["cpu_fp32", "cpu_mixed", "fit", "jax_model_parallel"]
 

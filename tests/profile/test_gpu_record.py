@@ -22,7 +22,7 @@ import pytest
 from builders import H100_TRACE, put_h100_trace, xprof_kernel_stats
 
 from mpwatch import contract, diagnose, load_run, profile
-from mpwatch.record.profile_capture import record_trace
+from mpwatch.record.callbacks.profile_capture import record_trace
 
 pytest.importorskip("xprof.convert.raw_to_tool_data")
 
@@ -204,7 +204,7 @@ def test_record_trace_from_a_shell(tmp_path):
         pytest.skip("no trace")
     put_h100_trace(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "mpwatch.record.profile_capture", str(tmp_path)],
+        [sys.executable, "-m", "mpwatch.record.callbacks.profile_capture", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -215,7 +215,7 @@ def test_record_trace_from_a_shell(tmp_path):
     assert "device_kernels" in proc.stdout and "xprof's flag: 12.5%" in proc.stdout
     assert load_run(str(tmp_path)).profile_source == "device_kernels"
     missing = subprocess.run(
-        [sys.executable, "-m", "mpwatch.record.profile_capture", str(tmp_path / "none")],
+        [sys.executable, "-m", "mpwatch.record.callbacks.profile_capture", str(tmp_path / "none")],
         capture_output=True,
         text=True,
         timeout=300,

@@ -12,9 +12,9 @@ and ``benchmarks/gpu_truth.py``'s result on the device (``gpu_truth.json``).
   instruction it ran, Tensor Core share = 16-bit (and 8-bit) matrix-math kernel time / all kernel
   time. Every kernel here ran inside a CUDA graph (``hlo_op`` ``command_buffer_N``).
 - mpwatch's reading is computed here, now, by the recorder's code for a trace copied from a GPU
-  machine (``record_trace``, what ``python -m mpwatch.record.profile_capture LOGDIR`` runs) and
-  read back with ``mpwatch.load_run``. No model: the kernel figures need none (the model only
-  names layers), and the test session's Keras backend need not be JAX.
+  machine (``record_trace``, what ``python -m mpwatch.record.callbacks.profile_capture LOGDIR``
+  runs) and read back with ``mpwatch.load_run``. No model: the kernel figures need none (the model
+  only names layers), and the test session's Keras backend need not be JAX.
 - A documented difference: the three ``gemm_fusion_dot*`` kernels multiply float32 operands;
   mpwatch counts them as TF32 Tensor Core work (their precision config allows TF32), the truth
   reports them apart (``f32_gemm``). The 16-bit-only comparison leaves them out of both sides.
@@ -68,7 +68,7 @@ def reading(tmp_path_factory):
         "(pip install tensorboard-plugin-profile)",
     )
     import mpwatch
-    from mpwatch.record.profile_capture import record_trace
+    from mpwatch.record.callbacks.profile_capture import record_trace
 
     logdir = tmp_path_factory.mktemp("h200") / "logs"
     run = logdir / "plugins" / "profile" / "2026_11_28_01_37_11"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from mpwatch import contract
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 
 TAGS = (contract.LOSS_SCALE, contract.GRAD_ZERO_FRACTION)
 STEPS = range(1, 151)

@@ -19,7 +19,7 @@ from repo_scripts import load_script
 
 from mpwatch import contract
 from mpwatch import read as reader
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 
 
 @pytest.fixture(scope="module")

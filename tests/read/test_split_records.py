@@ -1,6 +1,7 @@
 """Records over contract.MAX_RECORD_BYTES: the writer splits any kind with tables into parts at one
-step (record/writer.py: split_payload), the reader joins them back. Parts are checked with the
-independent event parser (conftest ``read_events``), the join against the rows that were written.
+step (record/runtime/writer.py: split_payload), the reader joins them back. Parts are checked with
+the independent event parser (conftest ``read_events``), the join against the rows that were
+written.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from builders import LAYER_COLUMNS, layer_rows, probe_payload
 from mpwatch import contract
 from mpwatch import read as reader
 from mpwatch.read import assemble
-from mpwatch.record.writer import RunWriter, split_payload
+from mpwatch.record.runtime.writer import RunWriter, split_payload
 
 LIMIT = 4096  # small enough that a few hundred rows split
 

@@ -1,7 +1,8 @@
-"""Layers whose float16 ops overflow inside them, run op by op by mpwatch/record/op_overflow.py,
-for tests/record/test_op_overflow.py. Run as ``KERAS_BACKEND=<backend> python
-tests/record/op_overflow_cases.py OUT_DIR``; writes ``OUT_DIR/truth.json``: each case's result
-and the line of this file its overflowing op is written on."""
+"""Layers whose float16 ops overflow inside them, run op by op by
+mpwatch/record/probe/op_overflow.py, for tests/record/test_op_overflow.py. Run as
+``KERAS_BACKEND=<backend> python tests/record/op_overflow_cases.py OUT_DIR``; writes
+``OUT_DIR/truth.json``: each case's result and the line of this file its overflowing op is written
+on."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from mpwatch.record.op_overflow import first_overflow
+from mpwatch.record.probe.op_overflow import first_overflow
 
 LINES = {}
 

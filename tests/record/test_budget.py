@@ -23,8 +23,8 @@ import invisible_fit as experiment  # noqa: E402
 
 import mpwatch  # noqa: E402
 from mpwatch import contract  # noqa: E402
-from mpwatch.record import budget as budget_mod  # noqa: E402
-from mpwatch.record.budget import CostBudget  # noqa: E402
+from mpwatch.record.runtime import budget as budget_mod  # noqa: E402
+from mpwatch.record.runtime.budget import CostBudget  # noqa: E402
 
 #: the first probe's trace, in Keras' first steps
 F = budget_mod.PROBE_TRACE_FACTOR
@@ -104,9 +104,9 @@ def test_a_probe_whose_program_still_compiles_ahead_is_estimated_as_a_compiling_
 
     import keras
 
-    from mpwatch.record.probe import Probe
-    from mpwatch.record.probe_jax import JaxProbeFunction
-    from mpwatch.record.probe_monitor import ProbeMonitor
+    from mpwatch.record.callbacks.probe_monitor import ProbeMonitor
+    from mpwatch.record.probe.probe import Probe
+    from mpwatch.record.probe.probe_jax import JaxProbeFunction
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile("sgd", "mse")
@@ -411,8 +411,8 @@ def test_float8_readiness_is_measured_one_probe_in_four_and_estimated_apart(tmp_
     probe will measure it (its records: the float8 table at those probes' steps only)."""
     import keras
 
-    from mpwatch.record.probe import FLOAT8_EVERY
-    from mpwatch.record.probe_monitor import ProbeMonitor
+    from mpwatch.record.callbacks.probe_monitor import ProbeMonitor
+    from mpwatch.record.probe.probe import FLOAT8_EVERY
 
     assert FLOAT8_EVERY == 4
     keras.utils.set_random_seed(0)

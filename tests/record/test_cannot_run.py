@@ -23,7 +23,7 @@ keras = pytest.importorskip("keras")
 from repo_scripts import ROOT  # noqa: E402
 
 import mpwatch  # noqa: E402
-from mpwatch.record.probe_monitor import ProbeMonitor  # noqa: E402
+from mpwatch.record.callbacks.probe_monitor import ProbeMonitor  # noqa: E402
 
 FIX = {"distiller": "loss_fn=", "mirrored": "probe_data="}
 
@@ -224,7 +224,7 @@ def test_a_probe_part_that_fails_is_said_once_in_one_line(
 ):
     """Float8 readiness failing at every probe (a Keras-style multi-line message): one warning
     line for the run, the traceback at DEBUG, and each probe's record still written."""
-    from mpwatch.record import float8_capture
+    from mpwatch.record.probe import float8_capture
 
     def fails(*args, **kwargs):
         raise ValueError("Exception encountered when calling Dense.call().\n\nsome detail\n" * 20)

@@ -1,5 +1,5 @@
-"""The probe's fix checks (mpwatch/record/fix_check.py) against the same passes done by hand: the
-layer's policy switched with Keras itself, gradients with TensorFlow's tape, errors with numpy;
+"""The probe's fix checks (mpwatch/record/probe/fix_check.py) against the same passes done by hand:
+the layer's policy switched with Keras itself, gradients with TensorFlow's tape, errors with numpy;
 and the model's state the same afterwards."""
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def _grads(model, x, y, scale):
 
 @pytest.mark.parametrize(("policy", "scale"), [("mixed_float16", 1024.0), ("mixed_bfloat16", 1.0)])
 def test_gradient_check_equals_the_pass_done_by_hand_and_leaves_the_state(policy, scale):
-    from mpwatch.record.fix_check import check_gradient_fixes
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe.fix_check import check_gradient_fixes
+    from mpwatch.record.probe.probe import Probe
 
     model = _model(policy)
     rng = np.random.default_rng(0)
@@ -77,8 +77,8 @@ def test_gradient_check_equals_the_pass_done_by_hand_and_leaves_the_state(policy
 
 
 def test_overflow_checks_follow_the_layers_keras_itself_makes_finite():
-    from mpwatch.record.fix_check import check_fixes
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe.fix_check import check_fixes
+    from mpwatch.record.probe.probe import Probe
 
     model = _model("mixed_float16")
     d1 = model.get_layer("d1")
@@ -146,9 +146,9 @@ def _container_model(policy):
 def test_a_container_is_checked_in_float32_whole():
     """Keeping a layer that holds layers in float32 keeps all of it: switched alone, its float32
     inputs meet its sublayers' float16 outputs in the residual add and TensorFlow fails."""
-    from mpwatch.record.fix_check import check_gradient_fixes
-    from mpwatch.record.probe import Probe
-    from mpwatch.record.twin import PolicyView
+    from mpwatch.record.probe.fix_check import check_gradient_fixes
+    from mpwatch.record.probe.probe import Probe
+    from mpwatch.record.probe.twin import PolicyView
 
     model = _container_model("mixed_float16")
     blk = model.get_layer("blk")
@@ -184,8 +184,8 @@ def test_a_container_is_checked_in_float32_whole():
 
 
 def test_a_check_that_cannot_run_is_recorded_and_the_others_still_run(monkeypatch):
-    from mpwatch.record import fix_check
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe import fix_check
+    from mpwatch.record.probe.probe import Probe
 
     model = _model("mixed_float16")
     rng = np.random.default_rng(0)
@@ -218,7 +218,7 @@ def _graph(*layers, inputs=None):
 
 
 def test_a_model_that_normalizes_its_inputs_itself_is_known_by_its_first_layers():
-    from mpwatch.record.inputs import normalized_by
+    from mpwatch.record.model.inputs import normalized_by
 
     L = keras.layers
     rescale = L.Rescaling(1 / 127.5, offset=-1.0, name="rescale")
@@ -244,7 +244,7 @@ def test_a_model_that_normalizes_its_inputs_itself_is_known_by_its_first_layers(
 
 
 def test_keras_applications_preprocessing_is_seen_and_raw_models_are_not():
-    from mpwatch.record.inputs import normalized_by
+    from mpwatch.record.model.inputs import normalized_by
 
     v3 = keras.applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3), classes=2)
     first = normalized_by(v3)
@@ -256,7 +256,7 @@ def test_keras_applications_preprocessing_is_seen_and_raw_models_are_not():
 
 
 def test_no_input_normalization_is_tried_on_a_model_that_rescales_its_inputs():
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe.probe import Probe
 
     with _scope("mixed_float16"):
         keras.utils.set_random_seed(0)

@@ -1,5 +1,5 @@
-"""The probe's fix checks under the cost budget (mpwatch/record/fix_gate.py): each pass asked for
-before it runs, a refused one stops the checks, and the record, the budget's decisions and the
+"""The probe's fix checks under the cost budget (mpwatch/record/probe/fix_gate.py): each pass asked
+for before it runs, a refused one stops the checks, and the record, the budget's decisions and the
 diagnosis say how far they went. Ground truth: the full checks of the same probe without a gate,
 the event files read back, and Keras' own weights."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpwatch.record.fix_gate import FixGate
+from mpwatch.record.probe.fix_gate import FixGate
 
 keras = pytest.importorskip("keras")
 
@@ -53,7 +53,7 @@ def test_a_free_gate_runs_every_pass_and_a_gate_never_asked_keeps_no_decision():
 
 
 def test_a_decision_kept_from_elsewhere_is_checked_and_written_like_the_budgets_own():
-    from mpwatch.record.budget import CostBudget
+    from mpwatch.record.runtime.budget import CostBudget
 
     b = CostBudget(0.05)
     b.record("fix_checks", 12, "skipped", 3.0, 0.5, reason="why", detail={"ran_seconds": 1.0})
@@ -85,7 +85,7 @@ Y = np.zeros((8, 1), np.float32)
 
 
 def test_the_checks_stop_at_the_first_pass_that_does_not_fit_and_say_so(mixed16):
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe.probe import Probe
 
     probe = Probe(_near_model())
     full = probe.run((X, Y), scale=1.0)["fix_checks"]
@@ -106,8 +106,8 @@ def test_the_checks_stop_at_the_first_pass_that_does_not_fit_and_say_so(mixed16)
 
 
 def test_gradient_checks_not_reached_are_marked_skipped(mixed16):
-    from mpwatch.record import fix_check
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe import fix_check
+    from mpwatch.record.probe.probe import Probe
 
     probe = Probe(_near_model())
     probe.run((X, Y), scale=1.0)
@@ -135,8 +135,8 @@ def test_a_probe_that_fits_with_fix_checks_that_do_not_is_recorded_and_said(
     not, and the budget record, the probe record and the diagnosis say so."""
     import mpwatch
     from mpwatch import contract
-    from mpwatch.record import budget as budget_mod
-    from mpwatch.record import fix_gate
+    from mpwatch.record.probe import fix_gate
+    from mpwatch.record.runtime import budget as budget_mod
 
     monkeypatch.setattr(budget_mod, "PROBE_TRACE_FACTOR", 0.0)
     monkeypatch.setattr(fix_gate, "EAGER_PASS_STEPS", 1e9)

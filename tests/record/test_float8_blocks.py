@@ -1,5 +1,5 @@
 """Float8 readiness of a large layer a block of its units at a time
-(mpwatch/record/float8_blocks.py) gives the numbers the whole-tensor arithmetic gives (itself
+(mpwatch/record/probe/float8_blocks.py) gives the numbers the whole-tensor arithmetic gives (itself
 checked against Keras' own float8 layers in tests/beyond/test_float8.py), in a block's memory
 (numpy's allocations traced)."""
 
@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from mpwatch.record import float8, float8_blocks
+from mpwatch.record.probe import float8, float8_blocks
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,7 @@ def test_the_monitored_fit_equals_the_plain_fit(
 def test_a_probe_before_any_train_step_leaves_the_trackers_at_zero(mixed_policy_restored):
     """A probe that builds the compiled loss (a custom loop, before any train step) creates the
     per-output trackers inside its pass; they start from zero as Keras' own do."""
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe.probe import Probe
 
     x, y, _ = experiment.data()
     model = experiment.build()

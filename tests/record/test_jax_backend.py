@@ -318,7 +318,7 @@ def test_an_unsupported_backend_is_refused_before_training(monkeypatch, tmp_path
     import keras
 
     import mpwatch
-    from mpwatch.record import backend
+    from mpwatch.record.runtime import backend
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

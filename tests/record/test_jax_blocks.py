@@ -1,5 +1,5 @@
-"""BlockLayout (mpwatch/record/jax_blocks.py): per-tensor counts, sums and maxima over tensors laid
-out as padded rows equal numpy's, tensor by tensor, for sizes around the row length, empty
+"""BlockLayout (mpwatch/record/tap/jax_blocks.py): per-tensor counts, sums and maxima over tensors
+laid out as padded rows equal numpy's, tensor by tensor, for sizes around the row length, empty
 tensors, and nonfinite values; the padding is never counted."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ jnp = pytest.importorskip("jax.numpy")
 
 
 def _tensors():
-    from mpwatch.record.jax_blocks import BLOCK
+    from mpwatch.record.tap.jax_blocks import BLOCK
 
     rng = np.random.default_rng(3)
     sizes = [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 7, 5, 0, 2]
@@ -27,7 +27,7 @@ def _tensors():
 
 
 def test_counts_sums_and_maxima_per_tensor_equal_numpy():
-    from mpwatch.record.jax_blocks import BLOCK, BlockLayout
+    from mpwatch.record.tap.jax_blocks import BLOCK, BlockLayout
 
     tensors = _tensors()
 
@@ -60,7 +60,7 @@ def test_counts_sums_and_maxima_per_tensor_equal_numpy():
 
 
 def test_a_tensor_of_another_size_is_refused():
-    from mpwatch.record.jax_blocks import BlockLayout
+    from mpwatch.record.tap.jax_blocks import BlockLayout
 
     rows = BlockLayout([4, 3])
     with pytest.raises(ValueError, match="5 elements where 3 were laid out"):
@@ -68,7 +68,7 @@ def test_a_tensor_of_another_size_is_refused():
 
 
 def test_no_tensors():
-    from mpwatch.record.jax_blocks import BLOCK, BlockLayout
+    from mpwatch.record.tap.jax_blocks import BLOCK, BlockLayout
 
     rows = BlockLayout([])
     m = rows.matrix([])

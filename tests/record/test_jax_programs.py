@@ -1,14 +1,14 @@
-"""When the JAX tap's counting program (``mpwatch.record.jax_programs``) starts compiling: by the
-fit's cost budget, on a budget driven by explicit clock values (the decision is arithmetic on the
-fit's first step, its steady step time and its length). The programs themselves are tested on
+"""When the JAX tap's counting program (``mpwatch.record.tap.jax_programs``) starts compiling: by
+the fit's cost budget, on a budget driven by explicit clock values (the decision is arithmetic on
+the fit's first step, its steady step time and its length). The programs themselves are tested on
 Keras' JAX backend in tests/record/test_jax_backend.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from mpwatch.record.budget import CostBudget
-from mpwatch.record.jax_programs import COMPILE_MARGIN, compile_now
+from mpwatch.record.runtime.budget import CostBudget
+from mpwatch.record.tap.jax_programs import COMPILE_MARGIN, compile_now
 
 
 def _fit(total_steps, calls, first=10.0, step=0.1, fraction=0.05):

@@ -1,5 +1,6 @@
 """Records too large for one event: the gradient table and the layer table of a model with many
-variables and layers are split into parts (record/writer.py), joined back by ``mpwatch.load_run``.
+variables and layers are split into parts (record/runtime/writer.py), joined back by
+``mpwatch.load_run``.
 
 Three tests:
 
@@ -21,7 +22,7 @@ Three tests:
   fit, so the ``grad_variables`` records (~1.5 KB compressed) and the ``layers`` record (~0.8 KB)
   are split while ``run_info`` (~370 bytes) still fits.
 - **The real limit, 30,000 rows written directly.** A ``grad_variables`` record of 30,000 rows
-  (the statistics computed by ``record/stats.py: shares`` from counts) and a probe record with a
+  (the statistics computed by ``record/tap/stats.py: shares`` from counts) and a probe record with a
   30,000-row variables table go through ``RunWriter.record`` at the real
   ``contract.MAX_RECORD_BYTES``.
 
@@ -253,9 +254,9 @@ def test_training_is_unaffected_by_large_records(big_fit, read_events):
 def test_30000_variables_at_the_real_limit(tmp_path, read_events):
     """A 30,000-variable gradient table and probe at the real contract.MAX_RECORD_BYTES."""
     import mpwatch
-    from mpwatch.record import stats
-    from mpwatch.record.gradient_health import variable_layer
-    from mpwatch.record.writer import RunWriter
+    from mpwatch.record.callbacks.gradient_health import variable_layer
+    from mpwatch.record.runtime.writer import RunWriter
+    from mpwatch.record.tap import stats
 
     n = 30_000
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""The layer table's graph columns (mpwatch/record/layer_graph.py): each layer's real inbound
+"""The layer table's graph columns (mpwatch/record/model/layer_graph.py): each layer's real inbound
 layers, activation and output width, on small real Keras models. Ground truth of the inbound
 layers: Keras' own serialization of the functional graph (``model.get_config()``'s
 ``inbound_nodes``, each tensor's ``keras_history``), not the walk the recorder does."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpwatch import contract
-from mpwatch.record.layer_dtypes import COLUMNS, layer_rows
+from mpwatch.record.callbacks.layer_dtypes import COLUMNS, layer_rows
 
 GRAPH = contract.LAYERS_GRAPH_COLUMNS
 

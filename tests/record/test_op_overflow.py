@@ -1,5 +1,6 @@
-"""mpwatch/record/op_overflow.py on both backends: the first op inside a layer whose float16 output
-is not finite while its inputs are, named with the source line that made it, against numpy."""
+"""mpwatch/record/probe/op_overflow.py on both backends: the first op inside a layer whose float16
+output is not finite while its inputs are, named with the source line that made it, against
+numpy."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from mpwatch import contract  # noqa: E402
-from mpwatch.record.probe import Probe  # noqa: E402
-from mpwatch.record.probe_monitor import ProbeMonitor  # noqa: E402
-from mpwatch.record.writer import RunWriter  # noqa: E402
+from mpwatch.record.callbacks.probe_monitor import ProbeMonitor  # noqa: E402
+from mpwatch.record.probe.probe import Probe  # noqa: E402
+from mpwatch.record.runtime.writer import RunWriter  # noqa: E402
 
 
 # --- an independent reader ------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def _probe_of_size(n_layers):
     from types import SimpleNamespace
 
     from mpwatch import formats
-    from mpwatch.record import underflow
+    from mpwatch.record.probe import underflow
 
     rng = np.random.default_rng(0)
     names = [f"block_{i:04d}/dense_layer_{i:04d}" for i in range(n_layers)]

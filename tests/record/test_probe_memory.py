@@ -51,8 +51,8 @@ def test_a_batch_that_would_not_fit_is_probed_on_its_first_half(
 ):
     """A device whose free memory holds the probe of 4 examples and not of 8: the probe runs on
     the batch's first 4 (both passes), says so, and training is a plain fit's."""
-    from mpwatch.record import probe_memory
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe import probe_memory
+    from mpwatch.record.probe.probe import Probe
 
     set_policy("mixed_float16")
     model = _fit([])
@@ -139,7 +139,7 @@ def test_a_probe_on_part_of_the_batch_gives_each_example_the_train_steps_gradien
     """``Probe.run(share=n/N)`` on the batch's first n examples: the reference gradient is that
     of the training loss's part for those examples, (1/N) sum of their losses, computed here with
     TensorFlow's own tape; the recorded loss stays their mean."""
-    from mpwatch.record.probe import Probe
+    from mpwatch.record.probe.probe import Probe
 
     set_policy("mixed_float16")
     model = _fit([])
@@ -164,8 +164,8 @@ def test_a_probe_on_part_of_the_batch_gives_each_example_the_train_steps_gradien
 def test_the_next_part_of_the_batch_follows_the_line_through_two_needs():
     """A need of 100 bytes plus 10 a example and 1000 bytes free (900 usable): from 128 and 64
     examples the next try is the largest that fits, 80; with one need known, half."""
-    from mpwatch.record.probe_memory import SHARE
-    from mpwatch.record.probe_monitor import _next_size
+    from mpwatch.record.callbacks.probe_monitor import _next_size
+    from mpwatch.record.probe.probe_memory import SHARE
 
     need = {128: 100 + 10 * 128, 64: 100 + 10 * 64}
     assert SHARE == 0.9

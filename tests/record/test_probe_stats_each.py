@@ -1,6 +1,6 @@
-"""The JAX probe's statistics one tensor at a time (mpwatch/record/probe_stats_each.py, used under
-a keras.distribution) equal the concatenated segment version's and numpy's counts, on tensors of
-known magnitude (float16 underflow chosen here)."""
+"""The JAX probe's statistics one tensor at a time (mpwatch/record/probe/probe_stats_each.py, used
+under a keras.distribution) equal the concatenated segment version's and numpy's counts, on tensors
+of known magnitude (float16 underflow chosen here)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def _tensors():
 
 
 def test_grad_stats_one_tensor_at_a_time_equal_the_segments_and_numpy():
-    from mpwatch.record import probe_jax
-    from mpwatch.record import probe_stats_each as each
+    from mpwatch.record.probe import probe_jax
+    from mpwatch.record.probe import probe_stats_each as each
 
     ref, mixed, scale = _tensors()
     seg = probe_jax.grad_stats([jnp.asarray(m) for m in mixed], [jnp.asarray(r) for r in ref],
@@ -46,8 +46,8 @@ def test_grad_stats_one_tensor_at_a_time_equal_the_segments_and_numpy():
 
 
 def test_activation_and_histogram_stats_equal_the_segments():
-    from mpwatch.record import probe_jax
-    from mpwatch.record import probe_stats_each as each
+    from mpwatch.record.probe import probe_jax
+    from mpwatch.record.probe import probe_stats_each as each
 
     ref, mixed, _ = _tensors()
     r = [jnp.asarray(t) for t in ref]
@@ -73,9 +73,9 @@ def test_large_tensors_reduced_one_by_one_and_chunked_equal_numpy():
     time (no block-matrix copy) and their histogram is counted a chunk at a time, the last
     chunk's window moved back; small tensors stay in the block matrix. Every column and the
     histogram against numpy on tensors of known magnitude, in the tensors' own order."""
-    from mpwatch.record import probe_jax, underflow
-    from mpwatch.record import probe_stats_each as each
-    from mpwatch.record.stats import DIRECT_MIN
+    from mpwatch.record.probe import probe_jax, underflow
+    from mpwatch.record.probe import probe_stats_each as each
+    from mpwatch.record.tap.stats import DIRECT_MIN
 
     rng = np.random.default_rng(1)
     n_big = 2 * each.HIST_CHUNK + 12_345  # 3 chunks, the last one overlapping the second

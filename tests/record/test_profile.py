@@ -27,8 +27,8 @@ keras = pytest.importorskip("keras")
 pytest.importorskip("xprof.convert.raw_to_tool_data")
 
 from mpwatch import contract, profile  # noqa: E402
-from mpwatch.record.monitor import MixedPrecisionMonitor  # noqa: E402
-from mpwatch.record.profile_capture import ProfileMonitor, parse_steps  # noqa: E402
+from mpwatch.record.callbacks.monitor import MixedPrecisionMonitor  # noqa: E402
+from mpwatch.record.callbacks.profile_capture import ProfileMonitor, parse_steps  # noqa: E402
 
 BATCHES = 8
 STEPS = (3, 5)
@@ -210,7 +210,7 @@ def test_every_layer_with_trainable_weights_gets_time(fitted, payload):
 
 def test_layer_keys_join_the_layers_record(fitted, payload):
     """``layer`` is the name and ``path`` the path that mpwatch's layers record uses."""
-    from mpwatch.record.layer_dtypes import walk
+    from mpwatch.record.callbacks.layer_dtypes import walk
 
     layers = _frame(payload["layers"])
     record_paths = {path: layer.name for layer, path, _ in walk(fitted["model"])}

@@ -1,4 +1,4 @@
-"""mpwatch's own JAX programs compiled once per machine (mpwatch/record/program_cache.py).
+"""mpwatch's own JAX programs compiled once per machine (mpwatch/record/runtime/program_cache.py).
 
 The truth is JAX's own compile: a fit whose probe programs are compiled by XLA in the process
 (cache off) writes the probe records the test compares with, record for record and bit for bit,
@@ -124,7 +124,7 @@ def test_a_jax_fit_does_not_import_tensorflow(runs):
 
 
 def test_prune_removes_the_least_recently_used_entries_first(tmp_path):
-    from mpwatch.record import program_cache
+    from mpwatch.record.runtime import program_cache
 
     for i, size in enumerate([400, 300, 200, 100]):  # entry 0 the oldest
         path = tmp_path / f"p-{i}.xla"
@@ -138,7 +138,7 @@ def test_prune_removes_the_least_recently_used_entries_first(tmp_path):
 
 
 def test_the_key_changes_with_the_machine_and_the_program(monkeypatch):
-    from mpwatch.record import program_cache
+    from mpwatch.record.runtime import program_cache
 
     class Lowered:
         def __init__(self, text):
@@ -165,7 +165,7 @@ def program_key_again(program_cache, lowered, label):
 def test_the_machine_names_the_processor_on_a_cpu():
     import jax
 
-    from mpwatch.record import program_cache
+    from mpwatch.record.runtime import program_cache
 
     machine = program_cache._machine(jax.devices())
     assert f"jax {jax.__version__}" in machine

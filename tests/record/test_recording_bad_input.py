@@ -83,7 +83,7 @@ def test_failure_while_recording_is_logged_once_and_training_goes_on(
     tmp_path, policy, read_events, caplog, monkeypatch
 ):
     import mpwatch
-    from mpwatch.record import gradient_health
+    from mpwatch.record.callbacks import gradient_health
 
     calls = []
 
@@ -113,7 +113,7 @@ def test_a_failed_event_write_loses_that_batch_ends_events_not_training(
     written."""
     import mpwatch
     from mpwatch import contract
-    from mpwatch.record.writer import RunWriter
+    from mpwatch.record.runtime.writer import RunWriter
 
     original, failed = RunWriter._write_pending, []
 

@@ -286,7 +286,7 @@ def test_series_are_exact_per_batch_and_the_tap_is_read_once_per_interval(
     scale after step s is 2**15 halved once per overflow up to s (Keras grows it only after 2000
     good steps), and the optimizer's own state after each Keras call (read by a callback)."""
     import mpwatch
-    from mpwatch.record.tf_tap import Tap
+    from mpwatch.record.tap.tf_tap import Tap
 
     reads = []
     original_read = Tap.read

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from mpwatch import contract
-from mpwatch.record.resume import ResumePoint, find_resume_point
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.resume import ResumePoint, find_resume_point
+from mpwatch.record.runtime.writer import RunWriter
 
 
 def simulate(first_step: int, iterations: int, scale: float, n: int, skips: set[int]):

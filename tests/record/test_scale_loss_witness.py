@@ -256,7 +256,7 @@ def test_steps_stand_where_the_tap_counts_nothing(tmp_path, policy, read_events)
 def test_the_record_names_the_keras_family_of_a_users_optimizer(policy):
     import keras
 
-    from mpwatch.record.train_step import train_step_facts
+    from mpwatch.record.callbacks.train_step import train_step_facts
 
     class MyAdam(keras.optimizers.Adam):
         pass

@@ -1,4 +1,4 @@
-"""The in-graph gradient counts (record/stats.py), TensorFlow's and JAX's, against numpy.
+"""The in-graph gradient counts (record/tap/stats.py), TensorFlow's and JAX's, against numpy.
 
 Tensors of known magnitude (zeros, float16 subnormals, inf, nan, empty tensors, None, mixed
 dtypes) go through ``counts_table`` (TensorFlow, in a ``tf.function`` and under XLA) and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpwatch.record import stats
+from mpwatch.record.tap import stats
 
 
 def _tensors():
@@ -38,11 +38,11 @@ def _numpy_counts(t):
 
 @pytest.mark.parametrize("chunk,items", [(None, None), (5, None), (16, 2)])
 def test_tensorflow_counts_equal_numpy(chunk, items, monkeypatch):
-    """Also with the pieces (record/tf_chunks.py) at 5 elements (the larger tensors cut in slices,
-    a slice's rest packed with the next tensors) and at 16 elements of at most 2 items each; in
-    a graph and under XLA."""
+    """Also with the pieces (record/tap/tf_chunks.py) at 5 elements (the larger tensors cut in
+    slices, a slice's rest packed with the next tensors) and at 16 elements of at most 2 items each;
+    in a graph and under XLA."""
     tf = pytest.importorskip("tensorflow")
-    from mpwatch.record import tf_chunks
+    from mpwatch.record.tap import tf_chunks
 
     if chunk is not None:
         monkeypatch.setattr(tf_chunks, "CHUNK", chunk)
@@ -71,7 +71,7 @@ def test_tensorflow_counts_graph_grows_by_a_few_operations_per_tensor(monkeypatc
     tensor, and one function counts every piece (not a copy of its reductions per tensor,
     slice or loop)."""
     tf = pytest.importorskip("tensorflow")
-    from mpwatch.record import tf_chunks
+    from mpwatch.record.tap import tf_chunks
 
     monkeypatch.setattr(tf_chunks, "CHUNK", 1024)
 

@@ -12,8 +12,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from mpwatch.record.probe import Probe  # noqa: E402
-from mpwatch.record.twin import (  # noqa: E402
+from mpwatch.record.probe.probe import Probe  # noqa: E402
+from mpwatch.record.probe.twin import (  # noqa: E402
     PolicyView,
     model_kind,
     random_layers,

@@ -11,8 +11,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from mpwatch.record import underflow  # noqa: E402
-from mpwatch.record.probe import Probe  # noqa: E402
+from mpwatch.record.probe import underflow  # noqa: E402
+from mpwatch.record.probe.probe import Probe  # noqa: E402
 
 
 def f16_zero(v):
@@ -87,7 +87,7 @@ def test_tables_of_many_tensors_equal_numpy_tensor_by_tensor(chunk, monkeypatch)
     pieces' size (``tf_chunks.CHUNK``) at 4 and 1 element(s), every tensor over it is reduced a
     slice at a time in a loop and the small ones in groups: the same tables."""
     if chunk is not None:
-        from mpwatch.record import tf_chunks
+        from mpwatch.record.tap import tf_chunks
 
         monkeypatch.setattr(tf_chunks, "CHUNK", chunk)
     rng = np.random.default_rng(5)
@@ -259,7 +259,7 @@ def test_measured_underflow_never_rises_with_scale(mixed16):
 def test_tables_in_a_traced_function_slice_as_eagerly(monkeypatch):
     """Inside ``tf.function`` (as the probe runs them) the sliced loop and the groups give the
     tables numpy gives: a tensor of 10 elements in pieces of 3, beside two small ones."""
-    from mpwatch.record import tf_chunks
+    from mpwatch.record.tap import tf_chunks
 
     monkeypatch.setattr(tf_chunks, "CHUNK", 3)
     rng = np.random.default_rng(2)

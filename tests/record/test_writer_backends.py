@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mpwatch import contract
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 
 
 def _events(logdir):
@@ -85,7 +85,7 @@ def test_series_of_later_writers_reuse_one_trace(tmp_path):
     argument, so the second and third writers' series are written without a new trace, each into
     its own directory, with the values given."""
     pytest.importorskip("tensorflow")
-    from mpwatch.record import writer as writer_module
+    from mpwatch.record.runtime import writer as writer_module
 
     for i in range(3):
         w = RunWriter(str(tmp_path / f"fit{i}"), use_tensorflow=True)
@@ -144,7 +144,7 @@ def test_scalar_events_are_the_bytes_protobuf_serializes():
     from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
     from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-    from mpwatch.record.writer import _ScalarEvents
+    from mpwatch.record.runtime.writer import _ScalarEvents
 
     meta = scalar_metadata.create_summary_metadata(display_name=None, description=None)
     enc = _ScalarEvents(meta.SerializeToString())

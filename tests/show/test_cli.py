@@ -12,7 +12,7 @@ import pytest
 from builders import write_clean_run, write_float32_run, write_mixed_run, write_plain_scalars
 
 from mpwatch import contract
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 from mpwatch.show import cli, report
 
 

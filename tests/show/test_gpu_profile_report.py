@@ -15,8 +15,8 @@ import pytest
 from builders import H100_TRACE, put_h100_trace, run_info, xprof_kernel_stats
 
 from mpwatch import contract, diagnose, load_run
-from mpwatch.record.profile_capture import record_trace
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.callbacks.profile_capture import record_trace
+from mpwatch.record.runtime.writer import RunWriter
 from mpwatch.show import report
 
 pytest.importorskip("xprof.convert.raw_to_tool_data")

@@ -20,7 +20,7 @@ from builders import LAYER_COLUMNS, layer_rows, probe_payload, profile_payload, 
 
 import mpwatch
 from mpwatch import contract
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 from mpwatch.show import report
 
 TINY, HUGE = 2.0**-9, 2.0**24

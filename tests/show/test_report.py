@@ -14,7 +14,7 @@ from builders import write_float32_run, write_mixed_run, write_plain_scalars
 from mpwatch import contract
 from mpwatch.judge import diagnose_runs
 from mpwatch.read import load_runs
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 from mpwatch.show import report, summary
 
 CHROMIUM = "/usr/bin/chromium"

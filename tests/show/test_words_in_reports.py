@@ -23,7 +23,7 @@ import pytest
 from builders import LAYER_COLUMNS, layer_rows, run_info
 
 from mpwatch import contract
-from mpwatch.record.writer import RunWriter
+from mpwatch.record.runtime.writer import RunWriter
 
 MESSAGE = "no float32 twin of this layer"
 #: an SGR (colour) sequence, and any escape sequence at all
@@ -32,7 +32,8 @@ ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|.)?")
 
 
 def keras_error() -> str:
-    """A recording failure's notice as ``record/base.py`` writes it, of a real Keras exception."""
+    """A recording failure's notice as ``record/callbacks/base.py`` writes it, of a real Keras
+    exception."""
     import keras
     import numpy as np
 

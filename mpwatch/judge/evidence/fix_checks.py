@@ -1,5 +1,6 @@
 """The probe's fix checks, read for the rules: each candidate fix re-run on the batch that showed
-the problem (``fix_checks`` of a ``probe`` record, written by ``mpwatch/record/fix_check.py``).
+the problem (``fix_checks`` of a ``probe`` record, written by
+``mpwatch/record/probe/fix_check.py``).
 
 :func:`latest_checks` finds them, :func:`describe` says what each did, and :func:`checked_layers`
 turns a "keep this layer float32" advice into the smallest set of layers the probe saw make the

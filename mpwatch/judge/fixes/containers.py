@@ -4,8 +4,8 @@ Keras gives a layer's ``dtype`` to none of the layers it creates: ``dtype="float
 container leaves its sublayers in 16 bits, and on TensorFlow its own ops then fail to add their
 float16 outputs to its float32 inputs (the keras.io Transformer's ``TransformerBlock``:
 ``AddV2``). Advice that keeps such a layer in float32 switches all of it, in code as in the
-probe's check (:class:`mpwatch.record.twin.PolicyView` with ``only``). Which layers hold layers
-the layer table's paths say.
+probe's check (:class:`mpwatch.record.probe.twin.PolicyView` with ``only``). Which layers hold
+layers the layer table's paths say.
 """
 
 from __future__ import annotations

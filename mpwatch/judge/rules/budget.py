@@ -10,7 +10,8 @@ left of the budget, and mpwatch's own share of the fit. A probe that ran beyond 
 the training was broken (the loss scale at 1 or below; without a loss scale, the loss Keras
 reports not finite: one probe a fit, the one that names the cause) is said too, with why.
 
-On JAX with the gradient counts in a program of their own (a GPU: `mpwatch.record.jax_programs`),
+On JAX with the gradient counts in a program of their own (a GPU:
+`mpwatch.record.tap.jax_programs`),
 the count steps a fit ran without them while that program compiled beside training are said too:
 the gradient-health and lost-update records start after them.
 
@@ -42,7 +43,7 @@ a larger share (the finding names the share that would have fit, `budget=0.3`), 
 (no budget); or train longer.
 
 ## References
-- `mpwatch.record.budget`: the ledger, the estimates and the decisions
+- `mpwatch.record.runtime.budget`: the ledger, the estimates and the decisions
 - `mpwatch.contract`: the `budget` record
 """
 

@@ -18,7 +18,7 @@ forward pass went non-finite, the first such layer and every layer after it are 
 `activation-overflow` (their errors are its consequences).
 
 A layer far off float32 (at least {SCANNED_ERROR:g}) is run op by op once a fit on its own
-16-bit input (``record/op_overflow.py``): where an op inside it overflows (a user's RMSNorm's
+16-bit input (``record/probe/op_overflow.py``): where an op inside it overflows (a user's RMSNorm's
 ``square(x)`` past |x| = 256, whose ``rsqrt(inf)`` turns into 0: a finite output, every value
 lost), the finding names that op and its source line, and is an error.
 
