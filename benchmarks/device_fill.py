@@ -144,7 +144,7 @@ def read_back(logdir: str) -> dict[str, Any]:
         sk = run.skipped_steps()
         out["skipped_steps"] = int(sk.iloc[-1]) if len(sk) else 0
         out["own_memory"] = None
-        from mpwatch.show import memory as show_memory
+        from mpwatch.show.views import memory as show_memory
 
         out["own_memory"] = show_memory.own_memory(run)
     except Exception as err:  # noqa: BLE001

@@ -59,9 +59,9 @@ ALLOWED = {
         *SHARED,
         "mpwatch.read",
         "mpwatch.judge",
-        "mpwatch.show.memory",
-        "mpwatch.show.float8",
-        "mpwatch.show.profile_view",
+        "mpwatch.show.views.memory",
+        "mpwatch.show.views.float8",
+        "mpwatch.show.views.profile_view",
         "tensorboard_plugin_mpwatch",
     ),
 }

@@ -21,8 +21,6 @@ from mpwatch._version import __version__
 from mpwatch.judge import SEVERITIES, Finding
 from mpwatch.read import Run
 from mpwatch.show.charts_svg import heatmap_chart, histogram_chart, line_chart
-from mpwatch.show.float8 import float8_html
-from mpwatch.show.memory import memory_html
 from mpwatch.show.summary import (
     loss_scales_words,
     no_data_words,
@@ -37,6 +35,8 @@ from mpwatch.show.summary import (
     trace_only,
     unreadable,
 )
+from mpwatch.show.views.float8 import float8_html
+from mpwatch.show.views.memory import memory_html
 from mpwatch.words import TRACE_ONLY, amount, duration_ms, loss_scale, number, percent
 
 CSS = """

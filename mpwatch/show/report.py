@@ -35,7 +35,6 @@ from mpwatch.contract import json_safe
 from mpwatch.judge import SEVERITIES, Finding
 from mpwatch.read import Run
 from mpwatch.show.html import render_html
-from mpwatch.show.memory import memory_view
 from mpwatch.show.summary import (
     NO_DATA,
     loss_scales_words,
@@ -51,6 +50,7 @@ from mpwatch.show.summary import (
     trace_only,
     unreadable,
 )
+from mpwatch.show.views.memory import memory_view
 from mpwatch.words import TRACE_ONLY, duration_ms, loss_scale, plain
 
 __all__ = [
@@ -168,7 +168,7 @@ JSON_SCHEMA: dict[str, Any] = {
                     "memory": {
                         "type": ["object", "null"],
                         "description": "training memory by kind and dtype, and what float32, "
-                        "mixed_float16 and mixed_bfloat16 would need (show/memory.py); null "
+                        "mixed_float16 and mixed_bfloat16 would need (show/views/memory.py); null "
                         "without a memory record",
                         "required": ["policy", "by_dtype", "by_policy", "lines"],
                         "properties": {

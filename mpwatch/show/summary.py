@@ -28,7 +28,7 @@ from mpwatch import contract
 from mpwatch.judge import Finding
 from mpwatch.judge.rules.damaged_logs import RULE as DAMAGED_LOGS
 from mpwatch.read import Run
-from mpwatch.show.profile_view import UNJOINED_SAID, source_label, unjoined_math_share
+from mpwatch.show.views.profile_view import UNJOINED_SAID, source_label, unjoined_math_share
 from mpwatch.words import NO_FINDINGS, NO_FINDINGS_TRACE_ONLY, duration_ms, percent, raw_trace
 
 __all__ = [

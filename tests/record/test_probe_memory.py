@@ -70,7 +70,7 @@ def test_a_batch_that_would_not_fit_is_probed_on_its_first_half(
     assert list(run.probe_model["batch_sub_of"]) == [8, 8]
     assert not [d for b in run.budgets for d in b["decisions"] if d["action"] == "skipped"
                 and d["part"] == "probe"]  # fmt: skip
-    from mpwatch.show.memory import memory_view
+    from mpwatch.show.views.memory import memory_view
 
     assert any("first 4 of the batch's 8 examples" in ln for ln in memory_view(run)["lines"])
     assert run.batch_size == 8  # the training's batch, not the probe's part of it

@@ -16,9 +16,9 @@ from mpwatch import contract, words
 from mpwatch.contract import json_safe
 from mpwatch.read import ProbeResult, Run
 from mpwatch.read.run import PROBE_TOP_KEYS
-from mpwatch.show.float8 import float8_view
-from mpwatch.show.memory import memory_view
-from mpwatch.show.profile_view import UNJOINED_SAID, source_label, unjoined_math_share
+from mpwatch.show.views.float8 import float8_view
+from mpwatch.show.views.memory import memory_view
+from mpwatch.show.views.profile_view import UNJOINED_SAID, source_label, unjoined_math_share
 from mpwatch.words import plain
 
 __all__ = ["info_view", "layers_view", "probes_view", "profile_summary", "profile_view"]

@@ -1,0 +1,1 @@
+"""Views of a run that the reports and the tab both show."""
