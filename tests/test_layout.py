@@ -53,15 +53,14 @@ ALLOWED = {
         "mpwatch.words",
     ),
     # the tab shows what the reports show: the views both build from a Run (memory by dtype,
-    # float8 readiness, what the profile could not join) are written once, in mpwatch.show
-    # (show imports nothing of the plugin)
+    # float8 readiness, what the profile could not join, the loss scale from the first step, the
+    # skipped steps, the underflow heatmap) are written once, in mpwatch.show.views (show
+    # imports nothing of the plugin)
     "tensorboard_plugin_mpwatch": (
         *SHARED,
         "mpwatch.read",
         "mpwatch.judge",
-        "mpwatch.show.views.memory",
-        "mpwatch.show.views.float8",
-        "mpwatch.show.views.profile_view",
+        "mpwatch.show.views",
         "tensorboard_plugin_mpwatch",
     ),
 }
@@ -262,3 +261,20 @@ def test_the_record_stage_is_in_wings():
     assert sorted(p.name for p in record.glob("*.py")) == ["__init__.py"]
     wings = sorted(p.name for p in record.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert wings == ["callbacks", "model", "probe", "runtime", "tap"], wings
+
+
+def test_the_reports_and_the_tab_take_their_views_from_one_module():
+    """Every view both show is computed once (mpwatch.show.views) and imported from its package,
+    by the reports and by the tab alike; no one reaches past it into its modules."""
+    views = "mpwatch.show.views"
+    inside = {m for m in MODULES if m == views or m.startswith(views + ".")}
+    past = {
+        m: sorted(d for d in GRAPH[m] if d.startswith(views + "."))
+        for m in MODULES
+        if m not in inside
+    }
+    assert {m: d for m, d in past.items() if d} == {}
+    plugin = "tensorboard_plugin_mpwatch.data"
+    users = ("mpwatch.show.html", "mpwatch.show.report", f"{plugin}.views", f"{plugin}.scalars")
+    for user in users:
+        assert views in GRAPH[user], user

@@ -35,8 +35,13 @@ from mpwatch.show.summary import (
     trace_only,
     unreadable,
 )
-from mpwatch.show.views.float8 import float8_html
-from mpwatch.show.views.memory import memory_html
+from mpwatch.show.views import (
+    float8_html,
+    loss_scale_series,
+    memory_html,
+    skip_marks,
+    underflow_heatmap,
+)
 from mpwatch.words import TRACE_ONLY, amount, duration_ms, loss_scale, number, percent
 
 CSS = """
@@ -171,74 +176,14 @@ def _layer_table(run: Run, findings: Sequence[Finding]) -> str:
     return "".join(out)
 
 
-def skip_marks(run: Run) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """Where the optimizer skipped updates: ``(steps, spans)``.
-
-    ``steps``: exactly the skipped steps, from the per-step flag ``mpwatch/step_skipped``. A run
-    without the flag has only the cumulative ``mpwatch/skipped_steps_total``, which says how many
-    steps between two of its points were skipped, not which: ``spans`` of ``(first, last,
-    count)``, and no step."""
-    if len(run.scalar(contract.STEP_SKIPPED)):
-        return [int(s) for s in run.skipped_steps().index], []
-    total = run.scalar(contract.SKIPPED_STEPS_TOTAL)
-    total = total[np.isfinite(total)]
-    if not len(total):
-        return [], []
-    steps = total.index.to_numpy(dtype=np.int64)
-    rise = np.round(np.diff(total.to_numpy(), prepend=0.0)).astype(np.int64)
-    recorded = run.scalars.index.to_numpy(dtype=np.int64)
-    before = recorded[(recorded >= 1) & (recorded < steps[0])]
-    starts = np.concatenate([[int(before.min()) if len(before) else 1], steps[:-1] + 1])
-    return [], [(int(a), int(b), int(k)) for a, b, k in zip(starts, steps, rise) if k > 0]
-
-
-def loss_scale_series(run: Run) -> pd.Series:
-    """The loss scale by step from the first step: ``mpwatch/loss_scale`` (the scale after each
-    step; at step 0 the scale before the first), its step-0 point taken from the run's first
-    ``run_info`` (the optimizer's scale then, or its initial scale) for a run recorded without
-    it. A resumed or continued run (``iterations`` past 0 at its start) starts where it was."""
-    ls = run.scalar(contract.LOSS_SCALE)
-    infos = run.records.get(contract.KIND_RUN_INFO) or []
-    if not len(ls) or not infos:
-        return ls
-    step, info = min(infos, key=lambda item: item[0])
-    kind = (info.get("loss_scale") or {}) if isinstance(info, dict) else {}
-    start = info.get("start") if isinstance(info, dict) else None
-    if kind.get("kind") != "dynamic" or not isinstance(start, dict):
-        return ls
-    if start.get("iterations") != 0 or int(ls.index[0]) <= int(step):
-        return ls
-    scale = start.get("loss_scale")
-    scale = kind.get("initial") if scale is None else scale
-    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        return ls
-    first = pd.Series([float(scale)], index=pd.Index([int(step)], name=ls.index.name))
-    return pd.concat([first, ls])
-
-
-HEATMAP_MAX_STEPS = 100
-
-
 def _heatmap(run: Run, idx: int) -> str:
-    """Underflow by layer and probe step (at most :data:`HEATMAP_MAX_STEPS` probe steps, evenly
-    spread, the latest included), every layer row labelled, on the absolute colour scale."""
-    pl = run.probe_layers
+    """Underflow by layer and probe step (:func:`mpwatch.show.views.underflow_heatmap`), every
+    layer row labelled, on the absolute colour scale."""
+    view = underflow_heatmap(run)
     title = "Underflow by layer and probe step"
-    if not len(pl) or not {"step", "layer", "underflow_fraction"} <= set(pl.columns):
+    if not view["layers"]:
         return heatmap_chart(f"heatmap-{idx}", title, [], [], [])
-    pl = pl[pl["layer"].notna()]
-    steps = np.unique(pl["step"].to_numpy(dtype=np.int64))
-    if len(steps) > HEATMAP_MAX_STEPS:
-        keep = np.unique(np.linspace(0, len(steps) - 1, HEATMAP_MAX_STEPS).astype(int))
-        steps = steps[keep]
-        pl = pl[pl["step"].isin(steps)]
-    layers = list(pd.unique(pl["layer"].astype(str)))
-    grid = np.full((len(layers), len(steps)), np.nan)
-    rows = pd.Index(layers).get_indexer(pl["layer"].astype(str))
-    cols = np.searchsorted(steps, pl["step"].to_numpy(dtype=np.int64))
-    grid[rows, cols] = pd.to_numeric(pl["underflow_fraction"], errors="coerce").to_numpy()
-    values = [[float(v) if np.isfinite(v) else None for v in row] for row in grid]
-    chart = heatmap_chart(f"heatmap-{idx}", title, layers, steps.tolist(), values)
+    chart = heatmap_chart(f"heatmap-{idx}", title, view["layers"], view["steps"], view["values"])
     return f'<div class="heatmap-scroll">{chart}</div>'
 
 

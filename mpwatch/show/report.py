@@ -50,7 +50,7 @@ from mpwatch.show.summary import (
     trace_only,
     unreadable,
 )
-from mpwatch.show.views.memory import memory_view
+from mpwatch.show.views import memory_view
 from mpwatch.words import TRACE_ONLY, duration_ms, loss_scale, plain
 
 __all__ = [

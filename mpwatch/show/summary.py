@@ -28,7 +28,7 @@ from mpwatch import contract
 from mpwatch.judge import Finding
 from mpwatch.judge.rules.damaged_logs import RULE as DAMAGED_LOGS
 from mpwatch.read import Run
-from mpwatch.show.views.profile_view import UNJOINED_SAID, source_label, unjoined_math_share
+from mpwatch.show.views import UNJOINED_SAID, last_value, source_label, unjoined_math_share
 from mpwatch.words import NO_FINDINGS, NO_FINDINGS_TRACE_ONLY, duration_ms, percent, raw_trace
 
 __all__ = [
@@ -88,12 +88,6 @@ def runs_list(runs: Run | Mapping[str, Run] | Sequence[Run]) -> list[Run]:
     if isinstance(runs, Mapping):
         return list(runs.values())
     return list(runs)
-
-
-def last_value(run: Run, tag: str) -> float | None:
-    """The scalar's value at its last recorded step, when finite."""
-    s = run.scalar(tag)
-    return finite_float(s.iloc[-1]) if len(s) else None
 
 
 def step_range(run: Run) -> dict[str, Any]:

@@ -293,7 +293,7 @@ def test_html_loss_scale_from_the_first_step_and_an_honest_probe(tmp_path):
     w.record(contract.KIND_PROBE, 3, bad)
     w.close()
     run = load_runs(str(tmp_path))["."]
-    from mpwatch.show.html import loss_scale_series
+    from mpwatch.show.views import loss_scale_series
 
     ls = loss_scale_series(run)
     assert ls.index.tolist() == [0, 1, 2, 3] and ls.iloc[0] == 2.0**15

@@ -18,7 +18,7 @@ import pandas as pd
 
 from mpwatch import contract
 from mpwatch.read.run import Run
-from mpwatch.show.summary import last_value
+from mpwatch.show.views.series import last_value
 from mpwatch.words import percent
 
 KIND_WORDS = {

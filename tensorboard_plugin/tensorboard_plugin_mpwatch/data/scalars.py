@@ -18,6 +18,7 @@ import numpy as np
 
 from mpwatch import contract, words
 from mpwatch.read import Run
+from mpwatch.show.views import scale_from_the_first_step, skip_marks
 from tensorboard_plugin_mpwatch.data.provider import RunRecords
 
 __all__ = ["downsample", "recorded_steps", "scalars_view", "skipped_view"]
@@ -94,23 +95,9 @@ SKIPPED_LIMIT = 10_000
 def _skipped_spans(model: Run) -> list[list[int]]:
     """Without the per-step flag ``mpwatch/step_skipped`` (a run recorded without it), only the
     cumulative ``mpwatch/skipped_steps_total`` says where skips happened: ``[first, last, count]``
-    per rise, the steps between the previous recorded point and this one. Which steps of the span
-    were skipped is unknown, so the tab shades the span and marks no single step."""
-    if len(model.scalar(contract.STEP_SKIPPED)):
-        return []
-    total = model.scalar(contract.SKIPPED_STEPS_TOTAL)
-    total = total[np.isfinite(total)]
-    if not len(total):
-        return []
-    steps = total.index.to_numpy(dtype=np.int64)
-    rise = np.round(np.diff(total.to_numpy(), prepend=0.0)).astype(np.int64)
-    recorded = model.scalars.index.to_numpy(dtype=np.int64)
-    before = recorded[(recorded >= 1) & (recorded < steps[0])]
-    first_step = int(before.min()) if len(before) else 1  # batch steps start at 1
-    starts = np.concatenate([[first_step], steps[:-1] + 1])
-    return [[int(a), int(b), int(k)] for a, b, k in zip(starts, steps, rise) if k > 0][
-        :SKIPPED_LIMIT
-    ]
+    per rise (:func:`mpwatch.show.views.skip_marks`). Which steps of the span were skipped is
+    unknown, so the tab shades the span and marks no single step."""
+    return [list(span) for span in skip_marks(model)[1][:SKIPPED_LIMIT]]
 
 
 def skipped_view(model: Run, records: RunRecords) -> dict[str, Any]:
@@ -152,43 +139,6 @@ def skipped_view(model: Run, records: RunRecords) -> dict[str, Any]:
     }
 
 
-def _initial_scale(records: RunRecords) -> tuple[int, float] | None:
-    """The scale the run's first step used, from its first ``run_info`` record (written at the step
-    before the first batch and never sampled away, unlike a scalar point): the optimizer's scale
-    then, or its ``initial_scale`` when it was not built yet. None for a resumed or continued run
-    (``iterations`` past 0) and without a dynamic loss scale."""
-    infos = records.records.get(contract.KIND_RUN_INFO) or []
-    if not infos:
-        return None
-    step, info = min(infos, key=lambda item: item[0])
-    ls = info.get("loss_scale") if isinstance(info, dict) else None
-    start = info.get("start") if isinstance(info, dict) else None
-    if not isinstance(ls, dict) or ls.get("kind") != "dynamic" or not isinstance(start, dict):
-        return None
-    if start.get("iterations") != 0:
-        return None
-    scale = start.get("loss_scale")
-    scale = ls.get("initial") if scale is None else scale
-    if not isinstance(scale, (int, float)) or not np.isfinite(scale):
-        return None
-    return int(step), float(scale)
-
-
-def _loss_scale_from_the_first_step(
-    records: RunRecords, steps: np.ndarray, values: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``mpwatch/loss_scale`` is the scale after each step, and the recorder writes the scale before
-    the first step at step 0. Where that point is missing (TensorBoard's reservoir sampled it away,
-    or a run recorded before it was written), the run's first ``run_info`` gives it."""
-    first = _initial_scale(records)
-    if first is None or (len(steps) and int(steps[0]) <= first[0]):
-        return steps, values
-    return (
-        np.concatenate([[first[0]], steps]).astype(np.int64),
-        np.concatenate([[first[1]], values]).astype(np.float64),
-    )
-
-
 def scalars_view(records: RunRecords, model: Run, points: int) -> dict[str, Any]:
     """Every mpwatch scalar series, downsampled to at most ``points`` points, and the skipped steps.
 
@@ -196,13 +146,14 @@ def scalars_view(records: RunRecords, model: Run, points: int) -> dict[str, Any]
     recorded at, see :func:`recorded_steps`), ``count_exact`` (false when TensorBoard served only a
     sample and ``count`` is counted on the series' cadence), ``served`` (how many points
     TensorBoard served: its sample). The loss scale starts at the run's first step
-    (:func:`_loss_scale_from_the_first_step`).
+    (:func:`mpwatch.show.views.scale_from_the_first_step`).
     """
     series = {}
     for tag, (steps, values) in sorted(records.scalars.items()):
         count, exact = recorded_steps(steps, records.sampled.get(tag, False))
         if tag == contract.LOSS_SCALE:
-            steps, values = _loss_scale_from_the_first_step(records, steps, values)
+            infos = records.records.get(contract.KIND_RUN_INFO) or []
+            steps, values = scale_from_the_first_step(infos, steps, values)
         s, v = downsample(steps, values, points)
         series[tag] = {
             "steps": s.tolist(),

@@ -9,16 +9,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from mpwatch import contract, words
 from mpwatch.contract import json_safe
 from mpwatch.read import ProbeResult, Run
 from mpwatch.read.run import PROBE_TOP_KEYS
-from mpwatch.show.views.float8 import float8_view
-from mpwatch.show.views.memory import memory_view
-from mpwatch.show.views.profile_view import UNJOINED_SAID, source_label, unjoined_math_share
+from mpwatch.show.views import (
+    UNJOINED_SAID,
+    float8_view,
+    memory_view,
+    source_label,
+    underflow_heatmap,
+    unjoined_math_share,
+)
 from mpwatch.words import plain
 
 __all__ = ["info_view", "layers_view", "probes_view", "profile_summary", "profile_view"]
@@ -126,32 +130,6 @@ def layers_view(model: Run, found: list[dict[str, Any]]) -> dict[str, Any]:
     )
 
 
-HEATMAP_MAX_STEPS = 200
-
-
-def _heatmap(probes: pd.DataFrame) -> dict[str, Any]:
-    """Layer × probe step underflow from the Run's probe table; at most HEATMAP_MAX_STEPS steps,
-    evenly spread, the latest included; layers in the order the probe lists them."""
-    empty = {"layers": [], "steps": [], "values": []}
-    if not len(probes) or not {"step", "layer", "underflow_fraction"} <= set(probes.columns):
-        return empty
-    probes = probes[probes["layer"].notna()]
-    steps = np.unique(probes["step"].to_numpy(dtype=np.int64))
-    if len(steps) > HEATMAP_MAX_STEPS:
-        steps = steps[np.unique(np.linspace(0, len(steps) - 1, HEATMAP_MAX_STEPS).astype(int))]
-        probes = probes[probes["step"].isin(steps)]
-    if not len(probes):
-        return empty
-    layers = pd.unique(probes["layer"].astype(str))
-    rows = pd.Index(layers).get_indexer(probes["layer"].astype(str))
-    cols = np.searchsorted(steps, probes["step"].to_numpy(dtype=np.int64))
-    grid = np.full((len(layers), len(steps)), np.nan)
-    grid[rows, cols] = pd.to_numeric(probes["underflow_fraction"], errors="coerce").to_numpy()
-    grid = np.round(grid, 7)
-    values = np.where(np.isfinite(grid), grid, None).tolist()
-    return {"layers": list(layers), "steps": steps.tolist(), "values": values}
-
-
 # the probe_model columns that are not the record's "model" dict
 _PROBE_TOP_KEYS = ("step", *PROBE_TOP_KEYS)
 
@@ -204,7 +182,7 @@ def probes_view(model: Run, step: int | None) -> dict[str, Any]:
     unreliable = model.unreliable_probe_steps()
     if step is None:
         probe = model.latest_probe()
-        heatmap = _heatmap(model.probe_layers)
+        heatmap = underflow_heatmap(model)
     else:  # a step picks a histogram: no heatmap
         if step not in steps:
             raise KeyError(step)
