@@ -8,7 +8,8 @@ Add one callback to ``model.fit`` and read the result in TensorBoard's "Mixed Pr
     >>> model.fit(ds, callbacks=[monitor])  # doctest: +SKIP
     >>> run = mpwatch.load_run("logs/run1")  # doctest: +SKIP
 
-Importing mpwatch is cheap: TensorFlow is imported only when a name that needs it is used.
+Importing mpwatch is cheap: Keras and its backend are imported only when a name that needs them
+is used, and only the backend Keras trains on (the JAX backend never imports TensorFlow).
 """
 
 from __future__ import annotations
@@ -68,9 +69,33 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'mpwatch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        raise _missing_backend(e) from e
     globals()[name] = value
     return value
+
+
+#: the package each Keras backend needs, and the extra that installs it with mpwatch
+_BACKEND_EXTRAS = {"tensorflow": "tensorflow", "jax": "jax", "jaxlib": "jax"}
+
+
+def _missing_backend(error: ModuleNotFoundError) -> ModuleNotFoundError:
+    """``error`` as it is, or, when Keras' backend package is what is missing, with the extra that
+    installs it (``pip install "mpwatch[jax]"``)."""
+    missing = (error.name or "").partition(".")[0]
+    if missing not in _BACKEND_EXTRAS:
+        return error
+    import os
+
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow (Keras' default)")
+    return ModuleNotFoundError(
+        f"mpwatch: Keras' backend {backend} needs the {missing!r} package, which is not "
+        f'installed: pip install "mpwatch[{_BACKEND_EXTRAS[missing]}]" (or set KERAS_BACKEND to '
+        "an installed backend before importing keras)",
+        name=missing,
+    )
 
 
 def __dir__() -> list[str]:
