@@ -32,11 +32,21 @@ defaults at most 1.05x.
 
 Every configuration builds the optimizer before its fit (see :func:`build`).
 
-What resident memory holds on a CPU beside the buffers: on JAX, the probe program's compile and
-its executable (ResNet50: loading it from mpwatch's program cache raised the process' resident
-memory by 666 MiB, compiling it by about 1.2 GB, against 393 MiB of its temporaries in XLA's
-own analysis); on a GPU only the buffers are device memory. A run's figures move by 20-60 MiB
-from one process to the next: compare ratios of one run, and repeat a close one.
+What resident memory holds on a CPU beside the buffers:
+
+- on TensorFlow, every graph mpwatch traces, whether it runs or not: about 20 KiB of resident
+  memory an operation (its traced graph about 8, its optimized and instantiated copy about 10, on
+  TensorFlow 2.21). The probe's function of ResNet50 is about 16,000 operations (its two passes
+  most of them), the tapped train step's gradient counts 1,360 (``record/tap/tf_chunks.py``);
+- on JAX, the probe program's compile and its executable (ResNet50: loading it from mpwatch's
+  program cache raised the process' resident memory by 666 MiB, compiling it by about 1.2 GB),
+  and its temporaries (XLA's analysis: 393 MiB, of which its two passes 356 and one pass alone
+  204, as much as the train step's own); the tapped train step's counts under a ``lax.cond``
+  make its program 27% larger, and its compile larger with it (+150 MiB at ResNet50's defaults).
+  On a GPU only the buffers are device memory.
+
+A run's figures move by 20-60 MiB from one process to the next: compare ratios of one run, and
+repeat a close one.
 """
 
 from __future__ import annotations
