@@ -29,6 +29,7 @@ from typing import Any
 import keras
 
 from mpwatch import contract
+from mpwatch.record.probe.needs import CannotRun, check_loss  # noqa: F401  (the parts')
 from mpwatch.record.runtime import backend
 from mpwatch.record.runtime.backend import tf_is_chief  # noqa: F401  (its old home)
 from mpwatch.record.runtime.state import ModelState, state_of
@@ -52,13 +53,6 @@ def before_next_multiple(step: int, every: int) -> int:
 
 #: characters of an exception's message in the one line a failure is said in
 LINE_CHARS = 300
-
-
-class CannotRun(ValueError):
-    """A part that cannot run on this model or fit (a model compiled without a loss, a
-    distributed fit without ``probe_data``): not mpwatch failing but a missing argument. Its
-    message is one line that names the fix; :meth:`RecordingCallback._guard` says it once a run
-    (a warning and a ``notice``), and its traceback goes to the DEBUG log only."""
 
 
 def one_line(error: BaseException) -> str:
@@ -126,23 +120,6 @@ def check_model(model: Any, who: str = "mpwatch", compiled: bool = True) -> None
             f"{who}: the model {model.name!r} is not compiled; call model.compile(optimizer=..., "
             "loss=...) before training"
         )
-
-
-def check_loss(model: Any) -> None:
-    """Raise :class:`CannotRun` naming ``loss_fn=`` where Keras' own ``compute_loss`` has nothing
-    to compute for ``model``: compiled without a loss (keras.io's knowledge-distillation
-    ``Distiller``, whose train_step computes its own), no loss of its own (``add_loss``,
-    regularizers: known after a forward pass) and ``compute_loss`` not overridden. TensorFlow's
-    Keras would raise "No loss to compute"; JAX's returns 0 (every gradient would be zero)."""
-    if getattr(model, "_compile_loss", None) is not None or model.losses:
-        return
-    owner = next((c for c in type(model).__mro__ if "compute_loss" in c.__dict__), object)
-    if not (owner.__module__ or "").startswith("keras."):  # a compute_loss of the user's own
-        return
-    raise CannotRun(
-        f"{type(model).__name__} was compiled without loss= and the probe needs one: pass "
-        "loss_fn=<loss(y_true, y_pred) -> scalar> to MixedPrecisionMonitor or ProbeMonitor"
-    )
 
 
 # --- one writer per log_dir, shared by the callbacks of a run -------------------------------------

@@ -91,9 +91,9 @@ from typing import Any
 import numpy as np
 
 from mpwatch import contract, formats
-from mpwatch.record.callbacks.base import check_loss
 from mpwatch.record.model.inputs import INPUT_COLUMNS, input_rows
 from mpwatch.record.probe import probe_payload, probe_tf, underflow
+from mpwatch.record.probe.needs import check_loss
 from mpwatch.record.probe.twin import PolicyView, model_kind, random_layers, random_layers_off
 from mpwatch.record.runtime.writer import RunWriter
 
