@@ -176,7 +176,7 @@ def test_the_machine_names_the_processor_on_a_cpu():
 def test_a_program_over_several_devices_is_compiled_as_before_and_never_kept(tmp_path):
     code = (
         "import jax, jax.numpy as jnp\n"
-        "from mpwatch.record import program_cache\n"
+        "from mpwatch.record.runtime import program_cache\n"
         "low = jax.jit(lambda a: a * 2).lower(jnp.ones(4))\n"
         "assert jax.device_count() == 2\n"
         "assert program_cache.entry(low, 't') is None and not program_cache.cached(low, 't')\n"

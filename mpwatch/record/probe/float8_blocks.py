@@ -17,7 +17,7 @@ Dense layer, an EinsumDense such as ``abc,cd->abd``) and the bias, if any, is al
 
 Example:
     >>> import numpy as np
-    >>> from mpwatch.record import float8
+    >>> from mpwatch.record.probe import float8
     >>> rng = np.random.default_rng(0)
     >>> x, w = rng.standard_normal((8, 32)), 0.1 * rng.standard_normal((32, 16))
     >>> g = 1e-3 * rng.standard_normal((8, 16))

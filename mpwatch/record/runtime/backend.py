@@ -8,7 +8,7 @@ lives here, so the callbacks ask one place. Nothing here imports TensorFlow unle
 TensorFlow: a JAX machine may not have it.
 
 Example:
-    >>> from mpwatch.record import backend
+    >>> from mpwatch.record.runtime import backend
     >>> backend.name() in backend.SUPPORTED or backend.name() == "torch"
     True
 """
