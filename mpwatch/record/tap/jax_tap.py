@@ -57,6 +57,7 @@ import numpy as np
 from mpwatch.record.runtime.backend import host
 from mpwatch.record.tap import lost_updates, stats, step_decision
 from mpwatch.record.tap.tap_common import (
+    TAP_COUNTS,
     Collected,
     TapBase,
     counts_entries,
@@ -65,9 +66,6 @@ from mpwatch.record.tap.tap_common import (
 )
 
 logger = logging.getLogger("mpwatch")
-
-#: columns of the tap's per-variable table: the gradient counts, then the update counts
-TAP_COUNTS = stats.NUM_COUNTS + lost_updates.NUM_UPDATE_COUNTS
 
 _BUFFERS = (
     "count", "scale", "scale_used", "skipped", "in_max", "in_bad", "ccount", "cstep", "counts",

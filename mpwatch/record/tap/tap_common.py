@@ -12,6 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from mpwatch.record.tap import lost_updates, stats
+
+#: columns of the taps' per-variable table: the gradient counts, then the update counts
+TAP_COUNTS = stats.NUM_COUNTS + lost_updates.NUM_UPDATE_COUNTS
+
 logger = logging.getLogger("mpwatch")
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from mpwatch.record.tap import lost_updates, stats, step_decision
 from mpwatch.record.tap.tap_common import (
+    TAP_COUNTS,
     Collected,
     TapBase,
     counts_entries,
@@ -32,9 +33,6 @@ from mpwatch.record.tap.tap_common import (
 )
 
 logger = logging.getLogger("mpwatch")
-
-#: columns of the tap's per-variable table: the gradient counts, then the update counts
-TAP_COUNTS = stats.NUM_COUNTS + lost_updates.NUM_UPDATE_COUNTS
 
 
 class Tap(TapBase):
