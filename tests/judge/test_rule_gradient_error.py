@@ -135,6 +135,20 @@ CASES = [
         id="a-float32-layer-gets-no-float32-advice",
     ),
     pytest.param(
+        # MobileNetV3Small under mixed_float16 (keras.applications, a real run's probe): a 16-bit
+        # convolution then its float32 BatchNormalization with the larger error: the error enters
+        # after the convolution, whose float32 fix check had measured it does not help
+        _run(
+            [*HEALTHY, grad_row("expand", 0.0519), grad_row("expand_bn", 0.0748),
+             grad_row("t0", 0.002), grad_row("t1", 0.002)],
+            layers=[*_layers("h0", "h1", "h2", "h3", "expand")[:-1],
+                    *_layers("expand_bn", policy="float32", compute="float32")[:-1],
+                    *_layers("t0", "t1")],
+        ),  # fmt: skip
+        [{"layer": "expand", "action": {}, "fix_has": "would not remove it"}],
+        id="a-larger-error-in-the-float32-layer-after-it-gets-no-float32-advice",
+    ),
+    pytest.param(
         make_run(
             probes={30: (model_row(mode="preflight"), [grad_row("dense", 0.3)])}, policy="float32"
         ),  # fmt: skip

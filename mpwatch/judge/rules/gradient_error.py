@@ -48,7 +48,9 @@ keras.layers.Dense(..., dtype="float32", name="embed")  # keep 'embed' in float3
 model = mpwatch.apply_recommendations(model, findings).model
 ```
 A run made only of layers that compute in float32 already gets no float32 action: the error comes
-from the 16-bit layers after them in the backward pass.
+from the 16-bit layers after them in the forward pass, which the backward pass reaches first. Nor
+does a run whose float32 layers after its last 16-bit layer carry a larger error than it (a
+convolution then its BatchNormalization): the error enters the backward pass after that layer.
 
 ## References
 - Micikevicius et al. 2017, Mixed Precision Training: float16 gradients against float32 training,
@@ -174,20 +176,30 @@ def check(run: Run) -> list[Finding]:
         )
         rest = [n for n in block if n != name]
         if rest:
-            evidence += (
-                f"; the layers before it in the backward pass carry the error: "
-                f"{names_list(rest, 4)} (up to {pct(worst)})"
+            evidence += f"; the run's other layers: {names_list(rest, 4)} (up to {pct(worst)})"
+        # float32 layers after it (forward order) whose error is larger: the backward pass
+        # reaches them first, so the error enters after it, and float32 there would not remove it
+        later = [n for n in block[block.index(name) + 1 :] if (errs[n] or 0.0) > err]
+        if sixteen and later:
+            one = len(later) == 1
+            fix = (
+                f"# {names_list(later)} (float32, after {name!r} in the forward pass) "
+                f"{'carries' if one else 'carry'} more of the error than {name!r}: it enters the "
+                f"backward pass after {name!r}, from the 16-bit layers that follow "
+                f"{'it' if one else 'them'}, and keeping {name!r} in float32 would not remove it"
             )
-        if sixteen:
+            action: dict[str, Any] = {}
+            title = f"Gradient of layer {name!r} differs from float32 by {pct(err)}"
+        elif sixteen:
             fix = keep_float32_fix(name, row.get("class"), run)
-            action: dict[str, Any] = {"dtype": "float32"}
+            action = {"dtype": "float32"}
             title = (
                 f"Gradient of layer {name!r} differs from float32 by {pct(err)}: keep it float32"
             )
         else:
             fix = (
                 f"# {names_list(block)} already compute in float32: the error comes from the "
-                "16-bit layers after them in the backward pass"
+                "16-bit layers after them in the forward pass (before them in the backward pass)"
             )
             action = {}
             title = f"Gradient of layer {name!r} differs from float32 by {pct(err)}"
