@@ -39,6 +39,8 @@ _EXPORTS = {
     "Finding": "mpwatch.judge",
     "diagnose": "mpwatch.judge",
     "apply_recommendations": "mpwatch.judge.fixes.apply",
+    "preflight": "mpwatch.launch.check",
+    "Preflight": "mpwatch.launch.check",
 }
 
 __all__ = [
@@ -61,6 +63,8 @@ __all__ = [
     "Finding",
     "diagnose",
     "apply_recommendations",
+    "preflight",
+    "Preflight",
 ]
 assert sorted(__all__[1:]) == sorted(_EXPORTS), "every lazy export is public"
 
@@ -105,6 +109,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from mpwatch.judge import Finding, diagnose
     from mpwatch.judge.fixes.apply import apply_recommendations
+    from mpwatch.launch.check import Preflight, preflight
     from mpwatch.read import Run, load_run, load_runs
     from mpwatch.record.callbacks.gradient_health import GradientHealthMonitor
     from mpwatch.record.callbacks.input_health import InputHealthMonitor

@@ -38,6 +38,12 @@ ALLOWED = {
     "mpwatch.read": (*SHARED, "mpwatch.profile", "mpwatch.read"),
     "mpwatch.judge": (*SHARED, "mpwatch.read", "mpwatch.judge"),
     "mpwatch.show": (*SHARED, "mpwatch.read", "mpwatch.judge", "mpwatch.show"),
+    # the pre-flight records a model under candidate policies, reads and judges those runs and
+    # shows its report: the stage after show (and the command line's entry, mpwatch/__main__)
+    "mpwatch.launch": (
+        *SHARED, "mpwatch.profile", "mpwatch.record", "mpwatch.read", "mpwatch.judge",
+        "mpwatch.show", "mpwatch.launch",
+    ),
     "mpwatch.contract": ("mpwatch.contract",),
     "mpwatch.formats": (),
     "mpwatch.layers": (),
@@ -124,6 +130,7 @@ def test_the_stages_are_packages_of_their_own():
         "mpwatch.contract",
         "mpwatch.formats",
         "mpwatch.judge",
+        "mpwatch.launch",
         "mpwatch.layers",
         "mpwatch.profile",
         "mpwatch.read",
@@ -226,6 +233,7 @@ def test_the_package_root_holds_the_api_the_contract_and_shared_facts():
         "contract",
         "formats.py",
         "judge",
+        "launch",
         "layers.py",
         "profile",
         "read",

@@ -72,6 +72,21 @@ SCHEMA = s._record_schema(
             "library versions",
             required=["mpwatch", "keras", "tensorflow"],
         ),
+        "preflight": s._obj(
+            {
+                "of": s._str("the policy the model was built under"),
+                "float32_layers": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "layers kept in float32 (a change the pre-flight applied)",
+                },
+                "scale": s._num("the probe's loss scale (1 without one)"),
+            },
+            "a pre-flight's candidate (mpwatch.preflight): no fit ran; the model built under "
+            "`of` seen under `policy` on one batch. Absent in a fit's record",
+            nullable=True,
+            required=["of", "float32_layers", "scale"],
+        ),
     },
     [
         "policy",

@@ -2,6 +2,7 @@
 
     mpwatch diagnose LOGDIR [--run NAME] [--format text|markdown|json|html] [-o FILE]
                             [--fail-on warning|error]
+    mpwatch preflight MODEL BATCH [...]    (:mod:`mpwatch.launch.cli`)
 
 Exit codes of ``mpwatch diagnose`` (also in ``mpwatch diagnose --help``), for CI:
 
@@ -33,7 +34,8 @@ import argparse
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
 
 from mpwatch._version import __version__
 
@@ -70,7 +72,12 @@ exit codes:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: a command added by a later stage (the pre-flight): (add its subparser, run it -> exit code)
+Command = tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]
+
+
+def build_parser(commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:
+    """The ``mpwatch`` parser: ``diagnose``, and each of ``commands``' subparsers."""
     parser = argparse.ArgumentParser(
         prog="mpwatch",
         description="Watch Keras mixed-precision training: loss scale, skipped steps, gradient "
@@ -102,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when a finding of this severity or worse is found",
     )
     d.add_argument("--no-color", action="store_true", help="no ANSI colours in text output")
+    for add, _ in (commands or {}).values():
+        add(sub)
     return parser
 
 
@@ -242,9 +251,10 @@ def diagnose_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``mpwatch`` console script; returns the exit code."""
-    parser = build_parser()
+def main(argv: list[str] | None = None, commands: dict[str, Command] | None = None) -> int:
+    """The ``mpwatch`` command line (its console script is :func:`mpwatch.__main__.main`, which
+    adds ``preflight`` through ``commands``); returns the exit code."""
+    parser = build_parser(commands)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help/--version
@@ -254,5 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if args.command == "diagnose":
         return diagnose_command(args)
+    if commands and args.command in commands:
+        return commands[args.command][1](args)
     parser.print_help(sys.stderr)
     return EXIT_USAGE

@@ -44,6 +44,7 @@ ALL_RULES: tuple[ModuleType, ...] = tuple(
         "damaged_logs",
         "recording",
         "budget",
+        "preflight_policy",
     )
 )
 

@@ -105,7 +105,7 @@ def layer_rows(
     model: Any, traced: dict[int, str] | None = None, widths: dict[int, int] | None = None
 ) -> list[list[Any]]:
     """The rows of the layer table (columns :data:`COLUMNS`); ``traced`` and ``widths``: output
-    dtypes and widths noted while the train step was traced (see :class:`_OutputDtypeTracer`)."""
+    dtypes and widths noted while the train step was traced (see :class:`OutputDtypeTracer`)."""
     traced = traced or {}
     outs = output_layers(model)
     graph = graph_columns(model, widths)
@@ -205,7 +205,22 @@ def class_modules(model: Any) -> dict[str, str]:
     return out
 
 
-class _OutputDtypeTracer:
+def layers_payload(
+    model: Any, traced: dict[int, str] | None = None, widths: dict[int, int] | None = None
+) -> dict[str, Any]:
+    """The ``layers`` record's payload for ``model`` as its layers are now (:func:`layer_rows`,
+    each class's module, the constants Keras cast to 16 bits)."""
+    payload = {
+        "layers": contract.table(COLUMNS, layer_rows(model, traced, widths)),
+        "class_modules": class_modules(model),
+    }
+    lost = cast_constants(model)
+    if lost:
+        payload["cast_constants"] = lost
+    return payload
+
+
+class OutputDtypeTracer:
     """Wraps the ``call`` of every leaf layer (instance attribute) to note the dtype of what it
     returns while the train step is traced; undone after the first batch."""
 
@@ -282,21 +297,14 @@ class LayerDtypeMonitor(RecordingCallback):
 
     def __init__(self, log_dir: Any, log_every: int = 50) -> None:
         super().__init__(log_dir, log_every)
-        self._tracer: _OutputDtypeTracer | None = None
+        self._tracer: OutputDtypeTracer | None = None
         self._last: Any = None
         self._first = False
 
     def table(
         self, traced: dict[int, str] | None = None, widths: dict[int, int] | None = None
     ) -> dict[str, Any]:
-        payload = {
-            "layers": contract.table(COLUMNS, layer_rows(self.model, traced, widths)),
-            "class_modules": class_modules(self.model),
-        }
-        lost = cast_constants(self.model)
-        if lost:
-            payload["cast_constants"] = lost
-        return payload
+        return layers_payload(self.model, traced, widths)
 
     def _begin(self) -> None:
         self._last = getattr(self.state, "layers_payload", None)
@@ -307,7 +315,7 @@ class LayerDtypeMonitor(RecordingCallback):
     def _batch_begin(self, batch: int) -> None:
         if self._first:
             self._first = False
-            self._tracer = _OutputDtypeTracer(self.model)
+            self._tracer = OutputDtypeTracer(self.model)
 
     def _batch_end(self, got: Any, logs: dict[str, Any]) -> None:
         if self._tracer is not None:

@@ -8,23 +8,8 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.record.callbacks.base import RecordingCallback
+from mpwatch.record.runtime.run_info import no_loss_scale_reason
 from mpwatch.record.tap.tap_common import loss_scale_optimizer
-
-
-def no_loss_scale_reason(model: Any) -> str:
-    """Why a model trains without a loss scale (for the notice and run_info)."""
-    policy = getattr(getattr(model, "dtype_policy", None), "name", None) or "float32"
-    if "bfloat16" in policy:
-        return (
-            f"policy {policy}: bfloat16 has float32's exponent range, so gradients do not "
-            "underflow and Keras uses no loss scale"
-        )
-    if "float16" in policy:
-        return (
-            f"policy {policy} but the optimizer is not a LossScaleOptimizer (compiled with "
-            "auto_scale_loss=False?): float16 gradients are not scaled and may underflow"
-        )
-    return f"policy {policy}: float32 training has no loss scale"
 
 
 class LossScaleMonitor(RecordingCallback):

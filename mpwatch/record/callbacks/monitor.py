@@ -11,22 +11,20 @@ from typing import Any
 import keras
 
 from mpwatch import contract
-from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
 from mpwatch.record.callbacks import base
 from mpwatch.record.callbacks.base import RecordingCallback
 from mpwatch.record.callbacks.gradient_health import GradientHealthMonitor
 from mpwatch.record.callbacks.input_health import InputHealthMonitor
 from mpwatch.record.callbacks.layer_dtypes import LayerDtypeMonitor
-from mpwatch.record.callbacks.loss_scale import LossScaleMonitor, no_loss_scale_reason
+from mpwatch.record.callbacks.loss_scale import LossScaleMonitor
 from mpwatch.record.callbacks.probe_monitor import ProbeMonitor
 from mpwatch.record.callbacks.profile_capture import DEFAULT_STEPS, ProfileMonitor
 from mpwatch.record.callbacks.step_time import StepTimeMonitor
 from mpwatch.record.callbacks.train_step import TrainStepMonitor
-from mpwatch.record.probe.twin import model_kind
 from mpwatch.record.runtime import backend
 from mpwatch.record.runtime.budget import CostBudget, check_budget, default_budget
+from mpwatch.record.runtime.run_info import run_info
 from mpwatch.record.tap.jax_programs import note_missed
-from mpwatch.record.tap.tap_common import loss_scale_optimizer
 
 logger = logging.getLogger("mpwatch")
 
@@ -496,53 +494,13 @@ class MixedPrecisionMonitor(RecordingCallback):
 
     # --- own records -----------------------------------------------------------------------------
     def run_info(self) -> dict[str, Any]:
-        model = self.model
-        policy = model.dtype_policy
-        lso = loss_scale_optimizer(model.optimizer)
-        if lso is not None:
-            ls = {
-                "kind": "dynamic",
-                "reason": None,
-                "initial": float(getattr(lso, "initial_scale", KERAS_INITIAL_SCALE)),
-                "growth_interval": int(getattr(lso, "dynamic_growth_steps", KERAS_GROWTH_INTERVAL)),
-            }
-            opt_name = f"LossScaleOptimizer({type(lso.inner_optimizer).__name__})"
-        else:
-            ls = {
-                "kind": "none",
-                "reason": no_loss_scale_reason(model),
-                "initial": None,
-                "growth_interval": None,
-            }
-            opt_name = type(model.optimizer).__name__
-        strategy, replicas = backend.strategy_facts(model)
-        try:
-            params = int(model.count_params()) if model.built else 0
-        except Exception:  # noqa: BLE001
-            params = 0
-        return {
-            "policy": policy.name,
-            "compute_dtype": policy.compute_dtype,
-            "variable_dtype": policy.variable_dtype,
-            "loss_scale": ls,
-            "model": {
-                "name": model.name,
-                "class": type(model).__name__,
-                "kind": model_kind(model),
-                "params": params,
-            },
-            "optimizer": opt_name,
-            "backend": backend.name(),
-            "strategy": strategy,
-            "num_replicas": replicas,
-            "steps_per_execution": int(getattr(model, "steps_per_execution", 1) or 1),
-            "batch_size": (self.params or {}).get("batch_size"),
-            "log_every": self.log_every,
-            "chief": backend.is_chief(model),
-            "start": dict(self.state.start) if self.state is not None else None,
-            "device": backend.device_info(),
-            "versions": backend.versions(),
-        }
+        """The ``run_info`` record's payload (:func:`mpwatch.record.runtime.run_info.run_info`)."""
+        return run_info(
+            self.model,
+            batch_size=(self.params or {}).get("batch_size"),
+            log_every=self.log_every,
+            start=dict(self.state.start) if self.state is not None else None,
+        )
 
     def _begin(self) -> None:
         self._loss_steps: list[int] = []

@@ -102,16 +102,25 @@ class PolicyView:
         'float16'
     """
 
-    def __init__(self, model: Any, policy: str, only: set[str] | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        policy: str,
+        only: set[str] | None = None,
+        sources: tuple[str, ...] | None = None,
+    ) -> None:
         """``only``: switch just the layers of these names *and every layer under them* (a fix
         kept to a few layers). Keras gives a layer's dtype to none of the layers it holds: a
         container switched alone would compute in float32 around sublayers still in 16 bits
         (TensorFlow then fails to add their outputs), so keeping a container in float32 is
         keeping all of it, as the advice's code does
-        (:func:`mpwatch.judge.fixes.containers.container_float32_fix`)."""
+        (:func:`mpwatch.judge.fixes.containers.container_float32_fix`). ``sources``: the
+        policies switched (default :func:`sources_for` the target; a pre-flight of a
+        ``mixed_float16`` model under ``mixed_bfloat16`` switches ``mixed_float16`` only, so
+        the layers pinned to float32 stay so)."""
         self.model = model
         self.policy = policy
-        sources = sources_for(policy)
+        sources = sources if sources is not None else sources_for(policy)
         candidates = [model] + [layer for layer, _, _ in walk(model)]
         if only is not None:
             named = [layer for layer in candidates if layer.name in only]

@@ -1,0 +1,223 @@
+"""One candidate policy of a pre-flight, recorded as a run: the model seen under the policy.
+
+:func:`record_candidate` switches the model's own layers to the candidate policy for as long as it
+records (:class:`mpwatch.record.probe.twin.PolicyView`: the same layers and variables, nothing
+copied; the layers the model pinned to another policy keep it) and writes, into the candidate's
+own run folder, what a fit's first step would record:
+
+- ``run_info``: the candidate policy, and the loss scale Keras would start with under it (a
+  ``LossScaleOptimizer`` at ``2**15`` under ``mixed_float16`` where the model's optimizer is not
+  one already; its own ``initial_scale`` where it is);
+- ``layers`` and ``memory``: each layer's dtypes as one forward pass in inference mode computes
+  them under the candidate (output dtypes included), and the training memory by dtype;
+- ``train_step``: the train step's contract as it can be known before a step (who defines
+  ``train_step``, every optimizer);
+- ``probe`` at step 1: the probe (:class:`mpwatch.record.probe.probe.Probe`) on the batch at the
+  scale Keras would start with: forward and backward against the float32 reference, the layers
+  that overflow and the smallest float32 set that the probe's fix checks found to fix them, the
+  scale sweep (each power of two's predicted underflow and overflow, and the scale that fits),
+  float8 readiness; under ``mixed_float16``, where the sweep's scale is another, ``probe`` at
+  step 2 at that scale (the diagnosis reads the latest probe: the layers that overflow at a scale
+  that fits the gradients, and the float32 set checked there).
+
+With ``float32_layers`` and ``scale`` it records the candidate *with a change applied*: those
+layers (and every layer under them) switched to float32 inside the candidate's view, the probe at
+that scale. The pre-flight records its recommendation so and judges that run: the change is
+measured on the batch, not assumed.
+
+Example:
+    >>> import keras, numpy as np  # doctest: +SKIP
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])  # doctest: +SKIP
+    >>> model.compile("adam", "mse")  # doctest: +SKIP
+    >>> batch = (np.ones((16, 8), "float32"), np.ones((16, 4), "float32"))  # doctest: +SKIP
+    >>> rec = record_candidate(model, batch, "mixed_float16", "pre/f16")  # doctest: +SKIP
+    >>> rec.probed, rec.scale  # doctest: +SKIP
+    (True, 32768.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpwatch import contract
+from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
+from mpwatch.launch import CANDIDATES
+from mpwatch.record.callbacks.layer_dtypes import OutputDtypeTracer, layers_payload
+from mpwatch.record.callbacks.train_step import train_step_facts
+from mpwatch.record.model import memory
+from mpwatch.record.probe.probe import Probe, batch_size_of, split_data
+from mpwatch.record.probe.twin import MIXED_POLICIES, PolicyView
+from mpwatch.record.runtime.run_info import no_loss_scale_reason, run_info
+from mpwatch.record.runtime.writer import RunWriter
+from mpwatch.record.tap.tap_common import loss_scale_optimizer
+
+logger = logging.getLogger("mpwatch")
+
+__all__ = ["CANDIDATES", "CandidateRecord", "candidate_view", "record_candidate"]
+
+
+@dataclass
+class CandidateRecord:
+    """What :func:`record_candidate` wrote for one policy.
+
+    Attributes:
+        policy: the candidate policy.
+        run_dir: the run folder it wrote.
+        scale: the probe's loss scale (Keras' start, or the change's; 1 under bfloat16).
+        float32_layers: the layers kept in float32 (a change applied), else empty.
+        probed: whether the probe ran (else ``error`` says why).
+        fitting_scale: the scale the first probe's sweep says fits, probed at step 2 where it
+            is not the first probe's (float16 without a change applied), else None.
+        error: why the probe could not run, or None.
+    """
+
+    policy: str
+    run_dir: str
+    scale: float = 1.0
+    float32_layers: list[str] = field(default_factory=list)
+    probed: bool = False
+    fitting_scale: float | None = None
+    error: str | None = None
+
+
+def own_policy(model: Any) -> str:
+    """The policy the model was built under (its own ``dtype_policy``)."""
+    return str(getattr(getattr(model, "dtype_policy", None), "name", None) or "float32")
+
+
+def candidate_view(model: Any, policy: str) -> PolicyView | None:
+    """The view that shows ``model`` under ``policy``: its layers of the model's own policy
+    switched (a float32 model: every float32 layer; a mixed model: its mixed layers, those pinned
+    to float32 stay), or None where the model already is under ``policy``."""
+    own = own_policy(model)
+    if own == policy:
+        return None
+    sources = ("float32",) if own == "float32" else tuple(p for p in MIXED_POLICIES if p == own)
+    return PolicyView(model, policy, sources=sources or (own,))
+
+
+def _loss_scale(model: Any, policy: str) -> tuple[dict[str, Any], str, float]:
+    """(run_info's loss-scale facts, the optimizer's name, the first probe's scale) as Keras
+    would compile ``model`` under ``policy``: under ``mixed_float16`` it wraps a plain optimizer
+    in a LossScaleOptimizer at ``2**15``; another policy scales nothing."""
+    opt = getattr(model, "optimizer", None)
+    lso = loss_scale_optimizer(opt)
+    inner = type(lso.inner_optimizer if lso is not None else opt).__name__
+    if policy == "mixed_float16":
+        initial = float(getattr(lso, "initial_scale", KERAS_INITIAL_SCALE) or KERAS_INITIAL_SCALE)
+        growth = int(getattr(lso, "dynamic_growth_steps", KERAS_GROWTH_INTERVAL))
+        facts = {"kind": "dynamic", "reason": None, "initial": initial, "growth_interval": growth}
+        return facts, f"LossScaleOptimizer({inner})", initial
+    facts = {"kind": "none", "reason": no_loss_scale_reason(model), "initial": None,
+             "growth_interval": None}  # fmt: skip
+    return facts, inner, 1.0
+
+
+def _train_step(model: Any, policy: str, scale: float) -> dict[str, Any]:
+    """The ``train_step`` record as Keras would compile the model under ``policy``: the compiled
+    optimizer wrapped under ``mixed_float16`` (no optimizer has stepped)."""
+    facts = train_step_facts(model)
+    for opt in facts["optimizers"]:
+        if opt["compiled"] and policy == "mixed_float16" and not opt["loss_scaled"]:
+            opt["class"] = f"LossScaleOptimizer({opt['class']})"
+            opt["loss_scaled"] = True
+            opt["loss_scale"] = opt["loss_scale_start"] = scale
+    return facts
+
+
+def _forward_facts(model: Any, x: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the ``layers`` payload, the ``memory`` payload or None) from one forward pass in
+    inference mode under the policy now in force (each leaf layer's output dtype and shape)."""
+    tracer = OutputDtypeTracer(model)
+    try:
+        model(x, training=False)
+    finally:
+        tracer.undo()
+    payload = layers_payload(model, tracer.dtypes, tracer.widths)
+    mem = None
+    try:
+        outputs, batch = memory.layer_outputs(tracer.shapes)
+        mem = memory.memory_payload(model, outputs, batch)
+    except Exception as e:  # noqa: BLE001  (a fact that could not be counted: no record)
+        logger.debug("mpwatch: pre-flight: no memory record: %r", e)
+    return payload, mem
+
+
+def record_candidate(
+    model: Any,
+    data: Any,
+    policy: str,
+    run_dir: str,
+    loss_fn: Any = None,
+    float32_layers: list[str] | tuple[str, ...] = (),
+    scale: float | None = None,
+) -> CandidateRecord:
+    """Record ``policy``'s run for ``model`` on ``data``'s batch into ``run_dir`` (see the module
+    doc), with ``float32_layers`` kept in float32 and the probe at ``scale`` when given. The
+    model's layers are back under their own policies when it returns (also on error); its
+    weights, optimizer and state are not changed (the probe restores BatchNormalization's
+    statistics and the loss trackers)."""
+    if policy not in CANDIDATES:
+        raise ValueError(f"mpwatch: a pre-flight policy is one of {CANDIDATES}, not {policy!r}")
+    x, y, sw = split_data(data)
+    rec = CandidateRecord(policy, run_dir, float32_layers=list(float32_layers))
+    own = own_policy(model)
+    view = candidate_view(model, policy)
+    writer = RunWriter(run_dir)
+    try:
+        with contextlib.ExitStack() as stack:
+            if view is not None:
+                stack.enter_context(view)
+            if float32_layers:  # (a view's layers are those under its sources when it is made)
+                stack.enter_context(PolicyView(model, "float32", only=set(float32_layers)))
+            facts, opt_name, start = _loss_scale(model, policy)
+            rec.scale = float(scale) if scale is not None and policy == "mixed_float16" else start
+            if facts["kind"] == "dynamic":
+                facts["initial"] = rec.scale
+            info = run_info(
+                model, batch_size=batch_size_of(x), log_every=1, loss_scale=facts,
+                optimizer=opt_name,
+            )  # fmt: skip
+            info["preflight"] = {"of": own, "float32_layers": list(float32_layers),
+                                 "scale": rec.scale}  # fmt: skip
+            writer.record(contract.KIND_RUN_INFO, 0, info)
+            layers, mem = _forward_facts(model, x)
+            writer.record(contract.KIND_LAYERS, 0, layers)
+            if mem is not None:
+                writer.record(contract.KIND_MEMORY, 0, mem)
+            writer.record(contract.KIND_TRAIN_STEP, 0, _train_step(model, policy, rec.scale))
+            _probe(model, (x, y, sw), policy, writer, rec, loss_fn)
+    finally:
+        writer.close()
+    return rec
+
+
+def _probe(
+    model: Any, batch: tuple, policy: str, writer: RunWriter, rec: CandidateRecord,
+    loss_fn: Any,
+) -> None:  # fmt: skip
+    """The candidate's probe at step 1, under its view (a probe that cannot run: ``error``)."""
+    mode = "float16" if policy == "mixed_float16" else "bfloat16"
+    probe = Probe(model, loss_fn=loss_fn, mode=mode)
+    try:
+        payload = probe.run(batch, scale=rec.scale)
+    except Exception as e:  # noqa: BLE001  (said in the report: the probe could not run)
+        from mpwatch.record.callbacks.base import one_line
+
+        rec.error = one_line(e)
+        logger.debug("mpwatch: pre-flight: the probe failed under %s", policy, exc_info=e)
+        return
+    Probe.write(writer, 1, payload)
+    rec.probed = True
+    fits = payload.get("recommended_scale")
+    if mode == "float16" and not rec.float32_layers and _number(fits) and fits != rec.scale:
+        rec.fitting_scale = float(fits)
+        Probe.write(writer, 2, probe.run(batch, scale=rec.fitting_scale))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -1,0 +1,208 @@
+"""A pre-flight candidate's verdict, from its run's diagnosis: what training under it will do.
+
+Pure: a candidate's :class:`~mpwatch.read.run.Run` and its findings in, a :class:`Verdict` out.
+
+- **Problems**: the findings of warning or error about the numbers (every rule except those
+  about speed and the device, which are the "worth it" question: ``SPEED_RULES``).
+- **The change**: one :class:`~mpwatch.judge.fixes.fix.Fix`, the candidate policy with every
+  problem's layers to keep in float32 and its loss scale, read exactly as
+  :func:`mpwatch.apply_recommendations` reads the same findings (``float32_layers``,
+  ``loss_scale_advice``). Problems whose fix is code the model cannot be given by a policy (the
+  inputs or target to normalize, a custom ``train_step``) are ``code_changes``.
+- **Checked**: the pre-flight records the candidate again with the change applied and judges that
+  run too (``checked``): the change's problems gone there is measured, not assumed.
+- **Predictions**, from the first probe (at the scale Keras would start with), each a statement a
+  short fit can check: ``skips`` (the first steps' gradients or activations are not finite: Keras
+  skips them and halves the scale), ``stuck`` (a layer's forward pass overflows float16 at any
+  scale: every step is skipped and the scale falls to its floor), ``underflow`` (the share of
+  gradient elements float16 loses at that scale).
+
+Example:
+    >>> from mpwatch.read import Run
+    >>> v = judge_candidate("mixed_float16", Run(name="mixed_float16", path=""), [])
+    >>> v.verdict
+    'not measured'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpwatch.judge.finding import Finding
+from mpwatch.judge.fixes.apply import float32_layers, loss_scale_advice
+from mpwatch.judge.fixes.fix import Fix
+from mpwatch.read.run import Run
+
+__all__ = ["SPEED_RULES", "Verdict", "judge_candidate", "READY", "READY_WITH_CHANGE",
+           "NOT_READY", "NOT_MEASURED"]  # fmt: skip
+
+#: rules about speed, the device or the record itself: the "worth it" question, not the numbers
+SPEED_RULES = frozenset(
+    {"no-tensor-cores", "tensor-core-use", "tensor-core-alignment", "mixed-vs-float32", "profile",
+     "float8-readiness", "try-mixed-precision", "preflight-policy", "budget", "float32-inside"}
+)  # fmt: skip
+#: problems whose fix is the user's code, never a policy (the probe's fix checks measure them)
+CODE_RULES = frozenset({"input-range", "target-range", "train-step", "id-rounding"})
+
+READY, READY_WITH_CHANGE = "ready", "ready with the change"
+NOT_READY, NOT_MEASURED = "not ready", "not measured"
+
+
+@dataclass
+class Verdict:
+    """One candidate policy's verdict.
+
+    Attributes:
+        policy: the candidate.
+        run: its run's path.
+        verdict: :data:`READY`, :data:`READY_WITH_CHANGE`, :data:`NOT_READY` or
+            :data:`NOT_MEASURED`.
+        reason: the verdict in words.
+        findings: its run's findings (most severe first).
+        problems: the findings about the numbers, of warning or error.
+        code_changes: the problems whose fix is code (normalize the inputs, ...).
+        fix: the change: the policy, the layers to keep in float32, the loss scale.
+        checked: the verdict of the candidate recorded again with ``fix`` applied, or None.
+        predictions: what a fit under the candidate as it is will show (see the module doc).
+    """
+
+    policy: str
+    run: str
+    verdict: str
+    reason: str
+    findings: list[Finding] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
+    code_changes: list[Finding] = field(default_factory=list)
+    fix: Fix = field(default_factory=Fix)
+    checked: Verdict | None = None
+    predictions: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def changes_model(self) -> bool:
+        """Whether the change keeps layers in float32 or sets a loss scale."""
+        return bool(self.fix.float32_layers or self.fix.loss_scale)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
+        return {
+            "policy": self.policy,
+            "run": self.run,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "predictions": dict(self.predictions),
+            "fix": self.fix.action(),
+            "problems": [f.to_dict() for f in self.problems],
+            "code_changes": [f.rule for f in self.code_changes],
+            "checked": self.checked.to_dict() if self.checked is not None else None,
+        }
+
+
+def problems_of(findings: list[Finding]) -> list[Finding]:
+    """The findings about the numbers, of warning or error."""
+    return [f for f in findings if f.at_least("warning") and f.rule not in SPEED_RULES]
+
+
+def change_of(policy: str, problems: list[Finding]) -> Fix:
+    """The one change for ``problems`` under ``policy`` (see the module doc)."""
+    scale, growth = loss_scale_advice(problems)
+    return Fix(
+        float32_layers=tuple(float32_layers(problems)),
+        policy=policy,
+        loss_scale=scale if policy == "mixed_float16" else None,
+        dynamic_growth_steps=growth if policy == "mixed_float16" else None,
+    )
+
+
+def _checked_code_change(f: Finding) -> bool:
+    """A code change the probe's fix checks measured as making the pass finite."""
+    checks = (f.data or {}).get("fix_checks") or []
+    return f.rule in CODE_RULES and any(
+        isinstance(c, dict) and c.get("finite") and c.get("fix") != "none" for c in checks
+    )
+
+
+def predictions(run: Run) -> dict[str, Any]:
+    """What the first probe (Keras' start) says a fit will show (see the module doc)."""
+    pm = run.probe_model
+    if not len(pm) or "step" not in pm:
+        return {}
+    row = pm.sort_values("step", kind="stable").iloc[0].to_dict()
+    scale = _num(row.get("loss_scale")) or 1.0
+    first = row.get("first_nonfinite_layer")
+    first = str(first) if isinstance(first, str) and first else None
+    over = None
+    sweep = run.sweeps
+    if len(sweep) and {"step", "scale", "predicted_overflow_fraction"} <= set(sweep.columns):
+        at = sweep[(sweep["step"] == row["step"]) & (sweep["scale"] == scale)]
+        if len(at):
+            over = float(at["predicted_overflow_fraction"].iloc[0])
+    nonfinite = int(_num(row.get("nonfinite")) or 0)
+    forward = first is not None and first not in ("gradients", "loss")
+    return {
+        "scale": scale,
+        "skips": bool(nonfinite > 0 or (over or 0.0) > 0.0),
+        "stuck": bool(forward),
+        "first_nonfinite_layer": first,
+        "predicted_overflow_fraction": over,
+        "underflow_fraction": _num(row.get("underflow_fraction")),
+        "loss": _num(row.get("loss")),
+        "reference_loss": _num(row.get("ref_loss")),
+    }
+
+
+def _num(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def judge_candidate(
+    policy: str, run: Run, findings: list[Finding], checked: Verdict | None = None
+) -> Verdict:
+    """The verdict of ``policy`` from its run and findings (``checked``: the verdict of the run
+    with the change applied, when one was recorded)."""
+    problems = problems_of(findings)
+    code = [f for f in problems if f.rule in CODE_RULES]
+    fix = change_of(policy, problems)
+    v = Verdict(policy, run.path, NOT_MEASURED, "", findings, problems, code, fix, checked,
+                predictions(run))  # fmt: skip
+    if run.latest_probe(reliable_only=False) is None:
+        said = [f.title for f in findings if f.rule == "recording"]
+        v.reason = "the probe could not run" + (f": {said[0]}" if said else "")
+        return v
+    if not problems:
+        v.verdict, v.reason = READY, "no problem with the numbers on this batch"
+        return v
+    left = problems if checked is None else checked.problems
+    unchecked = [f for f in left if not _checked_code_change(f)]
+    if (checked is not None or not v.changes_model) and not unchecked:
+        v.verdict = READY_WITH_CHANGE
+        v.reason = _change_words(v, checked)
+        return v
+    v.verdict = NOT_READY
+    names = ", ".join(dict.fromkeys(f"{f.rule}" + (f" ({f.layer})" if f.layer else "")
+                                    for f in unchecked))  # fmt: skip
+    v.reason = (
+        f"with the change applied, still: {names}" if checked is not None
+        else f"no checked change for: {names}"
+    )  # fmt: skip
+    return v
+
+
+def _change_words(v: Verdict, checked: Verdict | None) -> str:
+    parts = []
+    if v.fix.float32_layers:
+        parts.append("keep " + ", ".join(repr(n) for n in v.fix.float32_layers) + " in float32")
+    if v.fix.loss_scale:
+        parts.append(f"start the loss scale at {v.fix.loss_scale:g}")
+    parts += [f"{f.rule}: {f.title}" for f in v.code_changes]
+    how = (
+        "recorded again with the change, its problems are gone"
+        if checked is not None
+        else "the probe's fix checks measured the code change on the batch"
+    )
+    return "; ".join(parts) + f" ({how})"

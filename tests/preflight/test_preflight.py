@@ -1,0 +1,192 @@
+"""The pre-flight (issue 53) against what training then does, on models of ``examples/
+real_models.py`` built under float32: its predictions checked by short fits under the candidate
+(the optimizer's own iterations and scale, numpy's underflow count of the train step's own
+gradients), its recommendation applied with ``apply_recommendations`` and trained (the problem
+gone), the printed code naming what is applied, and the model left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from repo_scripts import load_script
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+import mpwatch  # noqa: E402
+from mpwatch.judge.fixes.fix import printed_layers  # noqa: E402
+from mpwatch.launch.report import recommendation_code  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def rm():
+    return load_script("examples/real_models.py")
+
+
+@pytest.fixture(scope="module")
+def flown(rm, tmp_path_factory):
+    """name -> (float32 model, batch, weights before, report): each pre-flown once."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            keras.backend.clear_session()
+            model, x, y = rm.build(name, policy="float32")
+            bs = rm.BATCH_SIZES[name]
+            batch = (x[:bs], y[:bs])
+            before = [w.copy() for w in model.get_weights()]
+            logdir = str(tmp_path_factory.mktemp(f"pre_{name}"))
+            cache[name] = (model, batch, before, mpwatch.preflight(model, batch, log_dir=logdir))
+        return cache[name]
+
+    return get
+
+
+def _fit(model, batch, steps=4):
+    x, y = batch
+    idx = np.arange(steps * len(x)) % len(x)
+    history = model.fit(x[idx], y[idx], batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    return history.history["loss"][-1]
+
+
+def _under(policy, rm, name, model):
+    """The same network built under ``policy`` with the float32 model's weights."""
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        other, _, _ = rm.SCENARIOS[name]()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    other.set_weights(model.get_weights())
+    return other
+
+
+def test_the_model_is_left_as_it_was(flown):
+    model, _, before, report = flown("logsumexp")
+    assert {ly.dtype_policy.name for ly in model.layers} == {"float32"}
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert report.log_dir and {c.policy for c in report.candidates} == {
+        "mixed_float16", "mixed_bfloat16",
+    }  # fmt: skip
+
+
+def test_a_forward_overflow_predicted_stuck_and_a_fit_skips_every_step(rm, flown):
+    model, batch, _, report = flown("logsumexp")
+    f16 = next(c for c in report.candidates if c.policy == "mixed_float16")
+    assert f16.predictions["stuck"] is True
+    assert f16.predictions["first_nonfinite_layer"] == "logsumexp_pool"
+    # truth: the layer's float16 output is not finite on the batch, its float32 output is
+    mixed = _under("mixed_float16", rm, "logsumexp", model)
+    tap = keras.Model(mixed.inputs[0], mixed.get_layer("logsumexp_pool").output)
+    assert not np.isfinite(np.asarray(tap(batch[0]), np.float32)).all()
+    ref = keras.Model(model.inputs[0], model.get_layer("logsumexp_pool").output)
+    assert np.isfinite(np.asarray(ref(batch[0]))).all()
+    # truth: a short fit under mixed_float16 skips every step and lowers the scale
+    mixed.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    _fit(mixed, batch, steps=5)
+    assert int(mixed.optimizer.iterations.numpy()) == 0
+    assert float(mixed.optimizer.dynamic_scale.numpy()) == 2.0**10  # 2^15 halved 5 times
+
+
+def test_the_recommendation_applied_trains_and_its_problem_is_gone(rm, flown):
+    model, batch, _, report = flown("logsumexp")
+    assert report.recommended == "mixed_bfloat16"
+    chosen = report.chosen
+    assert chosen.verdict == "ready with the change"
+    assert chosen.fix.float32_layers == ("output",)
+    assert chosen.checked is not None and chosen.checked.problems == []
+    # the code printed is the change applied
+    code = recommendation_code(report)
+    assert printed_layers(code) == list(chosen.fix.float32_layers)
+    assert 'set_global_policy("mixed_bfloat16")' in code
+    fixed = mpwatch.apply_recommendations(model, report.findings)
+    assert fixed.policy == "mixed_bfloat16" and fixed.layers == ["output"]
+    out = fixed.model(batch[0])
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"  # the output-16bit problem
+    loss = _fit(fixed.model, batch, steps=4)
+    assert np.isfinite(loss)
+    assert int(fixed.model.optimizer.iterations.numpy()) == 4
+    # the same model as built under the policy outputs bfloat16 (the problem was real)
+    as_built = _under("mixed_bfloat16", rm, "logsumexp", model)
+    # (the scenario pins its output to float32: the pre-flight of a float32 model cannot know a
+    # pin, and says so by keeping it float32 itself)
+    assert keras.backend.standardize_dtype(as_built(batch[0]).dtype) == "float32"
+
+
+def test_predicted_underflow_is_the_train_steps_own(rm, flown):
+    model, batch, _, report = flown("sigmoid_mlp")
+    f16 = next(c for c in report.candidates if c.policy == "mixed_float16")
+    scale = f16.predictions["scale"]
+    assert scale == 2.0**15
+    mixed = _under("mixed_float16", rm, "sigmoid_mlp", model)
+    x, y = batch
+    with rm.policy_scope("mixed_float16"):
+        grads, _ = rm.train_mode_gradients(mixed, x, y, scale)
+    ref, _ = rm.train_mode_gradients(model, x, y, 1.0)
+    truth = rm.underflow_fraction(grads, ref)
+    assert truth > 0.05
+    assert f16.predictions["underflow_fraction"] == pytest.approx(truth, abs=0.01)
+    assert f16.verdict != "ready"
+    assert any(f.rule == "gradient-underflow" for f in f16.problems)
+
+
+def test_every_format(flown):
+    _, _, _, report = flown("logsumexp")
+    data = json.loads(report.render("json"))
+    assert data["recommended"] == "mixed_bfloat16"
+    assert data["fix"] == {"dtype": "float32", "policy": "mixed_bfloat16"} or data["fix"].get(
+        "policy"
+    ) == "mixed_bfloat16"
+    assert [c["policy"] for c in data["candidates"]] == ["mixed_float16", "mixed_bfloat16"]
+    text = report.render("text")
+    assert "Recommendation: mixed_bfloat16" in text and "Unchecked" in text
+    md = report.render("markdown")
+    assert md.startswith("# mpwatch pre-flight") and "```python" in md
+    page = report.render("html")
+    assert page.startswith("<!doctype html>") and "mixed_bfloat16" in page
+    with pytest.raises(ValueError, match="one of"):
+        report.render("pdf")
+    # the candidates' runs are runs like a fit's: the CLI's diagnosis reads them
+    findings = mpwatch.diagnose(report.log_dir)
+    assert any(f.rule == "preflight-policy" for f in findings)
+
+
+def test_bad_arguments_are_clear_errors():
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    batch = (np.ones((4, 3), "float32"), np.ones((4, 2), "float32"))
+    with pytest.raises(ValueError, match="not compiled"):
+        mpwatch.preflight(m, batch)
+    m.compile("adam", "mse")
+    with pytest.raises(ValueError, match="policies must be"):
+        mpwatch.preflight(m, batch, policies=("float16",))
+    with pytest.raises(TypeError, match="keras.Model"):
+        mpwatch.preflight("model.keras", batch)
+
+
+def test_the_command_line(tmp_path):
+    from mpwatch.__main__ import main
+
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(4)])  # fmt: skip
+    m.compile("adam", "mse")
+    m.save(tmp_path / "m.keras")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "b.npz", x=rng.normal(size=(16, 8)).astype("float32"),
+             y=rng.normal(size=(16, 4)).astype("float32"))  # fmt: skip
+    out = tmp_path / "r.json"
+    args = ["preflight", str(tmp_path / "m.keras"), str(tmp_path / "b.npz")]
+    code = main([*args, "--format", "json", "-o", str(out), "--log-dir", str(tmp_path / "runs")])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["recommended"] in ("mixed_float16", "mixed_bfloat16")
+    assert (tmp_path / "runs" / "mixed_float16").is_dir()
+    assert main([*args[:2], str(tmp_path / "missing.npz")]) == 2
+    np.savez(tmp_path / "one.npz", a=np.ones(3))
+    assert main([*args[:2], str(tmp_path / "one.npz")]) == 2
+    assert main([*args, "--policies", "float16"]) == 2
