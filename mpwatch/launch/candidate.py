@@ -185,11 +185,15 @@ def record_candidate(
             info["preflight"] = {"of": own, "float32_layers": list(float32_layers),
                                  "scale": rec.scale}  # fmt: skip
             writer.record(contract.KIND_RUN_INFO, 0, info)
-            layers, mem = _forward_facts(model, x)
+            writer.record(contract.KIND_TRAIN_STEP, 0, _train_step(model, policy, rec.scale))
+            try:
+                layers, mem = _forward_facts(model, x)
+            except Exception as e:  # noqa: BLE001  (a model without a forward pass of its own)
+                _failed(rec, "the model's forward pass failed", e)
+                return rec
             writer.record(contract.KIND_LAYERS, 0, layers)
             if mem is not None:
                 writer.record(contract.KIND_MEMORY, 0, mem)
-            writer.record(contract.KIND_TRAIN_STEP, 0, _train_step(model, policy, rec.scale))
             _probe(model, (x, y, sw), policy, writer, rec, loss_fn)
     finally:
         writer.close()
@@ -206,10 +210,7 @@ def _probe(
     try:
         payload = probe.run(batch, scale=rec.scale)
     except Exception as e:  # noqa: BLE001  (said in the report: the probe could not run)
-        from mpwatch.record.callbacks.base import one_line
-
-        rec.error = one_line(e)
-        logger.debug("mpwatch: pre-flight: the probe failed under %s", policy, exc_info=e)
+        _failed(rec, "the probe could not run", e)
         return
     Probe.write(writer, 1, payload)
     rec.probed = True
@@ -217,6 +218,14 @@ def _probe(
     if mode == "float16" and not rec.float32_layers and _number(fits) and fits != rec.scale:
         rec.fitting_scale = float(fits)
         Probe.write(writer, 2, probe.run(batch, scale=rec.fitting_scale))
+
+
+def _failed(rec: CandidateRecord, what: str, error: Exception) -> None:
+    """``rec.error`` in one line (the traceback at debug level)."""
+    from mpwatch.record.callbacks.base import one_line
+
+    rec.error = f"{what} under {rec.policy}: {one_line(error)}"
+    logger.debug("mpwatch: pre-flight: %s", rec.error, exc_info=error)
 
 
 def _number(value: Any) -> bool:

@@ -222,7 +222,7 @@ def _candidate(model: Any, batch: tuple, policy: str, out: str, loss_fn: Any) ->
     run_dir = os.path.join(out, policy)
     rec = record_candidate(model, batch, policy, run_dir, loss_fn=loss_fn)
     run = load_run(run_dir, warn=False)
-    first = judge_candidate(policy, run, diagnose_run(run))
+    first = judge_candidate(policy, run, diagnose_run(run), error=rec.error)
     if not rec.probed or not first.changes_model:
         return first
     fix = first.fix

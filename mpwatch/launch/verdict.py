@@ -139,17 +139,33 @@ def predictions(run: Run) -> dict[str, Any]:
         if len(at):
             over = float(at["predicted_overflow_fraction"].iloc[0])
     nonfinite = int(_num(row.get("nonfinite")) or 0)
-    forward = first is not None and first not in ("gradients", "loss")
+    forward = _forward_overflow(run, int(row["step"]))
     return {
         "scale": scale,
         "skips": bool(nonfinite > 0 or (over or 0.0) > 0.0),
-        "stuck": bool(forward),
-        "first_nonfinite_layer": first,
+        "stuck": forward is not None,
+        "first_nonfinite_layer": forward or first,
         "predicted_overflow_fraction": over,
         "underflow_fraction": _num(row.get("underflow_fraction")),
         "loss": _num(row.get("loss")),
         "reference_loss": _num(row.get("ref_loss")),
     }
+
+
+def _forward_overflow(run: Run, step: int) -> str | None:
+    """The first layer (forward order) whose activations the probe at ``step`` found not finite:
+    a forward pass that overflows at any scale (a non-finite *gradient* at the probe's scale is
+    the scale's, which Keras lowers), or None."""
+    pl = run.probe_layers
+    if not len(pl) or not {"step", "layer", "max_abs_activation"} <= set(pl.columns):
+        return None
+    for _, r in pl[pl["step"] == step].iterrows():
+        v = r["max_abs_activation"]
+        if isinstance(v, (int, float)) and not math.isnan(v) and math.isinf(v):
+            return str(r["layer"])
+        if isinstance(v, float) and math.isnan(v):
+            return str(r["layer"])
+    return None
 
 
 def _num(value: Any) -> float | None:
@@ -161,18 +177,19 @@ def _num(value: Any) -> float | None:
 
 
 def judge_candidate(
-    policy: str, run: Run, findings: list[Finding], checked: Verdict | None = None
+    policy: str, run: Run, findings: list[Finding], checked: Verdict | None = None,
+    error: str | None = None,
 ) -> Verdict:
     """The verdict of ``policy`` from its run and findings (``checked``: the verdict of the run
-    with the change applied, when one was recorded)."""
+    with the change applied, when one was recorded; ``error``: why its probe could not run)."""
     problems = problems_of(findings)
     code = [f for f in problems if f.rule in CODE_RULES]
     fix = change_of(policy, problems)
     v = Verdict(policy, run.path, NOT_MEASURED, "", findings, problems, code, fix, checked,
                 predictions(run))  # fmt: skip
     if run.latest_probe(reliable_only=False) is None:
-        said = [f.title for f in findings if f.rule == "recording"]
-        v.reason = "the probe could not run" + (f": {said[0]}" if said else "")
+        said = [error] if error else [f.title for f in findings if f.rule == "recording"]
+        v.reason = said[0] if said else "the probe could not run"
         return v
     if not problems:
         v.verdict, v.reason = READY, "no problem with the numbers on this batch"

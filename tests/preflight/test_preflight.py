@@ -190,3 +190,28 @@ def test_the_command_line(tmp_path):
     np.savez(tmp_path / "one.npz", a=np.ones(3))
     assert main([*args[:2], str(tmp_path / "one.npz")]) == 2
     assert main([*args, "--policies", "float16"]) == 2
+
+
+def test_a_model_whose_forward_pass_fails_is_not_measured_and_nothing_raises(tmp_path):
+    class Twice(keras.Model):  # its call works while it is built, then no more
+        def __init__(self):
+            super().__init__()
+            self.d = keras.layers.Dense(2)
+            self.broken = False
+
+        def call(self, x):
+            if self.broken:
+                raise NotImplementedError("this model trains through its own train_step")
+            return self.d(x)
+
+    m = Twice()
+    m(np.ones((1, 3), "float32"))
+    m.broken = True
+    m.compile("adam", "mse")
+    batch = (np.ones((4, 3), "float32"), np.ones((4, 2), "float32"))
+    report = mpwatch.preflight(m, batch, log_dir=str(tmp_path))
+    assert report.recommended == "float32"
+    assert [c.verdict for c in report.candidates] == ["not measured", "not measured"]
+    assert "forward pass failed" in report.candidates[0].reason
+    assert "NotImplementedError" in report.candidates[0].reason
+    assert "no candidate is ready" in report.render("text")
