@@ -71,7 +71,8 @@ class CandidateRecord:
         float32_layers: the layers kept in float32 (a change applied), else empty.
         probed: whether the probe ran (else ``error`` says why).
         fitting_scale: the scale the first probe's sweep says fits, probed at step 2 where it
-            is not the first probe's (float16 without a change applied), else None.
+            is not the first probe's (float16, no ``scale`` given), else None.
+        scale_given: a ``scale`` was given (a change's loss scale): the only one probed.
         error: why the probe could not run, or None.
     """
 
@@ -82,6 +83,7 @@ class CandidateRecord:
     probed: bool = False
     fitting_scale: float | None = None
     error: str | None = None
+    scale_given: bool = False
 
 
 def own_policy(model: Any) -> str:
@@ -175,7 +177,8 @@ def record_candidate(
             if float32_layers:  # (a view's layers are those under its sources when it is made)
                 stack.enter_context(PolicyView(model, "float32", only=set(float32_layers)))
             facts, opt_name, start = _loss_scale(model, policy)
-            rec.scale = float(scale) if scale is not None and policy == "mixed_float16" else start
+            rec.scale_given = scale is not None and policy == "mixed_float16"
+            rec.scale = float(scale) if rec.scale_given else start
             if facts["kind"] == "dynamic":
                 facts["initial"] = rec.scale
             info = run_info(
@@ -204,9 +207,16 @@ def _probe(
     model: Any, batch: tuple, policy: str, writer: RunWriter, rec: CandidateRecord,
     loss_fn: Any,
 ) -> None:  # fmt: skip
-    """The candidate's probe at step 1, under its view (a probe that cannot run: ``error``)."""
+    """The candidate's probes, under its view (a probe that cannot run: ``error``): at step 1
+    at ``rec.scale``; under float16 without a given scale, at step 2 at the scale the sweep says
+    fits (what Keras' dynamic scale comes down to). The fix checks run at the last probe only:
+    at Keras' start a change can look useless only because the scale is too high for the batch
+    (DenseNet121 on raw pixels: its scaled gradients overflow at 2^15 with any layer in float32),
+    which the skips predicted from step 1 already say."""
     mode = "float16" if policy == "mixed_float16" else "bfloat16"
     probe = Probe(model, loss_fn=loss_fn, mode=mode)
+    again = mode == "float16" and not rec.scale_given
+    probe.fix_checks = not again
     try:
         payload = probe.run(batch, scale=rec.scale)
     except Exception as e:  # noqa: BLE001  (said in the report: the probe could not run)
@@ -214,10 +224,26 @@ def _probe(
         return
     Probe.write(writer, 1, payload)
     rec.probed = True
+    if not again:
+        return
     fits = payload.get("recommended_scale")
-    if mode == "float16" and not rec.float32_layers and _number(fits) and fits != rec.scale:
-        rec.fitting_scale = float(fits)
-        Probe.write(writer, 2, probe.run(batch, scale=rec.fitting_scale))
+    at = float(fits) if _number(fits) else rec.scale
+    if at == rec.scale and not _wants_checks(payload):
+        return
+    rec.fitting_scale = at if at != rec.scale else None
+    probe.fix_checks = True
+    Probe.write(writer, 2, probe.run(batch, scale=at))
+
+
+def _wants_checks(payload: dict[str, Any]) -> bool:
+    """Whether a probe would have checked fixes (a non-finite layer, or activations near the
+    maximum): then the probe runs again with them."""
+    from mpwatch.record.probe.probe import fix_check_headroom
+
+    model = payload.get("model") or {}
+    head = model.get("activation_headroom_bits")
+    near = isinstance(head, (int, float)) and head < fix_check_headroom()
+    return bool(model.get("first_nonfinite_layer") or near)
 
 
 def _failed(rec: CandidateRecord, what: str, error: Exception) -> None:

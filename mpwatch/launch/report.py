@@ -71,9 +71,11 @@ def _prediction_lines(v: Verdict) -> list[str]:
     elif p.get("skips"):
         over = p.get("predicted_overflow_fraction")
         share = f" ({words.percent(over)} of the gradient elements)" if over else ""
+        n = p.get("skipped_steps")
+        steps = f"from {n[0]} to {n[1]}" if n else "the first"
         out.append(
-            f"{at}: gradients overflow{share}: Keras would skip the first steps and halve the "
-            "scale until they fit"
+            f"{at}: gradients overflow{share}: Keras would skip {steps} steps at the start, "
+            "halving the scale each time until they fit"
         )
     else:
         out.append(f"{at}: forward and backward passes finite")

@@ -13,9 +13,10 @@ Pure: a candidate's :class:`~mpwatch.read.run.Run` and its findings in, a :class
   run too (``checked``): the change's problems gone there is measured, not assumed.
 - **Predictions**, from the first probe (at the scale Keras would start with), each a statement a
   short fit can check: ``skips`` (the first steps' gradients or activations are not finite: Keras
-  skips them and halves the scale), ``stuck`` (a layer's forward pass overflows float16 at any
-  scale: every step is skipped and the scale falls to its floor), ``underflow`` (the share of
-  gradient elements float16 loses at that scale).
+  skips them and halves the scale; ``skipped_steps``: at least one, at most down to the scale a
+  later probe measured the pass finite at), ``stuck`` (a layer's forward pass overflows float16
+  at any scale: every step is skipped and the scale falls to its floor), ``underflow`` (the
+  share of gradient elements float16 loses at that scale).
 
 Example:
     >>> from mpwatch.read import Run
@@ -138,6 +139,7 @@ def predictions(run: Run) -> dict[str, Any]:
         at = sweep[(sweep["step"] == row["step"]) & (sweep["scale"] == scale)]
         if len(at):
             over = float(at["predicted_overflow_fraction"].iloc[0])
+    halvings = _halvings(run, row, scale) if scale > 1 else None
     nonfinite = int(_num(row.get("nonfinite")) or 0)
     forward = _forward_overflow(run, int(row["step"]))
     return {
@@ -146,10 +148,26 @@ def predictions(run: Run) -> dict[str, Any]:
         "stuck": forward is not None,
         "first_nonfinite_layer": forward or first,
         "predicted_overflow_fraction": over,
+        "skipped_steps": halvings if not forward else None,
         "underflow_fraction": _num(row.get("underflow_fraction")),
         "loss": _num(row.get("loss")),
         "reference_loss": _num(row.get("ref_loss")),
     }
+
+
+def _halvings(run: Run, first: dict[str, Any], scale: float) -> list[int] | None:
+    """``[fewest, most]`` steps Keras skips at the start, halving ``scale`` at each: at least one
+    where the probe at ``scale`` measured non-finite values, at most down to the lowest scale a
+    later probe measured the whole pass finite at (the sweep's, probed at step 2). None where no
+    later probe was finite below ``scale`` (a forward overflow, or none ran)."""
+    if not (_num(first.get("nonfinite")) or 0) > 0:
+        return [0, 0]
+    pm = run.probe_model
+    later = pm[(pm["step"] > first["step"]) & (pm["nonfinite"] == 0)] if "nonfinite" in pm else []
+    fine = [s for s in (_num(v) for v in getattr(later, "loss_scale", [])) if s and s < scale]
+    if not fine:
+        return None
+    return [1, int(round(math.log2(scale / max(fine))))]
 
 
 def _forward_overflow(run: Run, step: int) -> str | None:

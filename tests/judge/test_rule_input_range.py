@@ -242,3 +242,23 @@ def test_the_same_layer_taking_raw_features_past_float16_is_one_finding():
     (f,) = findings_of(found, "input-range")
     assert findings_of(found, "bad-batches") == []  # merged into it: one cause, one finding
     assert "bad-batches" in f.data["also"]
+
+
+def test_a_layer_fix_stands_unchecked_where_only_the_scaled_gradients_overflowed():
+    """DenseNet121 on raw pixels at Keras' start 2^15: the forward pass finite, the scaled
+    gradients not, with and without each change: the scale is too high for the batch (Keras
+    lowers it), so the checks neither confirm nor withdraw the layer's advice."""
+    base = dict(NONE, first_nonfinite_layer="gradients")
+    checks = [base, _check("float32_layers", ["hidden1"], False, "gradients"),
+              _check("normalize_inputs", [], False, "gradients")]  # fmt: skip
+    found = diagnose(_run(checks))
+    (f,) = _layer_fix(found, "hidden1")
+    assert f.action == {"dtype": "float32"}
+    assert "did not make it finite" not in f.fix
+    assert "only the scaled gradients overflow" in f.evidence
+    assert f.data["fix_unchecked"] == "only the scaled gradients overflowed"
+    # one change that does make them finite is still a checked fix
+    grown = [base, _check("float32_layers", ["hidden1"], False, "gradients"),
+             _check("float32_layers", ["hidden1", "hidden2"], True)]  # fmt: skip
+    (g,) = _layer_fix(diagnose(_run(grown)), "hidden1")
+    assert g.data["checked_layers"] == ["hidden1", "hidden2"]

@@ -118,6 +118,48 @@ def test_the_recommendation_applied_trains_and_its_problem_is_gone(rm, flown):
     assert keras.backend.standardize_dtype(as_built(batch[0]).dtype) == "float32"
 
 
+def _skipper(policy="float32"):
+    """Dense(64, relu) -> Dense(10, softmax) on inputs of a few hundred: its scaled gradients
+    overflow float16 at 2^15, its forward pass does not."""
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        m = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])  # fmt: skip
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    m.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+    return m
+
+
+def test_gradients_overflowing_at_keras_start_predict_the_skips_a_fit_makes(tmp_path):
+    model = _skipper()
+    rng = np.random.default_rng(0)
+    batch = ((rng.normal(size=(32, 32)) * 300).astype("float32"), rng.integers(0, 10, (32,)))
+    report = mpwatch.preflight(model, batch, policies=("mixed_float16",), log_dir=str(tmp_path))
+    (c,) = report.candidates
+    p = c.predictions
+    assert p["skips"] is True and p["stuck"] is False
+    fewest, most = p["skipped_steps"]
+    assert fewest >= 1 and most <= 15
+    # truth: the same network built under mixed_float16 skips that many steps, then trains
+    mixed = _skipper("mixed_float16")
+    mixed.set_weights(model.get_weights())
+    steps = 16
+    _fit(mixed, batch, steps=steps)
+    skipped = steps - int(mixed.optimizer.iterations.numpy())
+    assert fewest <= skipped <= most, (skipped, p)
+    assert float(mixed.optimizer.dynamic_scale.numpy()) == 2.0 ** (15 - skipped)
+    # the recommendation, applied: its problems gone (a float32 output), and it trains
+    assert report.recommended == "mixed_float16" and c.verdict == "ready with the change"
+    assert c.checked is not None and c.checked.problems == []
+    fixed = mpwatch.apply_recommendations(model, report.findings)
+    assert set(fixed.layers) == set(c.fix.float32_layers)
+    assert keras.backend.standardize_dtype(fixed.model(batch[0]).dtype) == "float32"
+    loss = _fit(fixed.model, batch, steps=steps)
+    assert np.isfinite(loss) and int(fixed.model.optimizer.iterations.numpy()) >= steps - most
+
+
 def test_predicted_underflow_is_the_train_steps_own(rm, flown):
     model, batch, _, report = flown("sigmoid_mlp")
     f16 = next(c for c in report.candidates if c.policy == "mixed_float16")

@@ -26,7 +26,7 @@ NORMALIZE_ALTERNATIVE = "# or normalize / scale the input of this layer"
 
 __all__ = [
     "latest_checks", "describe", "checked_layers", "works", "checked_gradient",
-    "normalizing_works", "stopped", "checked_on",
+    "normalizing_works", "stopped", "checked_on", "scale_only",
 ]  # fmt: skip
 
 
@@ -145,6 +145,19 @@ def checked_layers(run: Run, layer: str) -> tuple[list[str] | None, str] | None:
     return (list(ok["layers"]) if ok else None), text
 
 
+def scale_only(got: tuple[int, float | None, list[dict[str, Any]]] | None) -> bool:
+    """Whether the checks saw only the scaled gradients overflow: the pass as it is and every
+    change tried finite up to the gradients at the probe's loss scale, none finite there (a
+    scale too high for the batch, which Keras' dynamic scale lowers: the checks say nothing of a
+    layer's change then)."""
+    if got is None:
+        return False
+    tried = [c for c in got[2] if c.get("fix") not in ("stopped",)]
+    return bool(tried) and all(
+        not c.get("finite") and c.get("first_nonfinite_layer") == "gradients" for c in tried
+    )
+
+
 def normalizing_works(run: Run) -> bool | None:
     """Whether normalizing the inputs made the pass finite and in range in the latest fix checks
     (None: not checked)."""
@@ -213,6 +226,14 @@ def settle_layers(run: Run, f: Any, stopped_why: str | None) -> None:
     if layers is None and stopped_why:  # not reached: not checked, and not refuted either
         f.evidence += "; so keeping these layers float32 is not checked"
         f.data = {**f.data, "fix_unchecked": stopped_why}
+        return
+    if layers is None and scale_only(latest_checks(run)):
+        f.evidence += (
+            "; there only the scaled gradients overflow, with and without the change: the loss "
+            "scale is too high for this batch (Keras halves it at each skipped step), which this "
+            "check neither confirms nor refutes the change for"
+        )
+        f.data = {**f.data, "fix_unchecked": "only the scaled gradients overflowed"}
         return
     if normalizing_works(run) is False:  # checked, and it did not fix: not offered
         f.fix = "\n".join(ln for ln in f.fix.split("\n") if ln != NORMALIZE_ALTERNATIVE)

@@ -225,6 +225,7 @@ class Probe:
         self.fix_gate: Any = None
         #: the probe batch's share of the training batch (``run(share=)``): its loss's weight
         self.share = 1.0
+        self.fix_checks = True  # False: no fix checks (a pre-flight's probe at Keras' start)
 
     # --- setup ---------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -484,7 +485,9 @@ class Probe:
         payload["inputs"] = contract.table(INPUT_COLUMNS, input_rows(self.model, x, self.mode))
         head = payload["model"].get("activation_headroom_bits")
         near = isinstance(head, (int, float)) and head < fix_check_headroom()
-        if self.mode == "float16" and (payload["model"].get("first_nonfinite_layer") or near):
+        if self.fix_checks and self.mode == "float16" and (
+            payload["model"].get("first_nonfinite_layer") or near
+        ):
             from mpwatch.record.probe.fix_check import check_fixes
 
             try:
@@ -530,8 +533,7 @@ class Probe:
         return payload
 
     def _warn_once(self, what: str, error: BaseException) -> None:
-        """One line (:func:`.base.one_line`) the first time a part fails, the traceback at
-        debug level; the record stands without that part."""
+        """One line the first time a part fails (traceback at debug level); the record stands."""
         from mpwatch.record.callbacks.base import one_line
 
         said = self.__dict__.setdefault("_said", set())
@@ -542,8 +544,7 @@ class Probe:
                            one_line(error))  # fmt: skip
 
     def float8_due(self) -> bool:
-        """Whether the next probe measures float8 readiness (its first, then every
-        :data:`FLOAT8_EVERY`-th)."""
+        """Whether the next probe measures float8 readiness (its first, every FLOAT8_EVERY-th)."""
         return self.float8 and (self._float8_runs == 0 or (self._probes + 1) % FLOAT8_EVERY == 0)
 
     def _payload(self, out: dict[str, np.ndarray], scale: float) -> dict[str, Any]:
@@ -555,9 +556,7 @@ class Probe:
     @staticmethod
     def write(writer: RunWriter, step: int, payload: dict[str, Any]) -> int:
         """Write the record and the scalars; returns the record's bytes. A record over
-        ``contract.MAX_RECORD_BYTES`` (tens of thousands of variables) is written in parts: its
-        variables table moves to further ``probe`` records at the same step (``RunWriter.record``).
-        """
+        ``contract.MAX_RECORD_BYTES`` is written in parts (``RunWriter.record``)."""
         size = writer.record(contract.KIND_PROBE, step, payload)
         writer.scalars(step, Probe.scalars(payload))
         return size
