@@ -79,9 +79,16 @@ def _prediction_lines(v: Verdict) -> list[str]:
         )
     else:
         out.append(f"{at}: forward and backward passes finite")
-    under = p.get("underflow_fraction")
+    under, zero = p.get("underflow_fraction"), p.get("zero_fraction")
     if under is not None:
-        out.append(f"gradient elements lost to underflow {at}: {words.percent(under)}")
+        out.append(
+            f"gradient elements below float16's range {at} (underflow): {words.percent(under)}"
+        )
+    if zero is not None and (under is None or zero > 2 * under + 0.01):
+        out.append(
+            f"zero in the 16-bit pass where float32's are not: {words.percent(zero)} (more than "
+            "underflow explains: the findings say why)"
+        )
     return out
 
 

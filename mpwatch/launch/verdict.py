@@ -15,8 +15,11 @@ Pure: a candidate's :class:`~mpwatch.read.run.Run` and its findings in, a :class
   short fit can check: ``skips`` (the first steps' gradients or activations are not finite: Keras
   skips them and halves the scale; ``skipped_steps``: at least one, at most down to the scale a
   later probe measured the pass finite at), ``stuck`` (a layer's forward pass overflows float16
-  at any scale: every step is skipped and the scale falls to its floor), ``underflow`` (the
-  share of gradient elements float16 loses at that scale).
+  at any scale: every step is skipped and the scale falls to its floor), ``underflow_fraction``
+  (the share of the float32 reference's nonzero gradient elements below float16's smallest
+  subnormal at that scale: underflow, from the probe's sweep) beside ``zero_fraction`` (the share
+  the 16-bit pass has zero where float32's are not, whatever the cause: underflow, or another
+  network, as ids rounded to other rows).
 
 Example:
     >>> from mpwatch.read import Run
@@ -116,8 +119,15 @@ def change_of(policy: str, problems: list[Finding]) -> Fix:
     )
 
 
+#: code changes exact by construction (an integer ``Input`` keeps every id as it is)
+EXACT_CODE_RULES = frozenset({"id-rounding"})
+
+
 def _checked_code_change(f: Finding) -> bool:
-    """A code change the probe's fix checks measured as making the pass finite."""
+    """A code change the probe's fix checks measured as making the pass finite, or one exact by
+    construction (:data:`EXACT_CODE_RULES`)."""
+    if f.rule in EXACT_CODE_RULES:
+        return True
     checks = (f.data or {}).get("fix_checks") or []
     return f.rule in CODE_RULES and any(
         isinstance(c, dict) and c.get("finite") and c.get("fix") != "none" for c in checks
@@ -133,12 +143,13 @@ def predictions(run: Run) -> dict[str, Any]:
     scale = _num(row.get("loss_scale")) or 1.0
     first = row.get("first_nonfinite_layer")
     first = str(first) if isinstance(first, str) and first else None
-    over = None
+    over = under = None
     sweep = run.sweeps
     if len(sweep) and {"step", "scale", "predicted_overflow_fraction"} <= set(sweep.columns):
         at = sweep[(sweep["step"] == row["step"]) & (sweep["scale"] == scale)]
         if len(at):
             over = float(at["predicted_overflow_fraction"].iloc[0])
+            under = _num(at["predicted_underflow_fraction"].iloc[0])
     halvings = _halvings(run, row, scale) if scale > 1 else None
     nonfinite = int(_num(row.get("nonfinite")) or 0)
     forward = _forward_overflow(run, int(row["step"]))
@@ -149,7 +160,8 @@ def predictions(run: Run) -> dict[str, Any]:
         "first_nonfinite_layer": forward or first,
         "predicted_overflow_fraction": over,
         "skipped_steps": halvings if not forward else None,
-        "underflow_fraction": _num(row.get("underflow_fraction")),
+        "underflow_fraction": under,
+        "zero_fraction": _num(row.get("underflow_fraction")),
         "loss": _num(row.get("loss")),
         "reference_loss": _num(row.get("ref_loss")),
     }
@@ -235,9 +247,13 @@ def _change_words(v: Verdict, checked: Verdict | None) -> str:
     if v.fix.loss_scale:
         parts.append(f"start the loss scale at {v.fix.loss_scale:g}")
     parts += [f"{f.rule}: {f.title}" for f in v.code_changes]
-    how = (
-        "recorded again with the change, its problems are gone"
-        if checked is not None
-        else "the probe's fix checks measured the code change on the batch"
-    )
+    if checked is not None and not checked.problems:
+        how = "recorded again with the change, its problems are gone"
+    elif checked is not None:
+        how = (
+            "recorded again with the change, only the code changes' problems are left: each "
+            "measured by the probe's fix checks or exact by construction"
+        )
+    else:
+        how = "the probe's fix checks measured the code change on the batch"
     return "; ".join(parts) + f" ({how})"

@@ -197,3 +197,39 @@ def test_every_fix_printed_and_applied_alike(rm, trained, name):
         return f.rule != "no-tensor-cores" or name == "bfloat16"
 
     assert [c for c in every_fix_alike(findings, build, retrain, retrained) if c["left"]] == []
+
+
+# --- the pre-flight (issue 53) against what the fit then did ------------------------------------
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet50", "transformer", "bfloat16",
+                                  "logsumexp", "sigmoid_mlp"])  # fmt: skip
+def test_preflight_predicts_what_the_fit_did(rm, trained, tmp_path, name):
+    """The pre-flight of each model as its fit built it (its policy, the same seed: the fit's
+    first weights), on the fit's first batch, against that fit (``trained``: 20 steps): the
+    first step skipped or not as plain TensorFlow's gradients at 2^15 say, a stuck scale where a
+    forward pass overflows (no step applied), the skips within the predicted range; and the
+    change it recommends checked (recorded again, its problems gone)."""
+    model, _, _, batch = trained(name)
+    policy = rm.POLICIES[name]
+    fresh, _, _ = rm.build(name)
+    report = mpwatch.preflight(fresh, batch, policies=(policy,), log_dir=str(tmp_path))
+    (c,) = report.candidates
+    p = c.predictions
+    skipped = STEPS - int(model.optimizer.iterations.numpy())
+    if policy == "mixed_float16":
+        with rm.policy_scope(policy):
+            grads, _ = rm.train_mode_gradients(fresh, *batch, 2.0**15)
+        first_skipped = not all(np.isfinite(g).all() for g in grads)
+        assert p["skips"] == first_skipped, (p, skipped)
+        if p["stuck"]:
+            assert skipped == STEPS
+        elif p["skips"]:
+            fewest, most = p["skipped_steps"]
+            assert fewest <= skipped <= most, (p, skipped)
+    else:
+        assert p["skips"] is False and p["stuck"] is False and skipped == 0
+    if c.verdict == "ready with the change":
+        assert c.checked is not None or c.code_changes
+        if c.checked is not None:
+            assert [f.rule for f in c.checked.problems if f.rule not in
+                    {f.rule for f in c.code_changes}] == []  # fmt: skip
+    assert report.recommended in (policy, "float32")
