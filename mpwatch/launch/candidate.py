@@ -143,10 +143,22 @@ def _forward_facts(model: Any, x: Any) -> tuple[dict[str, Any], dict[str, Any] |
     mem = None
     try:
         outputs, batch = memory.layer_outputs(tracer.shapes)
-        mem = memory.memory_payload(model, outputs, batch)
+        mem = memory.memory_payload(model, outputs, batch, optimizer=_built_optimizer(model))
     except Exception as e:  # noqa: BLE001  (a fact that could not be counted: no record)
         logger.debug("mpwatch: pre-flight: no memory record: %r", e)
     return payload, mem
+
+
+def _built_optimizer(model: Any) -> Any:
+    """The model's optimizer where it is built, else a built copy (its slots, as the first step
+    will make them; the copy is dropped after counting), or None."""
+    opt = getattr(model, "optimizer", None)
+    inner = getattr(opt, "inner_optimizer", opt)
+    if inner is None or getattr(inner, "built", False):
+        return opt
+    copy = type(inner).from_config(inner.get_config())
+    copy.build(model.trainable_variables)
+    return copy
 
 
 def record_candidate(

@@ -39,14 +39,20 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mpwatch.judge import diagnose_run
 from mpwatch.judge.finding import Finding
 from mpwatch.launch import CANDIDATES
 from mpwatch.launch.candidate import record_candidate
-from mpwatch.launch.verdict import READY, READY_WITH_CHANGE, Verdict, judge_candidate
+from mpwatch.launch.verdict import (
+    READY,
+    READY_WITH_CHANGE,
+    Verdict,
+    change_words,
+    judge_candidate,
+)
 from mpwatch.read import load_run
 from mpwatch.record.probe.probe import first_batch, split_data
 
@@ -54,8 +60,10 @@ logger = logging.getLogger("mpwatch")
 
 __all__ = ["Preflight", "preflight"]
 
-#: the suffix of a candidate's run recorded with its change applied
+#: the suffix of a candidate's run recorded with its change applied (then -2, -3: a change grown)
 CHECKED_SUFFIX = "-with-change"
+#: times a candidate is recorded again with its change grown by what the last run asked for
+MAX_ROUNDS = 3
 
 
 @dataclass
@@ -103,7 +111,7 @@ class Preflight:
         """The recommended candidate's findings, for :func:`mpwatch.apply_recommendations`
         (their policy, layers and loss scale are :attr:`fix`); none where float32 is."""
         chosen = self.chosen
-        return list(chosen.findings) if chosen is not None else []
+        return [*chosen.findings, *chosen.added] if chosen is not None else []
 
     def render(self, fmt: str = "text") -> str:
         """The report as ``text``, ``markdown``, ``json`` or ``html``."""
@@ -218,22 +226,36 @@ def _device_fits(v: Verdict) -> bool:
 
 
 def _candidate(model: Any, batch: tuple, policy: str, out: str, loss_fn: Any) -> Verdict:
-    """Record, diagnose and judge one candidate, and its change where it has one."""
+    """Record, diagnose and judge one candidate; where its problems call for a change, record it
+    again with the change applied, and again with what that run still asks for added (a float16
+    softmax's overflowing backward pass hid that keeping 'logsumexp_pool' float32 works), until
+    nothing new is asked or :data:`MAX_ROUNDS`."""
     run_dir = os.path.join(out, policy)
     rec = record_candidate(model, batch, policy, run_dir, loss_fn=loss_fn)
     run = load_run(run_dir, warn=False)
     first = judge_candidate(policy, run, diagnose_run(run), error=rec.error)
     if not rec.probed or not first.changes_model:
         return first
-    fix = first.fix
-    checked_dir = os.path.join(out, policy + CHECKED_SUFFIX)
-    record_candidate(
-        model, batch, policy, checked_dir, loss_fn=loss_fn,
-        float32_layers=fix.float32_layers, scale=fix.loss_scale,
-    )  # fmt: skip
-    checked_run = load_run(checked_dir, warn=False)
-    checked = judge_candidate(policy, checked_run, diagnose_run(checked_run))
-    return judge_candidate(policy, run, first.findings, checked=checked)
+    fix, added, checked = first.fix, [], None
+    for i in range(MAX_ROUNDS):
+        checked_dir = os.path.join(out, policy + CHECKED_SUFFIX + (f"-{i + 1}" if i else ""))
+        record_candidate(
+            model, batch, policy, checked_dir, loss_fn=loss_fn,
+            float32_layers=fix.float32_layers, scale=fix.loss_scale,
+        )  # fmt: skip
+        checked_run = load_run(checked_dir, warn=False)
+        checked = judge_candidate(policy, checked_run, diagnose_run(checked_run))
+        more = [n for n in checked.fix.float32_layers if n not in fix.float32_layers]
+        scale = fix.loss_scale or checked.fix.loss_scale
+        if not more and scale == fix.loss_scale:
+            break
+        added += [f for f in checked.problems if f.action]
+        fix = replace(fix, float32_layers=(*fix.float32_layers, *more), loss_scale=scale)
+    v = judge_candidate(policy, run, first.findings, checked=checked)
+    v.fix, v.added = fix, added
+    if v.verdict == READY_WITH_CHANGE:
+        v.reason = change_words(v, checked)
+    return v
 
 
 def _unchecked(model: Any) -> list[str]:

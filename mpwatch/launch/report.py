@@ -92,11 +92,27 @@ def _prediction_lines(v: Verdict) -> list[str]:
     return out
 
 
+def _memory_lines(v: Verdict) -> list[str]:
+    """Training memory under the candidate by kind and dtype, and under the other policies
+    (:func:`mpwatch.show.views.memory_view`)."""
+    from mpwatch.read import load_run
+    from mpwatch.show.views import memory_view
+
+    try:
+        view = memory_view(load_run(v.run, warn=False))
+    except Exception:  # noqa: BLE001  (no memory record: nothing to say)
+        return []
+    if view is None:
+        return []
+    return ["training memory: " + line for line in view["lines"] if "measured peak" not in line]
+
+
 def _candidate_text(v: Verdict, md: bool) -> list[str]:
     head = f"{v.policy}: {v.verdict}" + (f" ({v.reason})" if v.reason else "")
     out = [f"### {head}" if md else head]
     bullet = "- " if md else "  "
     out += [bullet + line for line in _prediction_lines(v)]
+    out += [bullet + line for line in _memory_lines(v)]
     for f in v.problems:
         where = f" ({f.layer})" if f.layer else ""
         out.append(f"{bullet}{f.severity} {f.rule}{where}: {f.title}")
@@ -145,6 +161,8 @@ def render(report: Preflight, fmt: str = "text") -> str:
     if fmt == "json":
         data = report.to_dict()
         data["code"] = recommendation_code(report)
+        for c, v in zip(data["candidates"], report.candidates):
+            c["memory"] = _memory_lines(v)
         return json.dumps(data, indent=2, default=str) + "\n"
     if fmt in ("text", "markdown"):
         return _text(report, md=fmt == "markdown")

@@ -70,6 +70,9 @@ class Verdict:
         fix: the change: the policy, the layers to keep in float32, the loss scale.
         checked: the verdict of the candidate recorded again with ``fix`` applied, or None.
         predictions: what a fit under the candidate as it is will show (see the module doc).
+        added: findings of the runs with a change applied whose advice grew ``fix`` (a layer
+            the first run's checks could not show to help); with ``findings`` they give
+            ``apply_recommendations`` exactly ``fix``.
     """
 
     policy: str
@@ -82,6 +85,7 @@ class Verdict:
     fix: Fix = field(default_factory=Fix)
     checked: Verdict | None = None
     predictions: dict[str, Any] = field(default_factory=dict)
+    added: list[Finding] = field(default_factory=list)
 
     @property
     def changes_model(self) -> bool:
@@ -214,12 +218,19 @@ def judge_candidate(
     with the change applied, when one was recorded; ``error``: why its probe could not run)."""
     problems = problems_of(findings)
     code = [f for f in problems if f.rule in CODE_RULES]
+    if checked is not None:  # a code change the applied change made needless is not asked for
+        code = [f for f in code if any(g.rule == f.rule for g in checked.problems)]
     fix = change_of(policy, problems)
     v = Verdict(policy, run.path, NOT_MEASURED, "", findings, problems, code, fix, checked,
                 predictions(run))  # fmt: skip
     if run.latest_probe(reliable_only=False) is None:
         said = [error] if error else [f.title for f in findings if f.rule == "recording"]
         v.reason = said[0] if said else "the probe could not run"
+        return v
+    probe = run.latest_probe(reliable_only=False)
+    if probe is not None and probe.model.get("reliable") is False:
+        why = probe.model.get("unreliable_reason") or "its loss is not the train step's"
+        v.reason = f"the probe is not reliable on this model: {why}"
         return v
     if not problems:
         v.verdict, v.reason = READY, "no problem with the numbers on this batch"
@@ -228,7 +239,7 @@ def judge_candidate(
     unchecked = [f for f in left if not _checked_code_change(f)]
     if (checked is not None or not v.changes_model) and not unchecked:
         v.verdict = READY_WITH_CHANGE
-        v.reason = _change_words(v, checked)
+        v.reason = change_words(v, checked)
         return v
     v.verdict = NOT_READY
     names = ", ".join(dict.fromkeys(f"{f.rule}" + (f" ({f.layer})" if f.layer else "")
@@ -240,7 +251,7 @@ def judge_candidate(
     return v
 
 
-def _change_words(v: Verdict, checked: Verdict | None) -> str:
+def change_words(v: Verdict, checked: Verdict | None) -> str:
     parts = []
     if v.fix.float32_layers:
         parts.append("keep " + ", ".join(repr(n) for n in v.fix.float32_layers) + " in float32")

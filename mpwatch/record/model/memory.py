@@ -123,18 +123,22 @@ def layer_outputs(
 
 
 def memory_payload(
-    model: Any, outputs: dict[int, tuple[int, str]], batch_size: int | None
+    model: Any,
+    outputs: dict[int, tuple[int, str]],
+    batch_size: int | None,
+    optimizer: Any = None,
 ) -> dict[str, Any]:
     """The ``memory`` record of a built model whose optimizer is built. ``outputs``: id(leaf
     layer) -> (elements of its output for one batch, its dtype), noted while the train step was
-    traced."""
+    traced. ``optimizer``: the built optimizer whose state is counted (default the model's; a
+    pre-flight, before any step, counts a built copy's)."""
     from mpwatch.layers import walk
 
     glob = model.dtype_policy.name  # the policy the model was built under (as run_info says)
     glob_var, glob_compute = _policy(glob)
     owners = _owners(model)
     trainable = list(model.trainable_variables)
-    opt_vars = _optimizer_variables(getattr(model, "optimizer", None))
+    opt_vars = _optimizer_variables(optimizer or getattr(model, "optimizer", None))
     slots = _slot_owner(opt_vars, trainable)
     leaves = {id(layer): layer for layer, _, _ in walk(model)}
 
