@@ -139,8 +139,19 @@ def _check_arguments(model: Any, policies: tuple[str, ...], loss_fn: Any) -> Non
 
     if not isinstance(model, keras.Model):
         raise TypeError(f"mpwatch.preflight: model must be a keras.Model, not {type(model)!r}")
+    from mpwatch.record.callbacks.train_step import has_forward_pass
+
+    if not has_forward_pass(model):
+        raise ValueError(
+            f"mpwatch.preflight: {type(model).__name__} has no forward pass of its own (its "
+            "train_step runs sub-models, as a GAN's): pre-fly each sub-model that trains, "
+            "compiled with its loss"
+        )
     if not model.built:
-        raise ValueError("mpwatch.preflight: the model is not built: call it once or give Input")
+        raise ValueError(
+            "mpwatch.preflight: the model is not built: call it on a batch or build it "
+            "(model.build(input_shape)) first"
+        )
     if loss_fn is None and not getattr(model, "compiled", False):
         raise ValueError(
             "mpwatch.preflight: the model is not compiled and no loss_fn= was given: compile it "
@@ -226,6 +237,18 @@ def _device_fits(v: Verdict) -> bool:
 
 
 def _candidate(model: Any, batch: tuple, policy: str, out: str, loss_fn: Any) -> Verdict:
+    """Record, diagnose and judge one candidate (:func:`_judged`), noting a custom train_step
+    the pre-flight cannot check."""
+    from mpwatch.record.callbacks.train_step import train_step_owner
+
+    v = _judged(model, batch, policy, out, loss_fn)
+    owner = train_step_owner(model)
+    if owner and v.verdict in (READY, READY_WITH_CHANGE):
+        v.reason += f"; unchecked: whether the custom train_step ({owner}) scales the loss"
+    return v
+
+
+def _judged(model: Any, batch: tuple, policy: str, out: str, loss_fn: Any) -> Verdict:
     """Record, diagnose and judge one candidate; where its problems call for a change, record it
     again with the change applied, and again with what that run still asks for added (a float16
     softmax's overflowing backward pass hid that keeping 'logsumexp_pool' float32 works), until

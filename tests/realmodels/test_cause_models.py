@@ -257,3 +257,40 @@ def test_every_fix_printed_and_applied_alike(cm, trained, name):
         return f.rule != "no-tensor-cores" or name == "custom_step"
 
     assert [c for c in every_fix_alike(findings, build, retrain, retrained) if c["left"]] == []
+
+
+# --- the pre-flight (issue 53) of each model, against what its fit showed -----------------------
+def _preflown(cm, name, tmp_path):
+    keras.backend.clear_session()
+    model, x, y = cm.build(name)
+    bs = cm.BATCHES.get(name, cm.BATCH)
+    return model, mpwatch.preflight(model, (x[:bs], y[:bs]), log_dir=str(tmp_path))
+
+
+def test_preflight_of_the_cause_models(cm, trained, tmp_path):
+    """What each fit showed (test_cause_models' fits above), before any fit: the unnormalized
+    amounts are the inputs' range to normalize under float16, never a layer to keep float32;
+    a custom train_step's scaling is said unchecked (the fit shows it unscaled); a model built
+    under the pure float16 policy is recommended mixed_float16 (its fix); bad batches other than
+    the one probed are said unchecked; a GAN, whose train_step runs sub-models, is refused in
+    one line."""
+    _, report = _preflown(cm, "unnormalized", tmp_path / "u")
+    f16 = next(c for c in report.candidates if c.policy == "mixed_float16")
+    assert [f.rule for f in f16.code_changes] == ["input-range"]
+    assert f16.fix.float32_layers == ()
+    assert f16.predictions["skips"] is True
+    _, _, findings, _ = trained("unnormalized")
+    assert _of(findings, "input-range")  # the fit's diagnosis names the same cause
+    _, report = _preflown(cm, "custom_step", tmp_path / "c")
+    assert any("custom train_step" in u for u in report.unchecked)
+    ready = [c for c in report.candidates if c.verdict.startswith("ready")]
+    assert ready and all("custom train_step" in c.reason for c in ready)
+    model, report = _preflown(cm, "float16_policy", tmp_path / "f")
+    assert model.dtype_policy.name == "float16"
+    assert report.recommended == "mixed_float16" == cm.OWN_POLICY["float16_policy"][1]
+    assert mpwatch.apply_recommendations(model, report.findings).policy == "mixed_float16"
+    _, report = _preflown(cm, "bad_batches", tmp_path / "b")
+    assert any(u.startswith("other batches") for u in report.unchecked)
+    gan, x, _ = cm.build("gan")
+    with pytest.raises(ValueError, match="no forward pass of its own"):
+        mpwatch.preflight(gan, (x[:8],))
