@@ -79,6 +79,14 @@ def _prediction_lines(v: Verdict) -> list[str]:
         )
     else:
         out.append(f"{at}: forward and backward passes finite")
+    off = p.get("random_layers_off") or []
+    if off:
+        more = f" and {len(off) - 3} more" if len(off) > 3 else ""
+        names = ", ".join(repr(n) for n in off[:3]) + more
+        out.append(
+            f"(with {names} off, as the probe runs random layers: the fit's random masks can "
+            "overflow where this pass did not)"
+        )
     under, zero = p.get("underflow_fraction"), p.get("zero_fraction")
     if under is not None:
         out.append(

@@ -19,7 +19,9 @@ Pure: a candidate's :class:`~mpwatch.read.run.Run` and its findings in, a :class
   (the share of the float32 reference's nonzero gradient elements below float16's smallest
   subnormal at that scale: underflow, from the probe's sweep) beside ``zero_fraction`` (the share
   the 16-bit pass has zero where float32's are not, whatever the cause: underflow, or another
-  network, as ids rounded to other rows).
+  network, as ids rounded to other rows). All with the model's random layers off
+  (``random_layers_off``: Dropout, noise), as the probe runs them: a fit's random masks can
+  overflow where this pass did not.
 
 Example:
     >>> from mpwatch.read import Run
@@ -157,8 +159,10 @@ def predictions(run: Run) -> dict[str, Any]:
     halvings = _halvings(run, row, scale) if scale > 1 else None
     nonfinite = int(_num(row.get("nonfinite")) or 0)
     forward = _forward_overflow(run, int(row["step"]))
+    payload = next((pl for st, pl in run.records.get("probe") or [] if st == row["step"]), {})
     return {
         "scale": scale,
+        "random_layers_off": list(payload.get("random_layers_off") or []),
         "skips": bool(nonfinite > 0 or (over or 0.0) > 0.0),
         "stuck": forward is not None,
         "first_nonfinite_layer": forward or first,

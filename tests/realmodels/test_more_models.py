@@ -948,3 +948,36 @@ def test_every_fix_printed_and_applied_alike_on_jax(jax_truth, name):
     assert fixes, name
     assert {f["how"] for f in fixes} == {"printed", "applied"}
     assert [f for f in fixes if f["left"]] == []
+
+
+# --- the pre-flight (issue 53) against the fit's first steps ------------------------------------
+@pytest.mark.parametrize("name", ["vit", "bilstm"])
+def test_preflight_predicts_the_fits_first_skips(mm, rm, trained, tmp_path, name):
+    """The pre-flight of the model as its fit built it (same seed: the fit's first weights), on
+    the fit's first batch: whether the first step is skipped, and how many the fit skips before
+    its first applied step, against the optimizer's own iterations after every batch (Observer);
+    the change it recommends checked (recorded again, its problems gone)."""
+    t = trained(name)
+    fresh, x, y = mm.build(name)
+    policy = mm.POLICIES[name]
+    report = mpwatch.preflight(fresh, (x[: t.batch], y[: t.batch]), policies=(policy,),
+                               log_dir=str(tmp_path))  # fmt: skip
+    (c,) = report.candidates
+    p = c.predictions
+    if p["random_layers_off"]:  # ViT's Dropout: the probe's pass runs it off, as it says, so
+        # the truth is the train step's gradients at 2^15 with Dropout off (plain TensorFlow);
+        # the fit's own masks skipped its first steps where this pass did not (said in the report)
+        with rm.dropout_off(fresh), rm.policy_scope(policy):
+            grads, _ = rm.train_mode_gradients(fresh, x[: t.batch], y[: t.batch], 2.0**15)
+        assert p["skips"] == (not all(np.isfinite(g).all() for g in grads)), p
+        assert "random masks can overflow" in report.render("text")
+    else:
+        assert p["skips"] == (t.iterations[0] == 0), (p, t.iterations[:5])
+        first = len(consecutive_from_start(skipped_steps(t.iterations)))
+        if p.get("skipped_steps"):
+            fewest, most = p["skipped_steps"]
+            assert fewest <= first <= most, (p, t.iterations[:20])
+    assert c.verdict != "not measured"
+    if c.checked is not None:
+        code = {g.rule for g in c.code_changes}
+        assert [f for f in c.checked.problems if f.rule not in code] == []
