@@ -234,17 +234,80 @@ def _probe(
     except Exception as e:  # noqa: BLE001  (said in the report: the probe could not run)
         _failed(rec, "the probe could not run", e)
         return
+    trained = _training_pass(probe, batch, rec.scale) if again else None
+    if trained is not None:
+        payload["training_mode"] = trained
     Probe.write(writer, 1, payload)
     rec.probed = True
     if not again:
         return
     fits = payload.get("recommended_scale")
     at = float(fits) if _number(fits) else rec.scale
+    lower = None
+    if trained is not None and not trained["finite"]:  # where the train step's masks fit
+        lower = _training_scale(probe, batch, min(at, rec.scale))
+        at = lower["scale"] if lower is not None else at
     if at == rec.scale and not _wants_checks(payload):
         return
     rec.fitting_scale = at if at != rec.scale else None
     probe.fix_checks = True
-    Probe.write(writer, 2, probe.run(batch, scale=at))
+    second = probe.run(batch, scale=at)
+    if lower is not None:
+        second["training_mode"] = lower
+    Probe.write(writer, 2, second)
+
+
+#: halvings below a scale the pre-flight tries for the train step's own pass (Dropout on)
+TRAINING_HALVINGS = 12
+#: random draws of the train step's own pass at a scale (each other masks)
+TRAINING_DRAWS = 4
+
+
+def _training_pass(probe: Any, batch: tuple, scale: float) -> dict[str, Any] | None:
+    """The pass as Keras' train step runs it, Dropout and the other random layers on
+    (:func:`mpwatch.record.probe.fix_check.check_training_mode`), :data:`TRAINING_DRAWS` draws
+    at ``scale`` (the random layers' seed states advanced between them, restored after), where
+    the model has random layers; else None. ``finite``: every draw was; ``draws`` and
+    ``nonfinite_draws`` beside. The probe's own pass can stay finite where the train step's
+    masks overflow (a ViT's first steps)."""
+    if not probe.random_off:
+        return None
+    from mpwatch.record.probe.fix_check import check_training_mode
+
+    x, y, sw = batch
+    seeds = [g for layer in probe.random_off for g in getattr(layer, "_seed_generators", [])]
+    from keras import ops
+
+    saved = [(g, ops.convert_to_numpy(g.state).copy()) for g in seeds]
+    got, bad = None, 0
+    try:
+        for _ in range(TRAINING_DRAWS):
+            one = check_training_mode(probe, x, y, sw, float(scale), [])
+            if one is None:
+                return None
+            bad += not one["finite"]
+            got = got if got is not None and not got["finite"] else one
+            for g in seeds:
+                g.next()  # other masks for the next draw
+    except Exception as e:  # noqa: BLE001  (the probe's record stands without it)
+        probe._warn_once("could not run the training-mode pass (Dropout on)", e)
+        return None
+    finally:
+        for g, value in saved:
+            g.state.assign(value)
+    return {**got, "finite": bad == 0, "draws": TRAINING_DRAWS, "nonfinite_draws": bad}
+
+
+def _training_scale(probe: Any, batch: tuple, scale: float) -> dict[str, Any] | None:
+    """The train step's pass (Dropout on, :func:`_training_pass`) at ``scale`` and each halving
+    below it until every draw is finite: that one, or None (none of :data:`TRAINING_HALVINGS`)."""
+    for k in range(TRAINING_HALVINGS + 1):
+        got = _training_pass(probe, batch, scale / 2.0**k)
+        if got is None:
+            return None
+        if got["finite"]:
+            return got
+    return None
 
 
 def _wants_checks(payload: dict[str, Any]) -> bool:

@@ -83,9 +83,14 @@ def _prediction_lines(v: Verdict) -> list[str]:
     if off:
         more = f" and {len(off) - 3} more" if len(off) > 3 else ""
         names = ", ".join(repr(n) for n in off[:3]) + more
+        tm = p.get("train_step_pass_finite")
+        said = (
+            "" if tm is None else "; the train step's own pass, with them on (a few draws), "
+            + ("was finite" if tm else "was not in every draw: Keras skips such steps")
+        )  # fmt: skip
         out.append(
-            f"(with {names} off, as the probe runs random layers: the fit's random masks can "
-            "overflow where this pass did not)"
+            f"(the probe's passes run {names} off; the fit's random masks can overflow where "
+            f"they did not{said})"
         )
     under, zero = p.get("underflow_fraction"), p.get("zero_fraction")
     if under is not None:

@@ -160,10 +160,13 @@ def predictions(run: Run) -> dict[str, Any]:
     nonfinite = int(_num(row.get("nonfinite")) or 0)
     forward = _forward_overflow(run, int(row["step"]))
     payload = next((pl for st, pl in run.records.get("probe") or [] if st == row["step"]), {})
+    trained = _training_modes(run).get(int(row["step"]))
     return {
         "scale": scale,
         "random_layers_off": list(payload.get("random_layers_off") or []),
-        "skips": bool(nonfinite > 0 or (over or 0.0) > 0.0),
+        "probe_pass_finite": nonfinite == 0,
+        "train_step_pass_finite": None if trained is None else bool(trained.get("finite")),
+        "skips": bool(nonfinite > 0 or (over or 0.0) > 0.0 or (trained and not trained["finite"])),
         "stuck": forward is not None,
         "first_nonfinite_layer": forward or first,
         "predicted_overflow_fraction": over,
@@ -180,14 +183,28 @@ def _halvings(run: Run, first: dict[str, Any], scale: float) -> list[int] | None
     where the probe at ``scale`` measured non-finite values, at most down to the lowest scale a
     later probe measured the whole pass finite at (the sweep's, probed at step 2). None where no
     later probe was finite below ``scale`` (a forward overflow, or none ran)."""
-    if not (_num(first.get("nonfinite")) or 0) > 0:
+    trained = _training_modes(run)
+    start = trained.get(int(first["step"]))
+    if not (_num(first.get("nonfinite")) or 0) > 0 and (start is None or start["finite"]):
         return [0, 0]
     pm = run.probe_model
     later = pm[(pm["step"] > first["step"]) & (pm["nonfinite"] == 0)] if "nonfinite" in pm else []
-    fine = [s for s in (_num(v) for v in getattr(later, "loss_scale", [])) if s and s < scale]
+    fine = [
+        s for st, v in zip(getattr(later, "step", []), getattr(later, "loss_scale", []))
+        if (s := _num(v)) and s < scale and trained.get(int(st), {"finite": True})["finite"]
+    ]  # fmt: skip
     if not fine:
         return None
     return [1, int(round(math.log2(scale / max(fine))))]
+
+
+def _training_modes(run: Run) -> dict[int, dict[str, Any]]:
+    """Each probe's ``training_mode`` pass (Dropout on, as the train step runs it), by step."""
+    return {
+        int(st): pl["training_mode"]
+        for st, pl in run.records.get("probe") or []
+        if isinstance(pl.get("training_mode"), dict)
+    }
 
 
 def _forward_overflow(run: Run, step: int) -> str | None:
