@@ -103,11 +103,9 @@ def preflight_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     text = report.render(args.format)
     if args.output:
-        try:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            print(f"mpwatch preflight: cannot write {args.output!r}: {e}", file=err)
+        from mpwatch.show.cli import write_report
+
+        if not write_report(args.output, text, "preflight"):
             return EXIT_USAGE
         print(f"mpwatch preflight: recommended {report.recommended}; wrote {args.output}", file=err)
     else:

@@ -51,6 +51,7 @@ __all__ = [
     "build_parser",
     "diagnose_command",
     "main",
+    "write_report",
 ]
 
 EXIT_OK = 0  # no finding reached --fail-on
@@ -196,6 +197,17 @@ def _unreadable_message(logdir: str, lost: list[Finding], run_option: str | None
     )
 
 
+def write_report(path: str, text: str, command: str) -> bool:
+    """Write a report to ``path``; False (said on stderr, naming ``command``) where it cannot."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        print(f"mpwatch {command}: cannot write {path!r}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def diagnose_command(args: argparse.Namespace) -> int:
     # a raw profiler trace is converted by xprof, whose C++ layer logs every step on stderr
     # (TensorFlow's variable, which xprof honours; a user's own value wins)
@@ -224,11 +236,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     shown = runs or {".": Run(name=".", path=logdir)}  # no event file at all: still a report
     text = render(shown, findings, args.format, logdir=logdir, color=_use_color(args, sys.stdout))
     if args.output:
-        try:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            print(f"mpwatch diagnose: cannot write {args.output!r}: {e}", file=err)
+        if not write_report(args.output, text, "diagnose"):
             return EXIT_USAGE
         print(
             f"mpwatch diagnose: wrote {args.format} report to {args.output} "

@@ -327,3 +327,36 @@ def test_every_fix_printed_and_applied_alike(um, trained, name):
 
     checked = every_fix_alike(findings, _builder(um, name), retrain, retrained)
     assert [c for c in checked if c["left"]] == []
+
+
+# --- the pre-flight (issue 53) of each model, against its fit's first steps ---------------------
+@pytest.mark.parametrize("name", ["accumulation", "finetune", "siamese", "lstm_raw", "rmsnorm"])
+def test_preflight_predicts_the_fits_first_skips(um, trained, tmp_path, name):
+    """The pre-flight of each model as its fit built it (same seed: the fit's first weights), on
+    the fit's first batch, under the fit's policy: the first step skipped as the optimizer's raw
+    step counter says (Observer), a stuck scale where every step of the fit was skipped, the
+    skips before the first step taken within the predicted range."""
+    _, observer, _, _ = trained(name)
+    fresh, x, y = um.build(name)
+    bs = um.BATCH[name]
+    batch = keras.tree.map_structure(lambda a: a[:bs], (x, y))
+    report = mpwatch.preflight(fresh, batch, policies=(um.POLICY,), log_dir=str(tmp_path))
+    (c,) = report.candidates
+    p = c.predictions
+    skips = skipped(observer.raw)
+    assert c.verdict != "not measured", c.reason
+    assert p["skips"] == (1 in skips), (p, observer.raw[:8])
+    if p["stuck"]:
+        assert skips == list(range(1, len(observer.raw) + 1))
+    first = next((i for i, s in enumerate(skips) if s != i + 1), len(skips))
+    if p.get("skipped_steps") and not p["stuck"]:
+        fewest, most = p["skipped_steps"]
+        assert fewest <= first <= most, (p, observer.raw[:20])
+
+
+def test_preflight_refuses_a_model_it_cannot_see_in_one_line(um):
+    """keras.io's Distiller is built by its first train step (a teacher and a student inside):
+    the pre-flight says what to do instead of failing inside."""
+    model, x, y = um.build("distiller")
+    with pytest.raises(ValueError, match="not built|no forward pass"):
+        mpwatch.preflight(model, (x[:8], y[:8]))
