@@ -108,10 +108,15 @@ class Preflight:
 
     @property
     def findings(self) -> list[Finding]:
-        """The recommended candidate's findings, for :func:`mpwatch.apply_recommendations`
-        (their policy, layers and loss scale are :attr:`fix`); none where float32 is."""
+        """The recommendation as findings, for :func:`mpwatch.apply_recommendations`: the
+        candidate's policy, its problems and what grew the change, whose policy, layers and loss
+        scale are exactly :attr:`fix` (an info finding's advice, as a 2-class float16 softmax's,
+        is not part of it: the printed change would not say it); none where float32 is."""
         chosen = self.chosen
-        return [*chosen.findings, *chosen.added] if chosen is not None else []
+        if chosen is None:
+            return []
+        policy = [f for f in chosen.findings if f.rule == "preflight-policy"]
+        return [*policy, *chosen.problems, *chosen.added]
 
     def render(self, fmt: str = "text") -> str:
         """The report as ``text``, ``markdown``, ``json`` or ``html``."""

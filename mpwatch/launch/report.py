@@ -97,7 +97,7 @@ def _prediction_lines(v: Verdict) -> list[str]:
         out.append(
             f"gradient elements below float16's range {at} (underflow): {words.percent(under)}"
         )
-    if zero is not None and (under is None or zero > 2 * under + 0.01):
+    if zero is not None and zero > 2 * (under or 0.0) + 0.01:
         out.append(
             f"zero in the 16-bit pass where float32's are not: {words.percent(zero)} (more than "
             "underflow explains: the findings say why)"

@@ -157,6 +157,7 @@ def test_gradients_overflowing_at_keras_start_predict_the_skips_a_fit_makes(tmp_
     assert c.checked is not None and c.checked.problems == []
     fixed = mpwatch.apply_recommendations(model, report.findings)
     assert set(fixed.layers) == set(c.fix.float32_layers)
+    assert fixed.layers == list(c.fix.float32_layers)
     assert keras.backend.standardize_dtype(fixed.model(batch[0]).dtype) == "float32"
     loss = _fit(fixed.model, batch, steps=steps)
     assert np.isfinite(loss) and int(fixed.model.optimizer.iterations.numpy()) >= steps - most
@@ -268,3 +269,23 @@ def test_a_model_whose_forward_pass_fails_is_not_measured_and_nothing_raises(tmp
     assert "forward pass failed" in report.candidates[0].reason
     assert "NotImplementedError" in report.candidates[0].reason
     assert "no candidate is ready" in report.render("text")
+
+
+def test_the_findings_apply_exactly_the_printed_change(tmp_path):
+    """keras.io's timeseries classifier as a small stand-in: its 2-class float16 softmax is an
+    info finding with advice of its own; the recommendation (ready, no change) prints none, and
+    apply_recommendations with report.findings applies none either."""
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(2, activation="softmax")])  # fmt: skip
+    m.compile("adam", "sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    batch = (rng.normal(size=(32, 8)).astype("float32"), rng.integers(0, 2, (32,)))
+    report = mpwatch.preflight(m, batch, policies=("mixed_float16",), log_dir=str(tmp_path))
+    (c,) = report.candidates
+    info = [f for f in c.findings if f.rule == "output-16bit"]
+    assert info and info[0].severity == "info" and info[0].action  # advice, not a problem
+    assert c.verdict == "ready" and c.fix.float32_layers == ()
+    assert printed_layers(recommendation_code(report)) == []
+    fixed = mpwatch.apply_recommendations(m, report.findings)
+    assert fixed.policy == "mixed_float16" and fixed.layers == []
