@@ -74,6 +74,10 @@ class CandidateRecord:
             is not the first probe's (float16, no ``scale`` given), else None.
         scale_given: a ``scale`` was given (a change's loss scale): the only one probed.
         error: why the probe could not run, or None.
+
+    Example:
+        >>> CandidateRecord("mixed_bfloat16", "logs/pre/mixed_bfloat16").scale
+        1.0
     """
 
     policy: str

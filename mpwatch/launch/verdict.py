@@ -75,6 +75,11 @@ class Verdict:
         added: findings of the runs with a change applied whose advice grew ``fix`` (a layer
             the first run's checks could not show to help); with ``findings`` they give
             ``apply_recommendations`` exactly ``fix``.
+
+    Example:
+        >>> v = Verdict("mixed_float16", "logs/pre/mixed_float16", READY, "no problem")
+        >>> v.changes_model, v.to_dict()["fix"]
+        (False, {})
     """
 
     policy: str
