@@ -951,7 +951,7 @@ def test_every_fix_printed_and_applied_alike_on_jax(jax_truth, name):
 
 
 # --- the pre-flight (issue 53) against the fit's first steps ------------------------------------
-@pytest.mark.parametrize("name", ["vit", "bilstm"])
+@pytest.mark.parametrize("name", ["vit", "bilstm", "efficientnet_b0"])
 def test_preflight_predicts_the_fits_first_skips(mm, rm, trained, tmp_path, name):
     """The pre-flight of the model as its fit built it (same seed: the fit's first weights), on
     the fit's first batch: whether the first step is skipped, and how many the fit skips before
