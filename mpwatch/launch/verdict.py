@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpwatch.contract import finite_float
 from mpwatch.judge.finding import Finding
 from mpwatch.judge.fixes.apply import float32_layers, loss_scale_advice
 from mpwatch.judge.fixes.fix import Fix
@@ -151,7 +152,7 @@ def predictions(run: Run) -> dict[str, Any]:
     if not len(pm) or "step" not in pm:
         return {}
     row = pm.sort_values("step", kind="stable").iloc[0].to_dict()
-    scale = _num(row.get("loss_scale")) or 1.0
+    scale = finite_float(row.get("loss_scale")) or 1.0
     first = row.get("first_nonfinite_layer")
     first = str(first) if isinstance(first, str) and first else None
     over = under = None
@@ -160,9 +161,9 @@ def predictions(run: Run) -> dict[str, Any]:
         at = sweep[(sweep["step"] == row["step"]) & (sweep["scale"] == scale)]
         if len(at):
             over = float(at["predicted_overflow_fraction"].iloc[0])
-            under = _num(at["predicted_underflow_fraction"].iloc[0])
+            under = finite_float(at["predicted_underflow_fraction"].iloc[0])
     halvings = _halvings(run, row, scale) if scale > 1 else None
-    nonfinite = int(_num(row.get("nonfinite")) or 0)
+    nonfinite = int(finite_float(row.get("nonfinite")) or 0)
     forward = _forward_overflow(run, int(row["step"]))
     payload = next((pl for st, pl in run.records.get("probe") or [] if st == row["step"]), {})
     trained = _training_modes(run).get(int(row["step"]))
@@ -177,9 +178,9 @@ def predictions(run: Run) -> dict[str, Any]:
         "predicted_overflow_fraction": over,
         "skipped_steps": halvings if not forward else None,
         "underflow_fraction": under,
-        "zero_fraction": _num(row.get("underflow_fraction")),
-        "loss": _num(row.get("loss")),
-        "reference_loss": _num(row.get("ref_loss")),
+        "zero_fraction": finite_float(row.get("underflow_fraction")),
+        "loss": finite_float(row.get("loss")),
+        "reference_loss": finite_float(row.get("ref_loss")),
     }
 
 
@@ -190,13 +191,13 @@ def _halvings(run: Run, first: dict[str, Any], scale: float) -> list[int] | None
     later probe was finite below ``scale`` (a forward overflow, or none ran)."""
     trained = _training_modes(run)
     start = trained.get(int(first["step"]))
-    if not (_num(first.get("nonfinite")) or 0) > 0 and (start is None or start["finite"]):
+    if not (finite_float(first.get("nonfinite")) or 0) > 0 and (start is None or start["finite"]):
         return [0, 0]
     pm = run.probe_model
     later = pm[(pm["step"] > first["step"]) & (pm["nonfinite"] == 0)] if "nonfinite" in pm else []
     fine = [
         s for st, v in zip(getattr(later, "step", []), getattr(later, "loss_scale", []))
-        if (s := _num(v)) and s < scale and trained.get(int(st), {"finite": True})["finite"]
+        if (s := finite_float(v)) and s < scale and trained.get(int(st), {"finite": True})["finite"]
     ]  # fmt: skip
     if not fine:
         return None
@@ -221,19 +222,9 @@ def _forward_overflow(run: Run, step: int) -> str | None:
         return None
     for _, r in pl[pl["step"] == step].iterrows():
         v = r["max_abs_activation"]
-        if isinstance(v, (int, float)) and not math.isnan(v) and math.isinf(v):
-            return str(r["layer"])
-        if isinstance(v, float) and math.isnan(v):
+        if isinstance(v, (int, float)) and not math.isfinite(v):  # inf, or NaN from inf - inf
             return str(r["layer"])
     return None
-
-
-def _num(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def judge_candidate(
