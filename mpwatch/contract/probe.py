@@ -217,13 +217,21 @@ SCHEMA = s._record_schema(
                 ),
                 "float32_layers": s._t("array", "the layer tried in float32", items=s._str()),
                 "fixed": s._bool(
-                    "that layer in float32 made the same draw finite (None: none tried)",
+                    "that layer in float32 made the same draw finite (None: none tried); a "
+                    "pre-flight's: made most draws that were not finite finite",
                     nullable=True,
+                ),
+                "draws": s._int("a pre-flight's: draws of the random masks at the scale"),
+                "nonfinite_draws": s._int("a pre-flight's: the draws not finite"),
+                "fixed_draws": s._int(
+                    "a pre-flight's: the draws not finite made finite by the layer in float32"
                 ),
             },
             "float16 probes whose own pass was finite while steps skipped since the last probe: "
             "the pass as the train step runs it, Dropout and other random layers on, one draw "
-            "(record/probe/fix_check.py: check_training_mode)",
+            "(record/probe/fix_check.py: check_training_mode); a pre-flight's first probes "
+            "(launch/candidate.py: _training_pass): a few draws",
+            required=["scale", "finite", "first_nonfinite_layer", "float32_layers", "fixed"],
         ),
         "op_overflows": s._t(
             "array",

@@ -45,8 +45,13 @@ from typing import Any
 
 from mpwatch import contract
 from mpwatch.formats import KERAS_GROWTH_INTERVAL, KERAS_INITIAL_SCALE
+from mpwatch.judge.rules.loss_scale import SCALE_STUCK_LOW
 from mpwatch.launch import CANDIDATES
-from mpwatch.record.callbacks.layer_dtypes import OutputDtypeTracer, layers_payload
+from mpwatch.record.callbacks.layer_dtypes import (
+    OutputDtypeTracer,
+    layers_payload,
+    sixteen_bit_outputs,
+)
 from mpwatch.record.callbacks.train_step import train_step_facts
 from mpwatch.record.model import memory
 from mpwatch.record.probe.probe import Probe, batch_size_of, split_data
@@ -228,7 +233,9 @@ def _probe(
     fits (what Keras' dynamic scale comes down to). The fix checks run at the last probe only:
     at Keras' start a change can look useless only because the scale is too high for the batch
     (DenseNet121 on raw pixels: its scaled gradients overflow at 2^15 with any layer in float32),
-    which the skips predicted from step 1 already say."""
+    which the skips predicted from step 1 already say. Where that scale protects nothing (at
+    or below ``SCALE_STUCK_LOW``), the checks run again at step 3, :data:`USUAL_DESCENT_BITS`
+    below the start: the cause of so long a descent (a raw regression target), named."""
     mode = "float16" if policy == "mixed_float16" else "bfloat16"
     probe = Probe(model, loss_fn=loss_fn, mode=mode)
     again = mode == "float16" and not rec.scale_given
@@ -238,7 +245,8 @@ def _probe(
     except Exception as e:  # noqa: BLE001  (said in the report: the probe could not run)
         _failed(rec, "the probe could not run", e)
         return
-    trained = _training_pass(probe, batch, rec.scale) if again else None
+    tries = sixteen_bit_outputs(model)  # as the fit's monitor tries them (probe_monitor)
+    trained = _training_pass(probe, batch, rec.scale, tries) if again else None
     if trained is not None:
         payload["training_mode"] = trained
     Probe.write(writer, 1, payload)
@@ -259,6 +267,18 @@ def _probe(
     if lower is not None:
         second["training_mode"] = lower
     Probe.write(writer, 2, second)
+    checks_at = rec.scale / 2.0**USUAL_DESCENT_BITS
+    if at <= SCALE_STUCK_LOW < checks_at:  # why the scale must fall so far: the fixes checked
+        Probe.write(writer, 3, probe.run(batch, scale=checks_at))  # where a sound model fits
+
+
+#: halvings of Keras' start scale a model with inputs and targets near unit scale needs at most
+#: before its gradients fit (a forecaster on a standardised series: 5, 2^15 -> 2^10; on the raw
+#: series near 1000 the scale falls below 1). Where the scale the sweep says fits is at or below
+#: the loss-scale rule's ``SCALE_STUCK_LOW`` (a scale that protects nothing), the fix checks run
+#: again this far below the start, where a change that brings the pass in range (the target or
+#: the inputs standardised, a layer in float32) shows it: the cause, named as a fit names it.
+USUAL_DESCENT_BITS = 5
 
 
 #: halvings below a scale the pre-flight tries for the train step's own pass (Dropout on)
@@ -267,13 +287,18 @@ TRAINING_HALVINGS = 12
 TRAINING_DRAWS = 4
 
 
-def _training_pass(probe: Any, batch: tuple, scale: float) -> dict[str, Any] | None:
+def _training_pass(
+    probe: Any, batch: tuple, scale: float, candidates: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any] | None:
     """The pass as Keras' train step runs it, Dropout and the other random layers on
     (:func:`mpwatch.record.probe.fix_check.check_training_mode`), :data:`TRAINING_DRAWS` draws
     at ``scale`` (the random layers' seed states advanced between them, restored after), where
     the model has random layers; else None. ``finite``: every draw was; ``draws`` and
     ``nonfinite_draws`` beside. The probe's own pass can stay finite where the train step's
-    masks overflow (a ViT's first steps)."""
+    masks overflow (a ViT's first steps). Each draw that is not finite is tried again with each
+    of ``candidates`` in float32 (the model's 16-bit outputs), the same masks: ``fixed`` where
+    one layer made most such draws finite (``fixed_draws`` of ``nonfinite_draws``: a ViT's
+    float16 softmax, 4 of 4 draws not finite at 2^15, 3 of them finite with it in float32)."""
     if not probe.random_off:
         return None
     from mpwatch.record.probe.fix_check import check_training_mode
@@ -283,13 +308,15 @@ def _training_pass(probe: Any, batch: tuple, scale: float) -> dict[str, Any] | N
     from keras import ops
 
     saved = [(g, ops.convert_to_numpy(g.state).copy()) for g in seeds]
-    got, bad = None, 0
+    got, bad, fixers = None, 0, []
     try:
         for _ in range(TRAINING_DRAWS):
-            one = check_training_mode(probe, x, y, sw, float(scale), [])
+            one = check_training_mode(probe, x, y, sw, float(scale), list(candidates))
             if one is None:
                 return None
             bad += not one["finite"]
+            if not one["finite"]:
+                fixers.append((one["fixed"], tuple(one["float32_layers"])))
             got = got if got is not None and not got["finite"] else one
             for g in seeds:
                 g.next()  # other masks for the next draw
@@ -299,6 +326,12 @@ def _training_pass(probe: Any, batch: tuple, scale: float) -> dict[str, Any] | N
     finally:
         for g, value in saved:
             g.state.assign(value)
+    tried = [f for f in fixers if f[0] is not None]
+    if tried:  # fixed: by one layer, the same in each draw, in most draws that were not finite
+        same = len(tried) == len(fixers) and len({f[1] for f in tried}) == 1
+        made = sum(bool(f[0]) for f in tried) if same else 0
+        got = {**got, "fixed": same and 2 * made > len(fixers), "fixed_draws": made,
+               "float32_layers": list(tried[0][1])}  # fmt: skip
     return {**got, "finite": bad == 0, "draws": TRAINING_DRAWS, "nonfinite_draws": bad}
 
 

@@ -73,9 +73,22 @@ def _prediction_lines(v: Verdict) -> list[str]:
         share = f" ({words.percent(over)} of the gradient elements)" if over else ""
         n = p.get("skipped_steps")
         steps = f"from {n[0]} to {n[1]}" if n else "the first"
+        low = scale / 2.0 ** n[1] if n else None
+        down = (
+            f", down to {words.loss_scale(low)}: a scale that protects no small gradient"
+            if low is not None and low <= 1.0 else ""
+        )  # fmt: skip
         out.append(
             f"{at}: gradients overflow{share}: Keras would skip {steps} steps at the start, "
-            "halving the scale each time until they fit"
+            f"halving the scale each time until they fit{down}"
+        )
+    elif p.get("skips") is None and p.get("train_step_draws"):
+        bad, n = p["train_step_draws"]
+        most = (p.get("skipped_steps") or [0, None])[1]
+        upto = f"up to {most} steps" if most else "its first steps"
+        out.append(
+            f"{at}: the train step's own pass overflows in {bad} of {n} draws of its random "
+            f"masks: Keras may skip {upto} at the start, halving the scale each time"
         )
     else:
         out.append(f"{at}: forward and backward passes finite")
@@ -134,6 +147,8 @@ def _candidate_text(v: Verdict, md: bool) -> list[str]:
         left = ", ".join(f.rule for f in v.checked.problems) or "none"
         out.append(f"{bullet}recorded again with the change ({v.checked.run}): problems left: "
                    f"{left}")  # fmt: skip
+        first = _prediction_lines(v.checked)[:1]  # what the fit with the change will show
+        out += [f"{bullet}with the change, {line}" for line in first]
     speed = [f for f in v.findings if f.rule not in {"preflight-policy"} and f not in v.problems]
     for f in speed:
         out.append(f"{bullet}{f.severity} {f.rule}: {f.title}")

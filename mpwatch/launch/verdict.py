@@ -14,7 +14,9 @@ Pure: a candidate's :class:`~mpwatch.read.run.Run` and its findings in, a :class
 - **Predictions**, from the first probe (at the scale Keras would start with), each a statement a
   short fit can check: ``skips`` (the first steps' gradients or activations are not finite: Keras
   skips them and halves the scale; ``skipped_steps``: at least one, at most down to the scale a
-  later probe measured the pass finite at), ``stuck`` (a layer's forward pass overflows float16
+  later probe measured the pass finite at; None where only some draws of the train step's random
+  masks overflowed, ``train_step_draws`` says how many: the first step may skip, or not, and
+  ``skipped_steps`` starts at 0), ``stuck`` (a layer's forward pass overflows float16
   at any scale: every step is skipped and the scale falls to its floor), ``underflow_fraction``
   (the share of the float32 reference's nonzero gradient elements below float16's smallest
   subnormal at that scale: underflow, from the probe's sweep) beside ``zero_fraction`` (the share
@@ -167,12 +169,20 @@ def predictions(run: Run) -> dict[str, Any]:
     forward = _forward_overflow(run, int(row["step"]))
     payload = next((pl for st, pl in run.records.get("probe") or [] if st == row["step"]), {})
     trained = _training_modes(run).get(int(row["step"]))
+    # measured, not the sweep's estimate (which scales every gradient as float16's, also those
+    # of layers kept in float32: a finite pass where it predicted 0.7% overflow)
+    skips: bool | None = nonfinite > 0
+    if not skips and trained and not trained["finite"]:
+        skips = None if _some_draws(trained) else True  # a matter of the masks: may skip
+    if skips is None and halvings:
+        halvings = [0, halvings[1]]
     return {
         "scale": scale,
         "random_layers_off": list(payload.get("random_layers_off") or []),
         "probe_pass_finite": nonfinite == 0,
         "train_step_pass_finite": None if trained is None else bool(trained.get("finite")),
-        "skips": bool(nonfinite > 0 or (over or 0.0) > 0.0 or (trained and not trained["finite"])),
+        "train_step_draws": None if trained is None else _draws(trained),
+        "skips": skips,
         "stuck": forward is not None,
         "first_nonfinite_layer": forward or first,
         "predicted_overflow_fraction": over,
@@ -202,6 +212,18 @@ def _halvings(run: Run, first: dict[str, Any], scale: float) -> list[int] | None
     if not fine:
         return None
     return [1, int(round(math.log2(scale / max(fine))))]
+
+
+def _draws(trained: dict[str, Any]) -> list[int] | None:
+    """``[not finite, draws]`` of a training-mode pass, where its draws are recorded."""
+    n, bad = trained.get("draws"), trained.get("nonfinite_draws")
+    return [int(bad), int(n)] if isinstance(n, int) and isinstance(bad, int) else None
+
+
+def _some_draws(trained: dict[str, Any]) -> bool:
+    """Whether some draws of the masks overflowed and others did not."""
+    d = _draws(trained)
+    return d is not None and 0 < d[0] < d[1]
 
 
 def _training_modes(run: Run) -> dict[int, dict[str, Any]]:

@@ -35,6 +35,12 @@ from repo_scripts import ROOT, load_script
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
+from preflown import (  # noqa: E402
+    check_same_causes,
+    check_the_change,
+    fit_with_the_change,
+    steps_for,
+)
 from printed_fix import every_fix_alike  # noqa: E402
 
 import mpwatch  # noqa: E402
@@ -956,7 +962,8 @@ def test_preflight_predicts_the_fits_first_skips(mm, rm, trained, tmp_path, name
     """The pre-flight of the model as its fit built it (same seed: the fit's first weights), on
     the fit's first batch: whether the first step is skipped, and how many the fit skips before
     its first applied step, against the optimizer's own iterations after every batch (Observer);
-    the change it recommends checked (recorded again, its problems gone)."""
+    the change it recommends checked (recorded again, its problems gone), then applied and
+    trained on the fit's first batches (preflown.check_the_change)."""
     t = trained(name)
     fresh, x, y = mm.build(name)
     policy = mm.POLICIES[name]
@@ -983,3 +990,6 @@ def test_preflight_predicts_the_fits_first_skips(mm, rm, trained, tmp_path, name
     if c.checked is not None:
         code = {g.rule for g in c.code_changes}
         assert [f for f in c.checked.problems if f.rule not in code] == []
+    if c.checked is not None and c.changes_model:  # the change applied, and a short fit with it
+        check_the_change(c, fit_with_the_change(fresh, report, x, y, t.batch, steps_for(c)))
+    check_same_causes(c, t.findings)

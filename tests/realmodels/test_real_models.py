@@ -24,6 +24,12 @@ from repo_scripts import load_script
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
+from preflown import (  # noqa: E402
+    check_same_causes,
+    check_the_change,
+    fit_with_the_change,
+    steps_for,
+)
 from printed_fix import every_fix_alike  # noqa: E402
 
 import mpwatch  # noqa: E402
@@ -211,8 +217,9 @@ def test_preflight_predicts_what_the_fit_did(rm, trained, tmp_path, name):
     first weights), on the fit's first batch, against that fit (``trained``: 20 steps): the
     first step skipped or not as plain TensorFlow's gradients at 2^15 say, a stuck scale where a
     forward pass overflows (no step applied), the skips within the predicted range; and the
-    change it recommends checked (recorded again, its problems gone)."""
-    model, _, _, batch = trained(name)
+    change it recommends checked (recorded again, its problems gone), then applied and trained
+    on the fit's first batches: what it was predicted to leave (preflown.check_the_change)."""
+    model, _, findings, batch = trained(name)
     policy = rm.POLICIES[name]
     fresh, _, _ = rm.build(name)
     report = mpwatch.preflight(fresh, batch, policies=(policy,), log_dir=str(tmp_path))
@@ -238,4 +245,9 @@ def test_preflight_predicts_what_the_fit_did(rm, trained, tmp_path, name):
         if c.checked is not None:
             assert [f.rule for f in c.checked.problems if f.rule not in
                     {f.rule for f in c.code_changes}] == []  # fmt: skip
+    if c.checked is not None and c.changes_model:  # the change applied, and a short fit with it
+        x, y = rm.scenario_data(name)
+        bs = rm.BATCH_SIZES[name]
+        check_the_change(c, fit_with_the_change(fresh, report, x, y, bs, steps_for(c)))
+    check_same_causes(c, findings)
     assert report.recommended in (policy, "float32")

@@ -16,6 +16,12 @@ from repo_scripts import load_script
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
+from preflown import (  # noqa: E402
+    check_same_causes,
+    check_the_change,
+    fit_with_the_change,
+    steps_for,
+)
 from printed_fix import every_fix_alike, printed_and_applied  # noqa: E402
 
 import mpwatch  # noqa: E402
@@ -335,8 +341,9 @@ def test_preflight_predicts_the_fits_first_skips(um, trained, tmp_path, name):
     """The pre-flight of each model as its fit built it (same seed: the fit's first weights), on
     the fit's first batch, under the fit's policy: the first step skipped as the optimizer's raw
     step counter says (Observer), a stuck scale where every step of the fit was skipped, the
-    skips before the first step taken within the predicted range."""
-    _, observer, _, _ = trained(name)
+    skips before the first step taken within the predicted range; the change it recommends
+    applied and trained on the fit's first batches (preflown.check_the_change)."""
+    _, observer, findings, _ = trained(name)
     fresh, x, y = um.build(name)
     bs = um.BATCH[name]
     batch = keras.tree.map_structure(lambda a: a[:bs], (x, y))
@@ -352,6 +359,9 @@ def test_preflight_predicts_the_fits_first_skips(um, trained, tmp_path, name):
     if p.get("skipped_steps") and not p["stuck"]:
         fewest, most = p["skipped_steps"]
         assert fewest <= first <= most, (p, observer.raw[:20])
+    if c.checked is not None and c.changes_model:  # the change applied, and a short fit with it
+        check_the_change(c, fit_with_the_change(fresh, report, x, y, bs, steps_for(c)))
+    check_same_causes(c, findings)
 
 
 def test_preflight_refuses_a_model_it_cannot_see_in_one_line(um):

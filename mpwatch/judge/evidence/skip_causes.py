@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from mpwatch import contract, words
 from mpwatch.formats import FLOAT16
@@ -62,6 +63,7 @@ __all__ = [
     "reference_overflow_scale",
     "skip_causes",
     "steps_text",
+    "training_mode_fixes",
     "training_mode_overflows",
 ]
 
@@ -240,12 +242,21 @@ def training_mode_overflows(run: Run) -> list[tuple[int, float, str | None, bool
     runs it (Dropout on: the record's ``training_mode``) overflowed at that scale where its own
     pass, random layers off, did not, and was finite with that one layer in float32: the layer
     the training's skips at that scale or more come from."""
-    out: list[tuple[int, float, str | None, bool]] = []
+    return [
+        (step, float(tm["scale"]), str(tm["float32_layers"][0]), True)
+        for step, tm in training_mode_fixes(run)
+    ]
+
+
+def training_mode_fixes(run: Run) -> list[tuple[int, dict[str, Any]]]:
+    """``(probe step, training_mode record)`` of :func:`training_mode_overflows`' probes: the
+    record whole (the pre-flight's has ``draws``, ``nonfinite_draws`` and ``fixed_draws``)."""
+    out: list[tuple[int, dict[str, Any]]] = []
     for step, payload in run.records.get(contract.KIND_PROBE) or []:
         tm = payload.get("training_mode") or {}
         layers = tm.get("float32_layers") or []
         if tm.get("finite") is False and tm.get("fixed") and len(layers) == 1 and tm.get("scale"):
-            out.append((int(step), float(tm["scale"]), str(layers[0]), True))
+            out.append((int(step), tm))
     return out
 
 

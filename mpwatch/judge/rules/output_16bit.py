@@ -13,7 +13,12 @@ Activation) in float32; it costs nothing measurable.
 ## Threshold
 Any output layer whose output (or compute) dtype is 16-bit: error for float16, warning for
 bfloat16 (bfloat16 has float32's range but rounds at 2^-8). A float32 output after 16-bit compute
-(a final `Activation(..., dtype="float32")`) is fine.
+(a final `Activation(..., dtype="float32")`) is fine. Info where the latest float16 probe
+measured no harm: the whole 16-bit model's loss within {LOSS_EFFECT_INFO:.1%} of float32's and
+no step skipped for an overflow of the model's own; never where a probe found the pass as the
+train step runs it (Dropout on) not finite and finite with the output in float32 (a ViT's
+float16 softmax: the fit skips its first steps for it, and none with the output in float32;
+the pre-flight runs that pass on its first probe).
 
 An output layer with no weights and no activation of its own (a custom layer that adds the
 loss and passes its input on, as keras.io's `CTCLayer`; a `Reshape`) gives what the layers
@@ -82,17 +87,47 @@ SATURATING = ("softmax", "sigmoid")
 #: weightless, activation-free layers looked through from an output to the activation it passes on
 PASS_HOPS = 4
 
+#: a 16-bit output whose whole model's probe loss is within this share of the float32
+#: reference's (and no skip of the model's own) has no measurable effect: info
+LOSS_EFFECT_INFO = 0.001
+
 RULE = Rule(
     id="output-16bit",
     title="Model output computed in 16 bits",
     severities=("info", "warning", "error"),
     doc=__doc__,
-    thresholds={"PASS_HOPS": PASS_HOPS},
+    thresholds={"PASS_HOPS": PASS_HOPS, "LOSS_EFFECT_INFO": LOSS_EFFECT_INFO},
 )
 
 
+def fix_check(run: Run, f: Finding) -> None:
+    """The probe's fix checks on this advice: as for any layer kept in float32 (the set grown
+    where the output alone did not make the pass finite but a few more layers did), except that
+    the advice is never withdrawn: where the output in float32 did not make the overflowing pass
+    finite, that is said, and the output stays float32 for what this rule is about, its own
+    range and precision (a forecaster's float16 output holds values near 1000 only to steps of
+    0.5, whatever brings its backward pass in range: the target standardised)."""
+    from mpwatch.judge.evidence.fix_checks import (
+        checked_layers,
+        latest_checks,
+        settle_layers,
+        stopped,
+    )
+
+    got = checked_layers(run, f.layer)
+    if got is not None and got[0] is None:
+        f.evidence += (
+            f"; {got[1]}: the output in float32 is advised for its own range and precision, "
+            "not for that overflow"
+        )
+        f.data = {**f.data, "checked_layers": None}
+        return
+    latest = latest_checks(run)
+    settle_layers(run, f, stopped(latest[2]) if latest else None)
+
+
 #: a layer's cause, the first of them (several findings about one layer: this one heads them)
-DECLARED = Declared(layer_cause=0)
+DECLARED = Declared(layer_cause=0, fix_check=fix_check)
 
 
 def check(run: Run) -> list[Finding]:
@@ -122,7 +157,8 @@ def check(run: Run) -> list[Finding]:
         name = str(row["name"])
         cls = str(row.get("class") or "Layer")
         sev = "error" if bad == "float16" else "warning"
-        effect = _measured_effect(run)
+        trained = _training_overflow(run, name)
+        effect = _measured_effect(run) if trained is None else None
         if effect is not None:
             sev = "info"
         app = application_of(run, name)
@@ -137,6 +173,18 @@ def check(run: Run) -> list[Finding]:
             where += f" ({act}" + (f", width {int(width)}" if width is not None else "") + ")"
         if act == "softmax" and width == 1:
             where += "; a softmax over one unit is always 1.0: a 1-unit output wants a sigmoid"
+        if trained is not None:
+            step, tm = trained
+            draws = tm.get("draws")
+            how = (
+                f" in {tm['nonfinite_draws']} of {draws} draws of its masks, and finite in "
+                f"{tm.get('fixed_draws')} of them with {name!r} in float32"
+                if draws else f", and finite with {name!r} in float32"
+            )  # fmt: skip
+            where += (
+                f"; measured: the probe of step {step} found the pass as the train step runs it "
+                f"(Dropout on) not finite at loss scale {float(tm['scale']):g}{how}"
+            )
         if effect is not None:
             where += (
                 f"; measured: the probe of step {effect[0]} found the whole 16-bit model's loss "
@@ -163,11 +211,6 @@ def check(run: Run) -> list[Finding]:
     return no_forward_pass(run, found)
 
 
-#: a 16-bit output whose whole model's probe loss is within this share of the float32
-#: reference's (and no skip of the model's own) has no measurable effect: info
-LOSS_EFFECT_INFO = 0.001
-
-
 def _measured_effect(run: Run) -> tuple[int, float] | None:
     """(probe step, relative loss change) where the latest reliable float16 probe measured the
     whole 16-bit model's loss within :data:`LOSS_EFFECT_INFO` of its float32 reference's, its
@@ -191,6 +234,16 @@ def _measured_effect(run: Run) -> tuple[int, float] | None:
     if groups["growth"] or groups["model_overflow"] or groups["unexplained"]:
         return None
     return probe.step, change
+
+
+def _training_overflow(run: Run, name: str) -> tuple[int, dict] | None:
+    """(probe step, its ``training_mode`` record) of the last probe whose pass as the train step
+    runs it (Dropout on) overflowed and was finite with output ``name`` in float32 (a fit's
+    probe after skips, a pre-flight's first probe): the harm measured, whatever the loss."""
+    from mpwatch.judge.evidence.skip_causes import training_mode_fixes
+
+    hits = [(st, tm) for st, tm in training_mode_fixes(run) if tm["float32_layers"][0] == name]
+    return hits[-1] if hits else None
 
 
 def _dtype(row: dict) -> str:

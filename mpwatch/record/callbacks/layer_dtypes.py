@@ -86,6 +86,17 @@ def output_layers(model: Any) -> set[int]:
     return ids
 
 
+def sixteen_bit_outputs(model: Any) -> list[str]:
+    """Names of the model's output layers (:func:`output_layers`) computing in float16 or
+    bfloat16, under the policies the layers have now (a pre-flight's view included): the layers
+    a pass that overflows as training runs it is tried with in float32."""
+    outs = output_layers(model)
+    return [
+        ly.name for ly in model._flatten_layers(include_self=False)
+        if id(ly) in outs and ly.compute_dtype in ("float16", "bfloat16")
+    ]  # fmt: skip
+
+
 def _is_model(layer: Any) -> bool:
     import keras
 

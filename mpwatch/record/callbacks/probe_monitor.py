@@ -362,7 +362,7 @@ class ProbeMonitor(RecordingCallback):
         """Where the probe's pass (random layers off) is finite but the scale fell since the
         last probe (steps skipped): the pass as training runs it, Dropout on, at the scale the
         first of them skipped at, the largest (:func:`fix_check.check_training_mode`), with the
-        model's 16-bit outputs (:func:`layer_dtypes.output_layers`) as the layers to try in
+        model's 16-bit outputs (:func:`layer_dtypes.sixteen_bit_outputs`) as the layers to try in
         float32, kept in the record (``training_mode``); a check that cannot run says so once."""
         from mpwatch.record.probe.fix_check import check_training_mode
         from mpwatch.record.probe.probe import split_data
@@ -378,14 +378,9 @@ class ProbeMonitor(RecordingCallback):
             before = float(getattr(opt, "initial_scale", 0.0) or 0.0)
         if not float(scale) < float(before):
             return  # no step skipped since the last probe
-        from mpwatch.record.callbacks.layer_dtypes import output_layers
+        from mpwatch.record.callbacks.layer_dtypes import sixteen_bit_outputs
 
-        model = self.probe.model
-        outs = output_layers(model)
-        sixteen = [
-            ly.name for ly in model._flatten_layers(include_self=False)
-            if id(ly) in outs and ly.compute_dtype in ("float16", "bfloat16")
-        ]  # fmt: skip
+        sixteen = sixteen_bit_outputs(self.probe.model)
         try:
             x, y, sw = split_data(first_batch(batch))
             got = check_training_mode(self.probe, x, y, sw, float(before), sixteen)
