@@ -21,7 +21,7 @@ import numpy as np
 import mpwatch
 
 #: most steps a change's fit runs (a prediction of more skips is checked as far as this)
-MOST_STEPS = 12
+MOST_STEPS = 8
 
 
 class Iterations(keras.callbacks.Callback):
