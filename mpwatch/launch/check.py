@@ -34,11 +34,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -195,10 +196,11 @@ def preflight(
         ", ".join(policies), size,
     )  # fmt: skip
     verdicts, seconds = [], {}
-    for policy in policies:
-        t0 = time.perf_counter()
-        verdicts.append(_candidate(model, batch, policy, out, loss_fn))
-        seconds[policy] = time.perf_counter() - t0
+    with own_retracing_quiet():
+        for policy in policies:
+            t0 = time.perf_counter()
+            verdicts.append(_candidate(model, batch, policy, out, loss_fn))
+            seconds[policy] = time.perf_counter() - t0
     ready = sorted(
         (v for v in verdicts if v.verdict in (READY, READY_WITH_CHANGE) and _device_fits(v)),
         key=_rank,
@@ -211,6 +213,33 @@ def preflight(
         seconds=seconds,
         unchecked=_unchecked(model),
     )
+
+
+#: mpwatch's own functions TensorFlow names in its retracing warning (``<function NAME at``)
+OWN_TRACED = ("probe_function.<locals>.", "_capture_tf.<locals>.")
+
+
+class _OwnRetracing(logging.Filter):
+    """Drops TensorFlow's "N out of the last M calls to <function ...> triggered tf.function
+    retracing" where the function is mpwatch's own (:data:`OWN_TRACED`): the pre-flight makes a
+    probe per candidate and per change, each traced once, which TensorFlow's detector takes for
+    a ``tf.function`` made in a loop of the user's code. Any other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ("triggered tf.function retracing" in msg and any(n in msg for n in OWN_TRACED))
+
+
+@contextlib.contextmanager
+def own_retracing_quiet() -> Iterator[None]:
+    """TensorFlow's retracing warnings about mpwatch's own functions left out while it runs
+    (:class:`_OwnRetracing`, on the ``tensorflow`` logger; removed afterwards)."""
+    tf_logger, quiet = logging.getLogger("tensorflow"), _OwnRetracing()
+    tf_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        tf_logger.removeFilter(quiet)
 
 
 def _rank(v: Verdict) -> int:

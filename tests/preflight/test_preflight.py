@@ -8,6 +8,7 @@ gone), the printed code naming what is applied, and the model left as it was.
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -289,3 +290,24 @@ def test_the_findings_apply_exactly_the_printed_change(tmp_path):
     assert printed_layers(recommendation_code(report)) == []
     fixed = mpwatch.apply_recommendations(m, report.findings)
     assert fixed.policy == "mixed_float16" and fixed.layers == []
+
+
+def test_tensorflow_retracing_warnings_about_mpwatch_functions_are_left_out(caplog):
+    """The pre-flight traces a probe per candidate and per change: TensorFlow's warning that
+    "calls to <function probe_function.<locals>.fn> triggered tf.function retracing" reads as a
+    fault of the user's code. It is left out while the pre-flight runs; the same warning about
+    the user's own function, and any other, still shows, and after it everything does."""
+    from mpwatch.launch.check import own_retracing_quiet
+
+    tf_logger = tf.get_logger()
+    ours = ("5 out of the last 11 calls to <function probe_function.<locals>.fn at 0x7f> "
+            "triggered tf.function retracing. Tracing is expensive")  # fmt: skip
+    theirs = ours.replace("probe_function.<locals>.fn", "my_train_step")
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        with own_retracing_quiet():
+            tf_logger.warning(ours)
+            tf_logger.warning(theirs)
+            tf_logger.warning("another warning")
+        tf_logger.warning(ours)
+    said = [r.getMessage() for r in caplog.records if r.name == "tensorflow"]
+    assert said == [theirs, "another warning", ours]
