@@ -288,8 +288,9 @@ TRAINING_DRAWS = 4
 
 
 def _training_pass(
-    probe: Any, batch: tuple, scale: float, candidates: list[str] | tuple[str, ...] = ()
-) -> dict[str, Any] | None:
+    probe: Any, batch: tuple, scale: float, candidates: list[str] | tuple[str, ...] = (),
+    start: int = 0,
+) -> dict[str, Any] | None:  # fmt: skip
     """The pass as Keras' train step runs it, Dropout and the other random layers on
     (:func:`mpwatch.record.probe.fix_check.check_training_mode`), :data:`TRAINING_DRAWS` draws
     at ``scale`` (the random layers' seed states advanced between them, restored after), where
@@ -298,7 +299,9 @@ def _training_pass(
     masks overflow (a ViT's first steps). Each draw that is not finite is tried again with each
     of ``candidates`` in float32 (the model's 16-bit outputs), the same masks: ``fixed`` where
     one layer made most such draws finite (``fixed_draws`` of ``nonfinite_draws``: a ViT's
-    float16 softmax, 4 of 4 draws not finite at 2^15, 3 of them finite with it in float32)."""
+    float16 softmax, 4 of 4 draws not finite at 2^15, 3 of them finite with it in float32).
+    ``start``: the masks drawn from the ``start``-th on (each scale of :func:`_training_scale`
+    its own: a fit draws new masks at every step it skips)."""
     if not probe.random_off:
         return None
     from mpwatch.record.probe.fix_check import check_training_mode
@@ -310,6 +313,9 @@ def _training_pass(
     saved = [(g, ops.convert_to_numpy(g.state).copy()) for g in seeds]
     got, bad, fixers = None, 0, []
     try:
+        for _ in range(start):
+            for g in seeds:
+                g.next()
         for _ in range(TRAINING_DRAWS):
             one = check_training_mode(probe, x, y, sw, float(scale), list(candidates))
             if one is None:
@@ -338,8 +344,8 @@ def _training_pass(
 def _training_scale(probe: Any, batch: tuple, scale: float) -> dict[str, Any] | None:
     """The train step's pass (Dropout on, :func:`_training_pass`) at ``scale`` and each halving
     below it until every draw is finite: that one, or None (none of :data:`TRAINING_HALVINGS`)."""
-    for k in range(TRAINING_HALVINGS + 1):
-        got = _training_pass(probe, batch, scale / 2.0**k)
+    for k in range(TRAINING_HALVINGS + 1):  # (other masks at each scale, as a fit's steps)
+        got = _training_pass(probe, batch, scale / 2.0**k, start=(k + 1) * TRAINING_DRAWS)
         if got is None:
             return None
         if got["finite"]:

@@ -10,7 +10,8 @@ the optimizer's iterations and scale after each, whether it is a LossScaleOptimi
 layer's name, class, compute dtype and activation, max |g| of the float32 reference's
 gradients on the probe's batch (``ref_max_grad``), the dtype of the model's output on two
 samples, every layer's compute dtype, how many layers of each class it has, and the seconds the
-run took.
+run took; and, before the fit, the pre-flight of the model as the fit builds it
+(``preflight``: its verdict, predictions and change).
 """
 
 from __future__ import annotations
@@ -71,7 +72,31 @@ def reference_max_grad(mm, name, model):
     return max(float(np.abs(np.asarray(g)).max()) for g in grads)
 
 
+def preflight_of(mm, name, out):
+    """The pre-flight of the model as its fit builds it (the same seed: the fit's first weights),
+    on the fit's first batch, under the fit's policy, before the fit: its verdict, predictions,
+    change and the checked change's predictions."""
+    keras.backend.clear_session()
+    model, x, y = mm.build(name)
+    b = mm.BATCH_SIZES[name]
+    report = mpwatch.preflight(model, (x[:b], y[:b]), policies=(mm.POLICIES[name],),
+                               log_dir=os.path.join(out, name + "_preflight"))  # fmt: skip
+    (c,) = report.candidates
+    return {
+        "verdict": c.verdict,
+        "reason": c.reason,
+        "predictions": c.predictions,
+        "problems": [f.rule for f in c.problems],
+        "fix_layers": list(c.fix.float32_layers),
+        "checked": None if c.checked is None else c.checked.predictions,
+        "checked_problems": None if c.checked is None else [f.rule for f in c.checked.problems],
+        "recommended": report.recommended,
+        "seconds": sum(report.seconds.values()),
+    }
+
+
 def run_one(mm, name, fixed, out):
+    pre = None if fixed else preflight_of(mm, name, out)
     t0 = time.perf_counter()
     observer = Observer()
     logdir = os.path.join(out, name + ("_fixed" if fixed else ""))
@@ -102,6 +127,7 @@ def run_one(mm, name, fixed, out):
         if fixed or name == "mobilenet_v2_bf16"
         else reference_max_grad(mm, name, model),
         "fixes": [] if fixed else fixes_alike(mm, name, logdir),
+        "preflight": pre,
         "seconds": time.perf_counter() - t0,
     }
 

@@ -993,3 +993,28 @@ def test_preflight_predicts_the_fits_first_skips(mm, rm, trained, tmp_path, name
     if c.checked is not None and c.changes_model:  # the change applied, and a short fit with it
         check_the_change(c, fit_with_the_change(fresh, report, x, y, t.batch, steps_for(c)))
     check_same_causes(c, t.findings)
+
+
+@pytest.mark.parametrize("name", ["vit", "mobilenet_v2_bf16"])
+def test_preflight_on_jax_predicts_the_fits_first_skips(jax_truth, name):
+    """On Keras' JAX backend (more_models_jax.preflight_of, before the fit, the fit's first
+    weights and batch): the first step skipped as the optimizer's own iterations say (a
+    LossScaleOptimizer under mixed_float16; none under mixed_bfloat16, whose steps all apply),
+    the skips before the first applied step within the predicted range, and the causes the JAX
+    fit's diagnosis names for its output asked before it."""
+    jt = jax_truth[name]
+    pre = jt["preflight"]
+    assert pre["verdict"] != "not measured", pre["reason"]
+    p, its = pre["predictions"], jt["iterations"]
+    first = len(consecutive_from_start(skipped_steps(its)))
+    if p["skips"] is not None:
+        assert p["skips"] == (its[0] == 0), (p, its[:8])
+    if p.get("skipped_steps"):
+        fewest, most = p["skipped_steps"]
+        assert fewest <= first <= most, (p, its[:20])
+    if not jt["loss_scale_optimizer"]:  # bfloat16: nothing to skip, and nothing predicted
+        assert p["skips"] is False and p["stuck"] is False and skipped_steps(its) == []
+    fit = mpwatch.diagnose(jt["logdir"])
+    if any(f.rule == "output-16bit" and f.severity in ("error", "warning") for f in fit):
+        assert "output-16bit" in pre["problems"], pre
+        assert pre["checked_problems"] is not None and "output-16bit" not in pre["checked_problems"]
