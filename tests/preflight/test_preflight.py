@@ -273,9 +273,11 @@ def test_a_model_whose_forward_pass_fails_is_not_measured_and_nothing_raises(tmp
 
 
 def test_the_findings_apply_exactly_the_printed_change(tmp_path):
-    """keras.io's timeseries classifier as a small stand-in: its 2-class float16 softmax is an
-    info finding with advice of its own; the recommendation (ready, no change) prints none, and
-    apply_recommendations with report.findings applies none either."""
+    """keras.io's timeseries classifier as a small stand-in: its 2-class float16 softmax, finite
+    on the first batch (in a fit, a probe that measured no harm yet makes it info), keeps its
+    severity in a pre-flight, where no step has run: the change keeps it float32, and exactly
+    the layers printed in the recommendation are the ones apply_recommendations applies with
+    report.findings."""
     keras.utils.set_random_seed(0)
     m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                           keras.layers.Dense(2, activation="softmax")])  # fmt: skip
@@ -284,12 +286,13 @@ def test_the_findings_apply_exactly_the_printed_change(tmp_path):
     batch = (rng.normal(size=(32, 8)).astype("float32"), rng.integers(0, 2, (32,)))
     report = mpwatch.preflight(m, batch, policies=("mixed_float16",), log_dir=str(tmp_path))
     (c,) = report.candidates
-    info = [f for f in c.findings if f.rule == "output-16bit"]
-    assert info and info[0].severity == "info" and info[0].action  # advice, not a problem
-    assert c.verdict == "ready" and c.fix.float32_layers == ()
-    assert printed_layers(recommendation_code(report)) == []
+    out = [f for f in c.findings if f.rule == "output-16bit"]
+    assert out and out[0].severity == "error" and out[0].layer == m.layers[-1].name
+    assert "measured" not in out[0].evidence  # (no "no measurable harm yet" before any step)
+    assert c.verdict == "ready with the change" and c.fix.float32_layers == (m.layers[-1].name,)
+    printed = printed_layers(recommendation_code(report))
     fixed = mpwatch.apply_recommendations(m, report.findings)
-    assert fixed.policy == "mixed_float16" and fixed.layers == []
+    assert fixed.policy == "mixed_float16" and fixed.layers == printed == [m.layers[-1].name]
 
 
 def test_tensorflow_retracing_warnings_about_mpwatch_functions_are_left_out(caplog):
