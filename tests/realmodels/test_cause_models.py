@@ -279,8 +279,11 @@ def test_preflight_of_the_cause_models(cm, trained, tmp_path):
     assert [f.rule for f in f16.code_changes] == ["input-range"]
     assert f16.fix.float32_layers == ()
     assert f16.predictions["skips"] is True
-    _, _, findings, _ = trained("unnormalized")
+    fitted, _, findings, _ = trained("unnormalized")
     assert _of(findings, "input-range")  # the fit's diagnosis names the same cause
+    x = cm.build("unnormalized")[1]  # the skips predicted: the optimizer applied fewer steps
+    steps = -(-len(x) // cm.BATCHES["unnormalized"]) * cm.EPOCHS["unnormalized"]
+    assert int(fitted.optimizer.iterations.numpy()) < steps
     _, report = _preflown(cm, "custom_step", tmp_path / "c")
     assert any("custom train_step" in u for u in report.unchecked)
     ready = [c for c in report.candidates if c.verdict.startswith("ready")]
