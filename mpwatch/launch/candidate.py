@@ -245,8 +245,8 @@ def _probe(
     except Exception as e:  # noqa: BLE001  (said in the report: the probe could not run)
         _failed(rec, "the probe could not run", e)
         return
-    tries = sixteen_bit_outputs(model)  # as the fit's monitor tries them (probe_monitor)
-    trained = _training_pass(probe, batch, rec.scale, tries) if again else None
+    # the 16-bit outputs tried in float32, as the fit's monitor tries them (probe_monitor)
+    trained = _training_pass(probe, batch, rec.scale, sixteen_bit_outputs(model)) if again else None
     if trained is not None:
         payload["training_mode"] = trained
     Probe.write(writer, 1, payload)

@@ -93,7 +93,7 @@ def sixteen_bit_outputs(model: Any) -> list[str]:
     outs = output_layers(model)
     return [
         ly.name for ly in model._flatten_layers(include_self=False)
-        if id(ly) in outs and ly.compute_dtype in ("float16", "bfloat16")
+        if id(ly) in outs and is_16bit(ly.compute_dtype)
     ]  # fmt: skip
 
 
